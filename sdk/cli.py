@@ -1,0 +1,8 @@
+"""Trainyard command line."""
+import typer
+
+app = typer.Typer()
+
+
+def main() -> None:
+    app()
