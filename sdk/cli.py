@@ -1,7 +1,195 @@
-"""Trainyard command line."""
-import typer
+"""The `trainyard` command line: local commands (train, validate) and the service commands."""
 
-app = typer.Typer()
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from dsl.errors import JobSpecError
+from sdk.console import format_stats, layer_table, print_issues, training_progress
+
+app = typer.Typer(
+    help="Trainyard: describe a deep-learning job in YAML, train it locally or on the service.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+JobFile = Annotated[Path, typer.Argument(help="the job's YAML file", show_default=False)]
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="override a key before validation: key.path=value (repeatable)"),
+]
+
+
+def _read_job(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as exc:
+        err_console.print(f"[bold red]error[/] cannot read {path}: {exc.strerror}")
+        raise typer.Exit(2) from None
+
+
+def _overrides(items: list[str] | None) -> dict[str, Any]:
+    from dsl.overrides import parse_overrides
+
+    return parse_overrides(items or [])
+
+
+def _fail(exc: JobSpecError, filename: str) -> None:
+    print_issues(err_console, exc.issues, filename)
+    err_console.print(f"[red]{len(exc.issues)} problem(s); nothing was run.[/]")
+    raise typer.Exit(1)
+
+
+def _cache_dir() -> Path:
+    from scheduler.settings import Settings
+
+    return Settings().cache_dir()
+
+
+@app.command()
+def validate(job: JobFile, set_: SetOption = None) -> None:
+    """Check a job and print its layer table (name, type, sources, output shape, parameters)."""
+    import torch
+
+    from workers.jobs import prepare_job
+
+    torch.set_num_threads(1)
+    text = _read_job(job)
+    try:
+        compiled, _ = prepare_job(
+            text,
+            cache_dir=_cache_dir(),
+            base_dir=job.parent,
+            overrides=_overrides(set_),
+            filename=str(job),
+        )
+    except JobSpecError as exc:
+        _fail(exc, str(job))
+        return
+    rows = [{**row.__dict__, "shape": row.shape_text()} for row in compiled.table]
+    console.print(layer_table(rows, f"{compiled.spec.name}: {len(rows)} layers"))
+    console.print(
+        f"total parameters: [bold]{compiled.total_params:,}[/]   "
+        f"algorithm: {compiled.spec.train_one_batch.alg}   updater: {compiled.spec.updater.type}"
+        f"   framework: {compiled.spec.cluster.framework}"
+    )
+
+
+@app.command()
+def train(
+    job: JobFile,
+    set_: SetOption = None,
+    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    run_dir: Annotated[
+        Path | None, typer.Option(help="where metrics, checkpoints and summary go")
+    ] = None,
+    resume: Annotated[bool, typer.Option(help="continue from the latest checkpoint")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print the summary as one JSON line")
+    ] = False,
+    threads: Annotated[int, typer.Option(help="torch intra-op threads")] = 1,
+) -> None:
+    """Train a job locally in this process."""
+    import torch
+
+    from workers.jobs import prepare_job
+    from workers.metrics import JsonlSink, MetricRecord
+    from workers.trainer import Trainer, TrainOptions
+
+    torch.set_num_threads(threads)
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        err_console.print("[bold red]error[/] --device cuda: torch sees no CUDA device here")
+        raise typer.Exit(2)
+    text = _read_job(job)
+    try:
+        compiled, dataset = prepare_job(
+            text,
+            cache_dir=_cache_dir(),
+            base_dir=job.parent,
+            overrides=_overrides(set_),
+            filename=str(job),
+        )
+    except JobSpecError as exc:
+        _fail(exc, str(job))
+        return
+    spec = compiled.spec
+    if spec.cluster.framework != "local":
+        err_console.print(
+            f"[bold red]error[/] cluster.framework '{spec.cluster.framework}' needs the "
+            "service: submit it with `trainyard submit` (`trainyard train` runs one process)"
+        )
+        raise typer.Exit(2)
+    out_dir = run_dir or Path("runs") / spec.name
+    if not resume and out_dir.exists():
+        for stale in ("metrics.jsonl", "train.log", "summary.json", "checkpoints"):
+            target = out_dir / stale
+            if target.is_dir():
+                shutil.rmtree(target)
+            else:
+                target.unlink(missing_ok=True)
+    show = err_console if as_json else console
+    sink = JsonlSink(out_dir)
+    with training_progress(show) as progress:
+        task = progress.add_task(spec.name, total=spec.train_steps, stats="")
+
+        latest: dict[str, float] = {}
+
+        class ProgressSink:
+            def emit(self, record: MetricRecord) -> None:
+                latest.update(record.values)
+                progress.update(task, stats=format_stats(latest))
+
+            def log(self, line: str) -> None:
+                progress.console.print(line)
+
+            def close(self) -> None:
+                return None
+
+        trainer = Trainer(
+            compiled,
+            dataset,
+            TrainOptions(run_dir=out_dir, device=device, resume=resume, base_dir=job.parent),
+            sinks=[sink, ProgressSink()],
+        )
+        progress.update(task, completed=trainer.step)
+        summary = trainer.run(on_step=lambda step: progress.update(task, completed=step))
+    sink.close()
+    if as_json:
+        sys.stdout.write(json.dumps({"run_dir": str(out_dir), **summary.to_json()}) + "\n")
+    else:
+        final = summary.metrics
+        line = "  ".join(
+            f"{key} {value:.4f}" for key, value in sorted(final.items()) if key.startswith("test/")
+        )
+        console.print(
+            f"[bold]{summary.status}[/] after {summary.steps} steps in {summary.wall_time:.1f}s"
+            f"   {line}   run dir: {out_dir}"
+        )
+    if summary.status != "succeeded":
+        raise typer.Exit(1)
+
+
+@app.command()
+def schema(
+    output: Annotated[Path | None, typer.Option(help="write to this file")] = None,
+) -> None:
+    """Print the JSON Schema of the job language (for editors)."""
+    from dsl.schema import json_schema_text
+
+    text = json_schema_text()
+    if output:
+        output.write_text(text)
+    else:
+        sys.stdout.write(text)
 
 
 def main() -> None:

@@ -1,0 +1,12 @@
+from dsl.layers import activation as activation
+from dsl.layers import connection as connection
+from dsl.layers import conv as conv
+from dsl.layers import dense as dense
+from dsl.layers import embedding as embedding
+from dsl.layers import input as input
+from dsl.layers import loss as loss
+from dsl.layers import norm as norm
+from dsl.layers import pool as pool
+from dsl.layers import rbm as rbm
+from dsl.layers import recurrent as recurrent
+from dsl.layers import shape as shape

@@ -1,0 +1,221 @@
+"""The compile pipeline, in its fixed order:
+
+parse YAML with positions -> apply overrides -> validate with pydantic -> cross-field checks ->
+resolve the layer DAG -> infer shapes -> build and initialise modules.
+
+Every failure on the way is a `JobSpecError` whose issues carry the YAML path, line:column, a
+message and a hint. Several problems are reported together where the stage allows it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+
+from dsl.errors import JobSpecError, SpecIssue
+from dsl.graph import SourceRef, resolve_dag
+from dsl.init import initialise
+from dsl.layers.base import BuildContext, LayerConfig, LayerShapeError, Shape
+from dsl.net import CompiledLayer, NeuralNet
+from dsl.overrides import apply_overrides
+from dsl.schema import JobSpec
+from dsl.source import SourceMap, parse_document
+from dsl.validation import translate_validation_error
+
+
+@dataclass(frozen=True)
+class LayerRow:
+    """One line of the layer table that `trainyard validate` and the API show."""
+
+    name: str
+    type: str
+    sources: list[str]
+    out_shape: list[int] | list[list[int]]
+    params: int
+    partition_dim: int
+
+    def shape_text(self) -> str:
+        if self.out_shape and isinstance(self.out_shape[0], list):
+            return " | ".join(str(tuple(s)) for s in self.out_shape)
+        return str(tuple(self.out_shape))
+
+
+@dataclass
+class CompiledJob:
+    spec: JobSpec
+    net: NeuralNet
+    table: list[LayerRow]
+    source: SourceMap
+
+    @property
+    def total_params(self) -> int:
+        return sum(row.params for row in self.table)
+
+
+def load_spec(
+    document: str | Mapping[str, Any],
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    filename: str = "<job>",
+) -> tuple[JobSpec, SourceMap]:
+    """Parse, override and validate a job document; check everything that needs no data."""
+    if isinstance(document, str):
+        raw, source = parse_document(document, filename)
+    else:
+        raw, source = dict(document), SourceMap(filename)
+    if overrides:
+        raw = apply_overrides(raw, overrides)
+    try:
+        spec = JobSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise JobSpecError(translate_validation_error(exc, raw, source)) from None
+    issues = cross_field_issues(spec, source)
+    if issues:
+        raise JobSpecError(issues)
+    return spec, source
+
+
+def cross_field_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
+    """Rules that span several keys: the DAG, and what the training algorithm needs."""
+    layers = spec.neuralnet.layers
+    _, issues = resolve_dag(layers, source)
+    types = [layer.type for layer in layers]
+    alg = spec.train_one_batch.alg
+    if alg in ("bp", "bptt") and not any(_is_loss_type(t) for t in types):
+        issues.append(
+            source.issue(
+                ("neuralnet", "layers"),
+                f"train_one_batch '{alg}' needs a loss layer, and the net has none",
+                "end the net with softmax_loss or euclidean_loss",
+            )
+        )
+    if alg == "cd" and "rbm" not in types:
+        issues.append(
+            source.issue(
+                ("train_one_batch", "alg"),
+                "train_one_batch 'cd' trains an rbm layer, and the net has none",
+                "add a layer of type rbm, or use alg: bp",
+            )
+        )
+    if alg == "bptt" and not any(t in ("rnn", "lstm", "gru") for t in types):
+        issues.append(
+            source.issue(
+                ("train_one_batch", "alg"),
+                "train_one_batch 'bptt' is for recurrent nets, and the net has no rnn/lstm/gru",
+                "use alg: bp for feed-forward nets",
+            )
+        )
+    return issues
+
+
+def _is_loss_type(layer_type: str) -> bool:
+    return layer_type.endswith("_loss")
+
+
+def build_net(
+    spec: JobSpec, source: SourceMap, ctx: BuildContext
+) -> tuple[NeuralNet, list[LayerRow]]:
+    """Infer every layer's output shape from the data's sample shape and build the modules."""
+    order, issues = resolve_dag(spec.neuralnet.layers, source)
+    if issues:
+        raise JobSpecError(issues)
+    position = {layer.name: i for i, layer in enumerate(spec.neuralnet.layers)}
+    shapes: dict[str, Shape | list[Shape]] = {}
+    compiled: list[CompiledLayer] = []
+    for layer in order:
+        path = ("neuralnet", "layers", position[layer.name])
+        refs = [SourceRef.parse(text) for text in layer.srclayers]
+        if any(ref.layer not in shapes for ref in refs):
+            continue  # a source failed to build; its own issue is already reported
+        in_shapes = [_shape_of(shapes[ref.layer], ref) for ref in refs]
+        try:
+            module, out_shape = layer.build(in_shapes, ctx)
+        except LayerShapeError as exc:
+            where = (*path, exc.field) if exc.field else (*path, "type")
+            got = ", ".join(str(list(s)) for s in in_shapes) or "none"
+            issues.append(
+                source.issue(
+                    where,
+                    f"layer '{layer.name}' ({layer.type}): {exc.message} [input shapes: {got}]",
+                    exc.hint,
+                )
+            )
+            continue
+        issues.extend(_param_key_issues(layer, module, path, source))
+        shapes[layer.name] = out_shape
+        compiled.append(CompiledLayer(layer, module, out_shape, refs))
+    if issues:
+        raise JobSpecError(issues)
+
+    net = NeuralNet(compiled)
+    _initialise(net, spec.seed)
+    default_dim = spec.neuralnet.partition_dim
+    table = [
+        LayerRow(
+            name=c.config.name,
+            type=c.config.type,
+            sources=list(c.config.srclayers),
+            out_shape=_listify(c.out_shape),
+            params=sum(p.numel() for p in c.module.parameters()),
+            partition_dim=c.config.partition_dim
+            if c.config.partition_dim is not None
+            else default_dim,
+        )
+        for c in compiled
+    ]
+    return net, table
+
+
+def compile_job(
+    document: str | Mapping[str, Any],
+    ctx: BuildContext,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    filename: str = "<job>",
+) -> CompiledJob:
+    spec, source = load_spec(document, overrides=overrides, filename=filename)
+    net, table = build_net(spec, source, ctx)
+    return CompiledJob(spec, net, table, source)
+
+
+def _shape_of(shape: Shape | list[Shape], ref: SourceRef) -> Shape:
+    if isinstance(shape, list):
+        return shape[ref.output or 0]
+    return shape
+
+
+def _listify(shape: Shape | list[Shape]) -> list[int] | list[list[int]]:
+    if isinstance(shape, list):
+        return [list(s) for s in shape]
+    return list(shape)
+
+
+def _param_key_issues(
+    layer: LayerConfig, module: torch.nn.Module, path: tuple[Any, ...], source: SourceMap
+) -> list[SpecIssue]:
+    roles = sorted({module.param_role(local) for local, _ in module.named_parameters()})  # type: ignore[operator]
+    issues = []
+    for key in layer.param:
+        if key not in roles:
+            known = ", ".join(roles) if roles else "none: this layer has no parameters"
+            issues.append(
+                source.issue(
+                    (*path, "param", key),
+                    f"layer '{layer.name}' ({layer.type}) has no parameter '{key}'",
+                    f"its parameters: {known}",
+                )
+            )
+    return issues
+
+
+@torch.no_grad()
+def _initialise(net: NeuralNet, seed: int) -> None:
+    """Initialise every parameter from its ParamSpec, in net order, from one seeded stream."""
+    generator = torch.Generator().manual_seed(seed)
+    specs = net.param_specs()
+    for name, param in net.named_params().items():
+        initialise(param, specs[name], generator)

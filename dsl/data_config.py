@@ -1,0 +1,176 @@
+"""The job's `data:` section: one config model per data source, chosen by its `source` key.
+
+Only the configuration lives here (the job language imports nothing from the workers); the
+loaders that read these configs are registered in `workers.data` under the same `source` names.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from dsl.config import StrictModel
+
+
+class DataSourceConfig(StrictModel):
+    """Keys every data source has. Subclasses narrow `source` to a Literal."""
+
+    source: str = Field(description="which data source loads the samples")
+    batch_size: int = Field(
+        default=64, gt=0, description="global batch of one worker group (split across its workers)"
+    )
+    test_fraction: float = Field(
+        default=0.2,
+        gt=0.0,
+        lt=1.0,
+        description="share of the samples held out as the test split, drawn with the job seed",
+    )
+    shuffle: bool = Field(default=True, description="reshuffle the training split every epoch")
+
+
+class DigitsData(DataSourceConfig):
+    """scikit-learn's bundled 8x8 handwritten digits (1797 samples): x (1, 8, 8) in [0, 1]."""
+
+    source: Literal["digits"]
+
+
+class Mnist1dData(DataSourceConfig):
+    """MNIST-1D (Greydanus 2020), generated offline with the job seed and cached as .npz."""
+
+    source: Literal["mnist1d"]
+    test_fraction: float = Field(
+        default=0.2,
+        gt=0.0,
+        lt=1.0,
+        description="ignored: MNIST-1D keeps its own 80/20 train/test split so results are "
+        "comparable with the paper",
+    )
+    num_samples: int = Field(
+        default=5000,
+        ge=10,
+        description="samples generated in all, rounded down to a multiple of the 10 classes "
+        "(the paper's 5000 give 4000 train / 1000 test)",
+    )
+    sequence: bool = Field(
+        default=False,
+        description="false: x is (1, 40) (channels, length) for conv1d; "
+        "true: x is (40, 1) (time, features) for recurrent nets",
+    )
+
+
+SyntheticTask = Literal["classification", "images", "sequence"]
+
+
+class SyntheticData(DataSourceConfig):
+    """Generated toy problems for smoke tests and tutorials."""
+
+    source: Literal["synthetic"]
+    task: SyntheticTask = Field(
+        default="classification",
+        description="classification: gaussian blobs, x (num_features,); images: class-dependent "
+        "bars plus noise, x (channels, image_size, image_size); sequence: the adding problem, "
+        "x (seq_len, 2), regression target y (1,)",
+    )
+    num_samples: int = Field(default=2000, ge=2, description="samples generated in all")
+    num_features: int = Field(default=20, gt=0, description="features per sample (classification)")
+    num_classes: int = Field(
+        default=4, ge=2, description="number of classes (classification, images)"
+    )
+    noise: float = Field(
+        default=1.0,
+        ge=0.0,
+        description="standard deviation of the gaussian noise on every feature or pixel "
+        "(classification, images)",
+    )
+    image_size: int = Field(default=8, ge=4, le=256, description="height and width (images)")
+    channels: int = Field(default=1, gt=0, description="image channels (images)")
+    seq_len: int = Field(
+        default=20, ge=2, description="time steps of the adding problem (sequence)"
+    )
+
+    # The keys each task reads; setting another task's key is a mistake worth reporting.
+    task_keys: ClassVar[dict[str, tuple[str, ...]]] = {
+        "classification": ("num_features", "num_classes", "noise"),
+        "images": ("image_size", "channels", "num_classes", "noise"),
+        "sequence": ("seq_len",),
+    }
+
+    @model_validator(mode="after")
+    def _keys_fit_task(self) -> SyntheticData:
+        all_keys = {key for keys in self.task_keys.values() for key in keys}
+        foreign = sorted((all_keys - set(self.task_keys[self.task])) & self.model_fields_set)
+        if foreign:
+            raise ValueError(
+                f"{', '.join(foreign)} do(es) not apply to task '{self.task}' "
+                f"(it reads: {', '.join(self.task_keys[self.task])})"
+            )
+        if self.task == "images" and self.num_classes > 4 * (self.image_size // 2):
+            raise ValueError(
+                f"image_size {self.image_size} fits at most {4 * (self.image_size // 2)} "
+                f"distinct bar patterns, got num_classes {self.num_classes}"
+            )
+        return self
+
+
+class NpzData(DataSourceConfig):
+    """Arrays from a numpy .npz file. Integer labels mean classification, float regression."""
+
+    source: Literal["npz"]
+    path: str = Field(description="the .npz file, relative to the job file's folder")
+    x_key: str = Field(
+        default="x",
+        description="array of samples (N, ...); float arrays load as float32 features, "
+        "integer arrays as int64 token ids (store pixels as float)",
+    )
+    y_key: str = Field(
+        default="y",
+        description="array of labels (N, ...); integers are class indices (num_classes = max + 1), "
+        "floats are regression targets",
+    )
+    x_test_key: str = Field(
+        default="x_test",
+        description="test samples; when the file holds both test keys they are the test split "
+        "and test_fraction is ignored, otherwise the test split is drawn from x_key's samples; "
+        "a key set explicitly must be in the file",
+    )
+    y_test_key: str = Field(default="y_test", description="test labels; see x_test_key")
+
+
+class CsvData(DataSourceConfig):
+    """A comma-separated file of numeric features and one label column."""
+
+    source: Literal["csv"]
+    path: str = Field(description="the .csv file, relative to the job file's folder")
+    label_column: int | str = Field(
+        default=-1,
+        description="the label column: an index (negative counts from the end) or a header name; "
+        "integer labels mean classification, decimals regression",
+    )
+    header: bool = Field(default=True, description="the first row names the columns")
+
+    @model_validator(mode="after")
+    def _named_label_needs_header(self) -> CsvData:
+        if isinstance(self.label_column, str) and not self.header:
+            raise ValueError("a label_column given by name needs header: true")
+        return self
+
+
+class TextData(DataSourceConfig):
+    """Character-level language modelling: predict every next character of a window."""
+
+    source: Literal["text"]
+    path: str | None = Field(
+        default=None,
+        description="UTF-8 text file, relative to the job file's folder; empty for the built-in "
+        "corpus (docstrings of Python's standard library, about 160 KB of English)",
+    )
+    seq_len: int = Field(
+        default=64, gt=0, description="characters per sample; windows do not overlap"
+    )
+
+
+DataConfig = Annotated[
+    DigitsData | Mnist1dData | SyntheticData | NpzData | CsvData | TextData,
+    Field(discriminator="source"),
+]

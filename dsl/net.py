@@ -1,0 +1,142 @@
+"""The compiled net: layers in topological order, run per phase."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from dsl.graph import SourceRef, phases_of
+from dsl.init import ParamSpec
+from dsl.layers.base import Layer, LayerConfig, Phase, Shape
+
+
+@dataclass
+class CompiledLayer:
+    config: LayerConfig
+    module: Layer
+    out_shape: Shape | list[Shape]
+    sources: list[SourceRef]
+
+
+@dataclass
+class NetOutput:
+    loss: torch.Tensor | None
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+    outputs: dict[str, torch.Tensor | tuple[torch.Tensor, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Step:
+    name: str
+    module: Layer
+    sources: tuple[SourceRef, ...]
+    is_input: bool
+    wants_label: bool
+
+
+class NeuralNet(nn.Module):
+    """Runs the layers of one phase in order, feeding each its sources' outputs."""
+
+    def __init__(self, layers: list[CompiledLayer]) -> None:
+        super().__init__()
+        self.compiled = layers
+        self.layers = nn.ModuleDict({layer.config.name: layer.module for layer in layers})
+        self._plans: dict[Phase, list[_Step]] = {
+            phase: [
+                _Step(
+                    name=layer.config.name,
+                    module=layer.module,
+                    sources=tuple(layer.sources),
+                    is_input=layer.config.type == "input",
+                    wants_label=layer.module.is_loss or layer.module.is_metric,
+                )
+                for layer in layers
+                if phase in phases_of(layer.config)
+            ]
+            for phase in ("train", "test")
+        }
+
+    def named_params(self) -> dict[str, nn.Parameter]:
+        """Parameters by their job-language names, `<layer>/<param>`."""
+        return {
+            f"{name}/{local}": param
+            for name, module in self.layers.items()
+            for local, param in module.named_parameters()
+        }
+
+    def param_specs(self) -> dict[str, ParamSpec]:
+        specs = {}
+        for layer in self.compiled:
+            for local, _ in layer.module.named_parameters():
+                role = layer.module.param_role(local)
+                spec = layer.config.param.get(role) or layer.module.default_param(role)
+                specs[f"{layer.config.name}/{local}"] = spec
+        return specs
+
+    def layer_modules(self) -> list[tuple[LayerConfig, Layer]]:
+        return [(layer.config, layer.module) for layer in self.compiled]
+
+    def reset_state(self) -> None:
+        for module in self.layers.values():
+            if module.stateful:
+                module.reset_state()  # type: ignore[operator]
+
+    def detach_state(self) -> None:
+        for module in self.layers.values():
+            if module.stateful:
+                module.detach_state()  # type: ignore[operator]
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor | None,
+        phase: Phase = "train",
+        *,
+        with_metrics: bool = False,
+        stop_at: str | None = None,
+    ) -> NetOutput:
+        """Run the phase's layers; the loss is the sum of its loss layers' losses.
+
+        `stop_at` ends the pass after that layer (the cd algorithm needs an rbm's input).
+        """
+        outputs: dict[str, torch.Tensor | tuple[torch.Tensor, ...]] = {}
+        losses: list[torch.Tensor] = []
+        metrics: dict[str, torch.Tensor] = {}
+        for step in self._plans[phase]:
+            if step.is_input:
+                outputs[step.name] = x
+                if step.name == stop_at:
+                    break
+                continue
+            inputs = [_pick(outputs, ref) for ref in step.sources]
+            if step.wants_label:
+                if y is None:
+                    continue
+                inputs.append(y)
+                out = step.module(*inputs)
+                if step.module.is_loss:
+                    losses.append(out)
+                if with_metrics:
+                    with torch.no_grad():
+                        for key, value in step.module.metrics(*inputs).items():
+                            metrics.setdefault(key, value)
+            else:
+                out = step.module(*inputs)
+            outputs[step.name] = out
+            if step.name == stop_at:
+                break
+        loss = None
+        if losses:
+            loss = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
+        return NetOutput(loss=loss, metrics=metrics, outputs=outputs)
+
+
+def _pick(
+    outputs: dict[str, torch.Tensor | tuple[torch.Tensor, ...]], ref: SourceRef
+) -> torch.Tensor:
+    value = outputs[ref.layer]
+    if isinstance(value, tuple):
+        return value[ref.output or 0]
+    return value

@@ -1,0 +1,138 @@
+"""The job language: the single source of truth for every key of a job document.
+
+The JSON Schema generated from `JobSpec` is published as docs/job.schema.json for editors.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+
+from pydantic import Field
+
+import dsl.layers  # noqa: F401  (registers every layer type)
+from dsl.config import StrictModel
+from dsl.data_config import DataConfig
+from dsl.layers.base import LAYERS, LayerConfig
+from dsl.updater_config import UpdaterConfig
+
+
+def _layer_union() -> Any:
+    classes = list(dict.fromkeys(cls for _, cls in LAYERS.items()))
+    return Annotated[Union[tuple(classes)], Field(discriminator="type")]  # noqa: UP007
+
+
+if TYPE_CHECKING:
+    AnyLayer = LayerConfig
+else:
+    AnyLayer = _layer_union()
+
+
+class NeuralNetConfig(StrictModel):
+    """SINGA's NeuralNet: named layers connected through `srclayers`."""
+
+    partition_dim: Literal[-1, 0, 1] = Field(
+        default=0,
+        description="how the net is split over the workers of a group: 0 batch, 1 features, "
+        "-1 not at all; layers may override it",
+    )
+    layers: list[AnyLayer] = Field(min_length=1, description="the layers, in any order")
+
+
+class BPConfig(StrictModel):
+    """Back-propagation over a feed-forward DAG."""
+
+    alg: Literal["bp"]
+
+
+class BPTTConfig(StrictModel):
+    """Back-propagation through time, truncated every `unroll_len` steps of the sequence."""
+
+    alg: Literal["bptt"]
+    unroll_len: int = Field(
+        default=0, ge=0, description="time steps per truncated chunk; 0 = the whole sequence"
+    )
+
+
+class CDConfig(StrictModel):
+    """Contrastive divergence CD-k for the net's rbm layer."""
+
+    alg: Literal["cd"]
+    k: int = Field(default=1, ge=1, description="Gibbs sampling steps per update")
+
+
+TrainOneBatchConfig = Annotated[BPConfig | BPTTConfig | CDConfig, Field(discriminator="alg")]
+
+
+class TestConfig(StrictModel):
+    __test__ = False  # not a pytest class
+
+    freq: int = Field(default=0, ge=0, description="evaluate every N steps; 0 = only at the end")
+    steps: int = Field(default=0, ge=0, description="test batches per evaluation; 0 = whole split")
+
+
+class CheckpointConfig(StrictModel):
+    freq: int = Field(default=0, ge=0, description="save every N steps; 0 = only at the end")
+    keep: int = Field(default=3, ge=1, description="how many recent checkpoints to keep")
+    init_from: str | None = Field(
+        default=None,
+        description="a checkpoint file (or run directory) whose parameters initialise this net, "
+        "matched by name <layer>/<param>",
+    )
+
+
+Framework = Literal["local", "sandblaster", "allreduce", "downpour", "hogwild"]
+
+
+class ResourcesConfig(StrictModel):
+    gpus_per_worker: int = Field(default=0, ge=0)
+    slots_per_worker: int = Field(default=1, ge=1, description="CPU slots each worker takes")
+
+
+class ClusterConfig(StrictModel):
+    """SINGA's cluster topology: worker groups and server groups."""
+
+    framework: Framework = Field(default="local", description="preset topology")
+    nworker_groups: int | None = Field(default=None, ge=1)
+    nworkers_per_group: int | None = Field(default=None, ge=1)
+    nserver_groups: int | None = Field(default=None, ge=0)
+    nservers_per_group: int | None = Field(default=None, ge=0)
+    server_worker_separate: bool | None = None
+    sync_freq: int = Field(default=10, ge=1, description="hogwild: updates between syncs")
+    staleness: int | None = Field(default=None, ge=0, description="bounded staleness (SSP)")
+    compression: Literal["none", "fp16", "bf16"] = "none"
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+
+
+class JobSpec(StrictModel):
+    """One training job: data, net, algorithm, updater, schedule of tests and checkpoints."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$", description="job name")
+    description: str | None = None
+    seed: int = Field(default=0, ge=0, description="seeds data splits, initialisation and order")
+    data: DataConfig
+    neuralnet: NeuralNetConfig
+    train_one_batch: TrainOneBatchConfig = Field(default_factory=lambda: BPConfig(alg="bp"))
+    updater: UpdaterConfig
+    train_steps: int = Field(gt=0, description="number of training iterations")
+    disp_freq: int = Field(default=100, gt=0, description="report training metrics every N steps")
+    test: TestConfig = Field(default_factory=TestConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+
+    def layer(self, name: str) -> LayerConfig:
+        for layer in self.neuralnet.layers:
+            if layer.name == name:
+                return layer
+        raise KeyError(name)
+
+
+def json_schema() -> dict[str, Any]:
+    schema = JobSpec.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "Trainyard job"
+    return schema
+
+
+def json_schema_text() -> str:
+    return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,139 @@
+"""Read a job document with the position of every key and value.
+
+PyYAML's composer gives each node its line and column; we build plain Python values (safe types
+only: no tags, no Python objects) and remember where each path came from, so that every later
+error can point at the user's file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from yaml.constructor import SafeConstructor
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from dsl.errors import JobSpecError, Path, SpecIssue, format_path
+
+Position = tuple[int, int]  # 1-based line, column
+
+
+@dataclass
+class SourceMap:
+    """Where each path of the document stands in the file (keys and values)."""
+
+    filename: str = "<job>"
+    values: dict[Path, Position] = field(default_factory=dict)
+    keys: dict[Path, Position] = field(default_factory=dict)
+
+    def locate(self, path: Path) -> Position | None:
+        """The key's position if the path names a key, else its value's, else its parent's."""
+        probe = tuple(path)
+        while True:
+            if probe in self.keys:
+                return self.keys[probe]
+            if probe in self.values:
+                return self.values[probe]
+            if not probe:
+                return None
+            probe = probe[:-1]
+
+    def issue(self, path: Path, message: str, hint: str | None = None) -> SpecIssue:
+        pos = self.locate(path)
+        line, column = pos if pos else (None, None)
+        return SpecIssue(format_path(path), message, line, column, hint)
+
+
+_PLAIN_TAGS = {
+    f"tag:yaml.org,2002:{name}"
+    for name in ("str", "int", "float", "bool", "null", "timestamp", "map", "seq")
+}
+
+
+def _pos(node: Node) -> Position:
+    return node.start_mark.line + 1, node.start_mark.column + 1
+
+
+class _Builder:
+    def __init__(self, source: SourceMap) -> None:
+        self.source = source
+        self.scalars = SafeConstructor()
+        self.issues: list[SpecIssue] = []
+
+    def build(self, node: Node, path: Path) -> Any:
+        self.source.values[path] = _pos(node)
+        if node.tag not in _PLAIN_TAGS:
+            self.issues.append(
+                self.source.issue(
+                    path,
+                    f"YAML tag '{node.tag}' is not allowed",
+                    hint="job files hold plain values only; remove the tag",
+                )
+            )
+            return None
+        if isinstance(node, MappingNode):
+            out: dict[Any, Any] = {}
+            for key_node, value_node in node.value:
+                if not isinstance(key_node, ScalarNode) or key_node.tag not in _PLAIN_TAGS:
+                    self.issues.append(
+                        self.source.issue(path, "a key must be a plain name, not a collection")
+                    )
+                    continue
+                key = self.scalars.construct_object(key_node)
+                if not isinstance(key, str | int | float | bool) or key is None:
+                    key = str(key)
+                child = (*path, key if isinstance(key, str) else str(key))
+                if key in out:
+                    line, _ = _pos(key_node)
+                    self.source.keys.setdefault(child, _pos(key_node))
+                    self.issues.append(
+                        self.source.issue(
+                            child,
+                            f"key '{key}' appears twice in this mapping (again on line {line})",
+                            hint="remove one of them; YAML keeps only the last",
+                        )
+                    )
+                self.source.keys[child] = _pos(key_node)
+                out[key] = self.build(value_node, child)
+            return out
+        if isinstance(node, SequenceNode):
+            return [self.build(item, (*path, i)) for i, item in enumerate(node.value)]
+        try:
+            return self.scalars.construct_object(node)
+        except yaml.YAMLError as exc:
+            self.issues.append(self.source.issue(path, f"bad scalar value: {exc}"))
+            return None
+
+
+def parse_document(text: str, filename: str = "<job>") -> tuple[dict[str, Any], SourceMap]:
+    """Parse one YAML job document into plain values and their positions."""
+    source = SourceMap(filename)
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line, column = (mark.line + 1, mark.column + 1) if mark else (None, None)
+        problem = exc.problem or str(exc)
+        raise JobSpecError(
+            SpecIssue(
+                "<document>",
+                f"malformed YAML: {problem}" + (f" ({exc.context})" if exc.context else ""),
+                line,
+                column,
+                "check indentation, colons and quotes around this position",
+            )
+        ) from None
+    except yaml.YAMLError as exc:
+        raise JobSpecError(SpecIssue("<document>", f"malformed YAML: {exc}")) from None
+    if root is None:
+        raise JobSpecError(SpecIssue("<document>", "the job document is empty"))
+    builder = _Builder(source)
+    data = builder.build(root, ())
+    if builder.issues:
+        raise JobSpecError(builder.issues)
+    if not isinstance(data, dict):
+        raise JobSpecError(
+            source.issue((), "a job must be a mapping of keys (name, data, neuralnet, ...)")
+        )
+    return data, source

@@ -1,0 +1,185 @@
+"""The compile pipeline: DAG ordering, phases, shapes, and each class of error with its place."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+from dsl.compiler import build_net, compile_job, load_spec
+from dsl.errors import JobSpecError
+from dsl.layers.base import BuildContext
+
+CTX = BuildContext(sample_shape=(1, 8, 8), num_classes=10)
+
+BASE = """\
+name: t
+data: {source: digits, batch_size: 8}
+neuralnet:
+  layers:
+    - {name: data, type: input}
+    - {name: fc1, type: dense, srclayers: [data], units: 16}
+    - {name: relu1, type: relu, srclayers: [fc1]}
+    - {name: fc2, type: dense, srclayers: [relu1], units: 10}
+    - {name: loss, type: softmax_loss, srclayers: [fc2]}
+updater: {type: sgd, lr: {base: 0.1}}
+train_steps: 10
+"""
+
+
+def errors_of(text: str, **kwargs: object) -> JobSpecError:
+    with pytest.raises(JobSpecError) as info:
+        compile_job(textwrap.dedent(text), CTX, **kwargs)  # type: ignore[arg-type]
+    return info.value
+
+
+def test_compiles_with_shapes_and_param_names() -> None:
+    job = compile_job(BASE, CTX)
+    rows = {row.name: row for row in job.table}
+    assert rows["fc1"].out_shape == [16]
+    assert rows["fc1"].params == 64 * 16 + 16
+    assert job.total_params == 64 * 16 + 16 + 16 * 10 + 10
+    assert sorted(job.net.named_params()) == ["fc1/b", "fc1/w", "fc2/b", "fc2/w"]
+    out = job.net(torch.randn(4, 1, 8, 8), torch.tensor([0, 1, 2, 3]), with_metrics=True)
+    assert out.loss is not None and out.loss.shape == ()
+    assert 0.0 <= float(out.metrics["accuracy"]) <= 1.0
+
+
+def test_layers_are_ordered_topologically_whatever_the_file_order() -> None:
+    text = BASE.replace("    - {name: data, type: input}\n", "").replace(
+        "  layers:\n",
+        "  layers:\n    - {name: loss2, type: softmax_loss, srclayers: [fc2]}\n"
+        "    - {name: data, type: input}\n",
+    )
+    job = compile_job(text, CTX)
+    names = [row.name for row in job.table]
+    assert names.index("data") < names.index("fc1") < names.index("fc2") < names.index("loss2")
+
+
+def test_same_seed_same_init_other_seed_other_init() -> None:
+    a = compile_job(BASE, CTX).net.named_params()["fc1/w"]
+    b = compile_job(BASE, CTX).net.named_params()["fc1/w"]
+    c = compile_job(BASE.replace("name: t\n", "name: t\nseed: 5\n"), CTX).net.named_params()[
+        "fc1/w"
+    ]
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+
+
+def test_param_init_follows_the_spec() -> None:
+    text = BASE.replace(
+        "units: 16}", "units: 16, param: {b: {init: constant, value: 0.5}, w: {init: constant}}}"
+    )
+    params = compile_job(text, CTX).net.named_params()
+    assert torch.all(params["fc1/b"] == 0.5)
+    assert torch.all(params["fc1/w"] == 0.0)
+
+
+def test_unknown_key_is_located_with_did_you_mean() -> None:
+    err = errors_of(BASE.replace("units: 16}", "unit: 16}"))
+    issue = next(i for i in err.issues if "unknown key" in i.message)
+    assert issue.path == "neuralnet.layers[1].unit"
+    assert (issue.line, issue.column) == (6, 51)
+    assert issue.hint == "did you mean 'units'?"
+
+
+def test_unknown_layer_type_lists_known_types() -> None:
+    err = errors_of(BASE.replace("type: relu", "type: relux"))
+    (issue,) = err.issues
+    assert issue.path == "neuralnet.layers[2].type"
+    assert issue.line == 7
+    assert "relu" in issue.message and "conv2d" in issue.message
+    assert issue.hint == "did you mean 'relu'?"
+
+
+def test_wrong_type_and_missing_key_are_reported_together() -> None:
+    err = errors_of(BASE.replace("units: 16", "units: many").replace("train_steps: 10\n", ""))
+    messages = " | ".join(i.message for i in err.issues)
+    assert "valid integer" in messages and "'many'" in messages
+    assert "missing required key 'train_steps'" in messages
+    assert len(err.issues) == 2
+
+
+def test_missing_source_cycle_and_unused_output() -> None:
+    missing = errors_of(BASE.replace("srclayers: [relu1]", "srclayers: [relu9]"))
+    assert any("'relu9'" in i.message and i.line == 8 for i in missing.issues)
+    assert any("not used" in i.message for i in missing.issues)  # relu1 now dangles
+
+    cycle = errors_of(BASE.replace("srclayers: [data], units: 16", "srclayers: [relu1], units: 16"))
+    assert any("cycle" in i.message for i in cycle.issues)
+
+
+def test_duplicate_layer_name() -> None:
+    err = errors_of(BASE.replace("name: relu1, type: relu", "name: fc1, type: relu"))
+    assert any("used twice" in i.message for i in err.issues)
+
+
+def test_shape_errors_name_the_layer_and_input_shapes() -> None:
+    text = BASE.replace(
+        "{name: fc1, type: dense, srclayers: [data], units: 16}",
+        "{name: fc1, type: conv1d, srclayers: [data], filters: 4, kernel: 3}",
+    )
+    err = errors_of(text)
+    (issue,) = err.issues
+    assert issue.path.startswith("neuralnet.layers[1]")
+    assert "fc1" in issue.message and "[1, 8, 8]" in issue.message
+
+
+def test_phases_restrict_layers() -> None:
+    text = BASE.replace(
+        "    - {name: loss, type: softmax_loss, srclayers: [fc2]}\n",
+        "    - {name: loss, type: softmax_loss, srclayers: [fc2]}\n"
+        "    - {name: acc, type: accuracy, srclayers: [fc2], include: [test]}\n",
+    )
+    job = compile_job(text, CTX)
+    x, y = torch.randn(2, 1, 8, 8), torch.tensor([1, 2])
+    assert "acc" not in job.net(x, y, "train").outputs
+    assert "acc" in job.net(x, y, "test").outputs
+
+    bad = text.replace("{name: fc2, type: dense", "{name: fc2, type: dense, include: [test]")
+    err = errors_of(bad)
+    assert any("phase train" in i.message for i in err.issues)
+
+
+def test_overrides_address_layers_by_name() -> None:
+    spec, _ = load_spec(BASE, overrides={"neuralnet.layers.fc1.units": 32, "train_steps": 5})
+    assert spec.layer("fc1").units == 32  # type: ignore[attr-defined]
+    assert spec.train_steps == 5
+    with pytest.raises(JobSpecError, match="no item named"):
+        load_spec(BASE, overrides={"neuralnet.layers.fc9.units": 3})
+
+
+def test_malformed_yaml_is_located() -> None:
+    err = errors_of("name: t\ndata: {source: digits\nneuralnet: x\n")
+    (issue,) = err.issues
+    assert issue.line == 3 and "malformed YAML" in issue.message
+
+
+def test_yaml_tags_are_refused() -> None:
+    err = errors_of(BASE.replace("name: t", "name: !!python/object/apply:os.system [ls]"))
+    assert "not allowed" in err.issues[0].message
+
+
+def test_algorithm_needs_matching_layers() -> None:
+    err = errors_of(BASE.replace("train_steps: 10", "train_steps: 10\ntrain_one_batch: {alg: cd}"))
+    assert any("rbm" in i.message for i in err.issues)
+    no_loss = BASE.replace(
+        "    - {name: loss, type: softmax_loss, srclayers: [fc2]}\n",
+        "    - {name: acc, type: accuracy, srclayers: [fc2]}\n",
+    )
+    assert any("loss layer" in i.message for i in errors_of(no_loss).issues)
+
+
+def test_unknown_param_key_lists_the_layers_params() -> None:
+    err = errors_of(BASE.replace("units: 16}", "units: 16, param: {weight: {init: gaussian}}}"))
+    (issue,) = err.issues
+    assert issue.path == "neuralnet.layers[1].param.weight"
+    assert "b, w" in (issue.hint or "")
+
+
+def test_build_net_needs_a_valid_spec_only_once() -> None:
+    spec, source = load_spec(BASE)
+    net_a, _ = build_net(spec, source, CTX)
+    net_b, _ = build_net(spec, source, CTX)
+    assert torch.equal(net_a.named_params()["fc2/w"], net_b.named_params()["fc2/w"])

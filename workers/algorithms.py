@@ -1,0 +1,97 @@
+"""SINGA's TrainOneBatch algorithms: each computes the gradients of one batch.
+
+`bp` back-propagates through a feed-forward DAG, `bptt` through a recurrent net over sequences
+truncated every `unroll_len` steps, and `cd` runs contrastive divergence CD-k on an rbm layer.
+Each is a plain function registered by name; the trainer applies the update afterwards, so the
+same functions serve the local trainer and the distributed workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from dsl.net import NeuralNet
+from dsl.registry import Registry
+from dsl.schema import BPTTConfig, CDConfig, JobSpec
+
+
+@dataclass
+class BatchResult:
+    """Detached scalars of one batch; kept as tensors so the hot loop never syncs."""
+
+    loss: torch.Tensor
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+Algorithm = Callable[[NeuralNet, torch.Tensor, torch.Tensor, JobSpec, torch.Generator], BatchResult]
+ALGORITHMS: Registry[Algorithm] = Registry("train_one_batch algorithm")
+
+
+@ALGORITHMS.register("bp")
+def bp(
+    net: NeuralNet, x: torch.Tensor, y: torch.Tensor, spec: JobSpec, gen: torch.Generator
+) -> BatchResult:
+    net.reset_state()
+    out = net(x, y, "train", with_metrics=True)
+    assert out.loss is not None  # the compiler guarantees a loss layer for bp
+    out.loss.backward()
+    return BatchResult(out.loss.detach(), out.metrics)
+
+
+@ALGORITHMS.register("bptt")
+def bptt(
+    net: NeuralNet, x: torch.Tensor, y: torch.Tensor, spec: JobSpec, gen: torch.Generator
+) -> BatchResult:
+    """Truncated BPTT: the sequence axis is the first per-sample axis, x (B, T, ...).
+
+    With per-step labels y (B, T) every chunk has a loss and gradients accumulate over the
+    chunks; with one label per sequence only the last chunk has one, and earlier chunks only
+    advance the hidden state. The state is carried across chunks but cut from the graph.
+    """
+    cfg = spec.train_one_batch
+    assert isinstance(cfg, BPTTConfig)
+    steps = x.shape[1]
+    chunk = cfg.unroll_len or steps
+    per_step_labels = y.dim() >= 2 and y.shape[1] == steps
+    starts = list(range(0, steps, chunk))
+    net.reset_state()
+    total = torch.zeros(())
+    metrics: dict[str, torch.Tensor] = {}
+    for i, t0 in enumerate(starts):
+        xs = x[:, t0 : t0 + chunk]
+        last = i == len(starts) - 1
+        if per_step_labels or last:
+            ys = y[:, t0 : t0 + chunk] if per_step_labels else y
+            out = net(xs, ys, "train", with_metrics=True)
+            assert out.loss is not None
+            weight = xs.shape[1] / steps if per_step_labels else 1.0
+            (out.loss * weight).backward()
+            total = total + out.loss.detach() * weight
+            for key, value in out.metrics.items():
+                metrics[key] = metrics.get(key, torch.zeros(())) + value * weight
+        else:
+            with torch.no_grad():
+                net(xs, None, "train")
+        net.detach_state()
+    metrics["loss"] = total
+    return BatchResult(total, metrics)
+
+
+@ALGORITHMS.register("cd")
+def cd(
+    net: NeuralNet, x: torch.Tensor, y: torch.Tensor, spec: JobSpec, gen: torch.Generator
+) -> BatchResult:
+    """CD-k on the net's last rbm layer; the layers below it are fixed feature extractors."""
+    cfg = spec.train_one_batch
+    assert isinstance(cfg, CDConfig)
+    rbm_config, rbm = [(c, m) for c, m in net.layer_modules() if c.type == "rbm"][-1]
+    source = rbm_config.srclayers[0]
+    with torch.no_grad():
+        v0 = net(x, None, "train", stop_at=source).outputs[source]
+    assert isinstance(v0, torch.Tensor)
+    loss, recon = rbm.cd_loss(v0.flatten(1), cfg.k, gen)  # type: ignore[operator]
+    loss.backward()
+    return BatchResult(loss.detach(), {"recon_error": recon.detach()})

@@ -1,0 +1,128 @@
+"""Checkpoints as safetensors files: parameters, buffers, updater state and the step.
+
+Writes are atomic (a temporary file renamed into place), so a crash never leaves a torn
+checkpoint; only the newest `keep` files stay. Nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, safe_open, save_file
+
+_NAME = re.compile(r"^step-(\d{8})\.safetensors$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be read or does not fit the net."""
+
+
+@dataclass
+class Checkpoint:
+    step: int
+    params: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+    updater: dict[str, torch.Tensor] = field(default_factory=dict)
+    meta: dict[str, str] = field(default_factory=dict)
+
+
+def checkpoint_path(directory: Path, step: int) -> Path:
+    return directory / f"step-{step:08d}.safetensors"
+
+
+def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every checkpoint in `directory`, oldest first."""
+    if not directory.is_dir():
+        return []
+    found = []
+    for entry in directory.iterdir():
+        match = _NAME.match(entry.name)
+        if match:
+            found.append((int(match.group(1)), entry))
+    return sorted(found)
+
+
+def save_checkpoint(directory: Path, ckpt: Checkpoint, keep: int) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, torch.Tensor] = {}
+    for prefix, group in (
+        ("param", ckpt.params),
+        ("buffer", ckpt.buffers),
+        ("updater", ckpt.updater),
+    ):
+        for name, tensor in group.items():
+            tensors[f"{prefix}/{name}"] = tensor.detach().to("cpu").contiguous()
+    meta = {**ckpt.meta, "step": str(ckpt.step), "format": "trainyard-1"}
+    final = checkpoint_path(directory, ckpt.step)
+    tmp = final.with_suffix(".tmp")
+    save_file(tensors, str(tmp), metadata=meta)
+    os.replace(tmp, final)
+    for _, old in list_checkpoints(directory)[:-keep]:
+        old.unlink(missing_ok=True)
+    return final
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            meta = dict(handle.metadata() or {})
+        tensors = load_file(str(path))
+    except (OSError, SafetensorError) as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from None
+    groups: dict[str, dict[str, torch.Tensor]] = {"param": {}, "buffer": {}, "updater": {}}
+    for key, tensor in tensors.items():
+        prefix, _, name = key.partition("/")
+        if prefix in groups:
+            groups[prefix][name] = tensor
+    return Checkpoint(
+        step=int(meta.get("step", "0")),
+        params=groups["param"],
+        buffers=groups["buffer"],
+        updater=groups["updater"],
+        meta=meta,
+    )
+
+
+def resolve_checkpoint(location: Path) -> Path:
+    """A checkpoint file, or the newest checkpoint of a run directory or checkpoint folder."""
+    if location.is_file():
+        return location
+    for directory in (location / "checkpoints", location):
+        found = list_checkpoints(directory)
+        if found:
+            return found[-1][1]
+    raise CheckpointError(f"no checkpoint found at {location}")
+
+
+def load_matching_params(net_params: dict[str, torch.nn.Parameter], ckpt: Checkpoint) -> list[str]:
+    """Copy parameters whose names match into the net; return the names loaded.
+
+    A name present in both with different shapes is an error, since silently skipping it
+    would train from a half-initialised net.
+    """
+    loaded = []
+    with torch.no_grad():
+        for name, param in net_params.items():
+            if name not in ckpt.params:
+                continue
+            source = ckpt.params[name]
+            if source.shape != param.shape:
+                raise CheckpointError(
+                    f"parameter {name}: checkpoint has shape {list(source.shape)}, "
+                    f"the net has {list(param.shape)}"
+                )
+            param.copy_(source.to(param.device, param.dtype))
+            loaded.append(name)
+    return loaded
+
+
+def write_json_atomic(path: Path, payload: object) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)

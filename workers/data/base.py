@@ -1,0 +1,221 @@
+"""The data-source contract: what a loader returns, how it registers and how it fails.
+
+A data source is one `DataSource` subclass registered with `@register_source(name)` under the
+`source:` name of its config model in `dsl.data_config`. It turns the config into a `Dataset` of
+train and test tensors plus the `DataInfo` the compiler needs to check and size the net.
+"""
+
+from __future__ import annotations
+
+import zlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, Literal, TypeVar
+
+import numpy as np
+import torch
+
+from dsl.data_config import DataSourceConfig
+from dsl.registry import Registry
+
+XDtype = Literal["float32", "int64"]
+
+
+class DataSourceError(ValueError):
+    """The data cannot be loaded as configured; the compiler reports it at `data.<field>`."""
+
+    def __init__(self, message: str, hint: str | None = None, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.hint, self.field = message, hint, field
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """Facts about the samples that the compiler needs to build and check the net."""
+
+    sample_shape: tuple[int, ...]
+    num_classes: int | None  # classes, or vocabulary size for text; None for regression
+    # () one index per sample, (T,) one per step, (k,) a regression target of k values
+    label_shape: tuple[int, ...]
+    label_is_index: bool
+    x_dtype: XDtype
+    # The characters behind token ids (text only), to decode what a language model generates.
+    vocabulary: str | None = None
+
+
+@dataclass
+class Dataset:
+    info: DataInfo
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+
+    def __post_init__(self) -> None:
+        # A source that disagrees with its own DataInfo would surface as a baffling shape error
+        # deep in training; fail here instead.
+        x_dtype = getattr(torch, self.info.x_dtype)
+        y_dtype = torch.int64 if self.info.label_is_index else torch.float32
+        for split, x, y in (
+            ("train", self.x_train, self.y_train),
+            ("test", self.x_test, self.y_test),
+        ):
+            if len(x) == 0 or len(x) != len(y):
+                raise ValueError(f"{split} split has {len(x)} samples and {len(y)} labels")
+            if tuple(x.shape[1:]) != self.info.sample_shape or x.dtype != x_dtype:
+                raise ValueError(
+                    f"{split} samples are {x.dtype} {list(x.shape[1:])}, not {self.info}"
+                )
+            if tuple(y.shape[1:]) != self.info.label_shape or y.dtype != y_dtype:
+                raise ValueError(
+                    f"{split} labels are {y.dtype} {list(y.shape[1:])}, not {self.info}"
+                )
+
+
+C = TypeVar("C", bound=DataSourceConfig)
+
+
+class DataSource(ABC, Generic[C]):
+    """Loads one kind of `data:` section. Instances are stateless; one is registered per name."""
+
+    @abstractmethod
+    def load(self, config: C, *, seed: int, cache_dir: Path, base_dir: Path) -> Dataset:
+        """Both splits as tensors; the same seed gives identical tensors."""
+
+    def describe(self, config: C, *, seed: int, cache_dir: Path, base_dir: Path) -> DataInfo:
+        """Shapes and classes. Sources that know them from the config alone skip the loading."""
+        return self.load(config, seed=seed, cache_dir=cache_dir, base_dir=base_dir).info
+
+
+DATA_SOURCES: Registry[DataSource[Any]] = Registry("data source")
+
+S = TypeVar("S", bound=type[DataSource[Any]])
+
+
+def register_source(*names: str) -> Callable[[S], S]:
+    """`@register_source("digits")` on a DataSource subclass registers one instance of it."""
+
+    def decorate(cls: S) -> S:
+        DATA_SOURCES.register(*names)(cls())
+        return cls
+
+    return decorate
+
+
+def rng(seed: int, purpose: str) -> np.random.Generator:
+    """A generator per (seed, purpose), so generating and splitting draw independent streams."""
+    return np.random.default_rng([seed % 2**63, zlib.crc32(purpose.encode())])
+
+
+def resolve_file(path: str, base_dir: Path, field: str = "path") -> Path:
+    """`path` relative to the job's folder; a clear error when it is not a readable file."""
+    resolved = (base_dir / path).expanduser()
+    if not resolved.is_file():
+        what = "is a folder, not a file" if resolved.is_dir() else "does not exist"
+        raise DataSourceError(
+            f"data file '{resolved}' {what}",
+            hint=f"paths are relative to the job file's folder ({base_dir})",
+            field=field,
+        )
+    return resolved
+
+
+def split_train_test(
+    x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A random split drawn from the seed: at least one sample on each side."""
+    n = len(x)
+    if n < 2:
+        raise DataSourceError(
+            f"the data holds {n} sample(s); a train and a test split need at least 2",
+            field="path",
+        )
+    n_test = min(n - 1, max(1, round(n * test_fraction)))
+    order = rng(seed, "split").permutation(n)
+    test, train = order[:n_test], order[n_test:]
+    return x[train], y[train], x[test], y[test]
+
+
+@dataclass(frozen=True)
+class Labels:
+    """Labels of both splits converted together, so the splits agree on their kind."""
+
+    train: np.ndarray
+    test: np.ndarray
+    num_classes: int | None
+    label_shape: tuple[int, ...]
+    label_is_index: bool
+
+
+def infer_labels(y_train: np.ndarray, y_test: np.ndarray, where: str, field: str) -> Labels:
+    """Integer labels are class indices 0..max; float labels are regression targets."""
+    both = np.concatenate([y_train, y_test])
+    if both.dtype.kind in "iub":
+        low, high = int(both.min()), int(both.max())
+        if low < 0:
+            raise DataSourceError(
+                f"{where}: class labels must be 0 or more, found {low}",
+                hint="number the classes 0..K-1, or store float labels for regression",
+                field=field,
+            )
+        if high < 1:
+            raise DataSourceError(
+                f"{where}: every label is {high}, so there is only one class",
+                hint="store float labels for regression",
+                field=field,
+            )
+        return Labels(
+            y_train.astype(np.int64), y_test.astype(np.int64), high + 1, y_train.shape[1:], True
+        )
+    if both.dtype.kind == "f":
+        if not np.isfinite(both).all():
+            raise DataSourceError(f"{where}: labels contain NaN or infinity", field=field)
+        shape = y_train.shape[1:] or (1,)
+        return Labels(
+            y_train.astype(np.float32).reshape(-1, *shape),
+            y_test.astype(np.float32).reshape(-1, *shape),
+            None,
+            shape,
+            False,
+        )
+    raise DataSourceError(
+        f"{where}: labels have dtype {both.dtype}; expected integers (classes) or floats",
+        field=field,
+    )
+
+
+def samples_as(x: np.ndarray, where: str, field: str) -> tuple[np.ndarray, XDtype]:
+    """Float (and bool) samples as float32, integer samples as int64 token ids."""
+    if x.dtype.kind in "iu":
+        return x.astype(np.int64), "int64"
+    if x.dtype.kind in "fb":
+        x = x.astype(np.float32)
+        if not np.isfinite(x).all():
+            raise DataSourceError(f"{where}: samples contain NaN or infinity", field=field)
+        return x, "float32"
+    raise DataSourceError(f"{where}: samples have dtype {x.dtype}; expected numbers", field=field)
+
+
+def to_dataset(
+    info: DataInfo,
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    x_test: np.ndarray,
+    y_test: np.ndarray,
+) -> Dataset:
+    """Tensors of the dtypes `info` promises: samples as `x_dtype`, labels int64 or float32."""
+    x_dtype = np.dtype(info.x_dtype)
+    y_dtype = np.dtype(np.int64 if info.label_is_index else np.float32)
+
+    def tensor(a: np.ndarray, dtype: np.dtype[Any]) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=dtype))
+
+    return Dataset(
+        info,
+        tensor(x_train, x_dtype),
+        tensor(y_train, y_dtype),
+        tensor(x_test, x_dtype),
+        tensor(y_test, y_dtype),
+    )

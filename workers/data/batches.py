@@ -1,0 +1,114 @@
+"""Mini-batches: an endless, seeded, shardable stream for training and one pass for evaluation.
+
+Every data-parallel rank builds the same `TrainBatches` (same seed, same global batch size) and
+takes its own contiguous slice of each global batch, so the ranks together see exactly the batch
+the single-process trainer would see, and synchronous data-parallel training reproduces it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+import torch
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class TrainBatches:
+    """Infinite iterator of (x, y) training batches; the last incomplete batch of an epoch is
+    dropped so every step has the same size."""
+
+    def __init__(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        batch_size: int,
+        seed: int,
+        rank: int = 0,
+        world: int = 1,
+        shuffle: bool = True,
+    ) -> None:
+        if len(x) != len(y):
+            raise ValueError(f"{len(x)} samples but {len(y)} labels")
+        if world < 1 or not 0 <= rank < world:
+            raise ValueError(f"rank {rank} is not in a world of {world}")
+        if batch_size < 1 or batch_size % world:
+            raise ValueError(
+                f"batch_size {batch_size} must be a positive multiple of the {world} workers "
+                "that share it"
+            )
+        if batch_size > len(x):
+            raise ValueError(
+                f"batch_size {batch_size} is larger than the {len(x)} training samples"
+            )
+        self._x, self._y = x.contiguous(), y.contiguous()
+        self._seed, self._shuffle = seed, shuffle
+        self._global = batch_size
+        part = batch_size // world
+        self._part = (rank * part, part)  # (offset inside the global batch, rows)
+        self._epoch, self._position = 0, 0
+        self._order = self._permutation(0)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch comes from (0-based)."""
+        return self._epoch
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return len(self._x) // self._global
+
+    def state(self) -> dict[str, int]:
+        """`{"epoch": e, "position": p}`: the next batch is number p of epoch e (JSON-ready)."""
+        return {"epoch": self._epoch, "position": self._position}
+
+    def restore(self, state: Mapping[str, int]) -> None:
+        """Continue from `state()` of a stream with the same data, seed and batch size."""
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if epoch < 0 or not 0 <= position < self.steps_per_epoch:
+            raise ValueError(
+                f"cannot restore epoch {epoch} position {position}: "
+                f"an epoch here has {self.steps_per_epoch} steps"
+            )
+        self._epoch, self._position = epoch, position
+        self._order = self._permutation(epoch)
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self
+
+    def __next__(self) -> Batch:
+        offset, rows = self._part
+        start = self._position * self._global + offset
+        index = self._order[start : start + rows]
+        batch = self._x.index_select(0, index), self._y.index_select(0, index)
+        self._position += 1
+        if self._position == self.steps_per_epoch:
+            self._epoch, self._position = self._epoch + 1, 0
+            self._order = self._permutation(self._epoch)
+        return batch
+
+    def _permutation(self, epoch: int) -> torch.Tensor:
+        """The row order of `epoch`, a function of (seed, epoch) only, so restoring is O(1)."""
+        device = self._x.device
+        if not self._shuffle:
+            return torch.arange(len(self._x), device=device)
+        seed = np.random.SeedSequence([self._seed % 2**63, epoch]).generate_state(1, np.uint64)
+        # Drawn on the CPU so every device gives the same order, then moved next to the data.
+        generator = torch.Generator().manual_seed(int(seed[0]))
+        return torch.randperm(len(self._x), generator=generator).to(device)
+
+
+def eval_batches(
+    x: torch.Tensor, y: torch.Tensor, batch_size: int, limit_steps: int = 0
+) -> Iterator[Batch]:
+    """Sequential batches over the whole split (the last may be smaller), or its first
+    `limit_steps` batches when that is positive."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    steps = -(-len(x) // batch_size)
+    if limit_steps > 0:
+        steps = min(steps, limit_steps)
+    for step in range(steps):
+        start = step * batch_size
+        yield x[start : start + batch_size], y[start : start + batch_size]

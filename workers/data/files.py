@@ -1,0 +1,201 @@
+"""User data from files: numpy .npz archives and numeric .csv tables."""
+
+from __future__ import annotations
+
+import csv
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dsl.data_config import CsvData, NpzData
+from workers.data.base import (
+    DataInfo,
+    Dataset,
+    DataSource,
+    DataSourceError,
+    infer_labels,
+    register_source,
+    resolve_file,
+    samples_as,
+    split_train_test,
+    to_dataset,
+)
+
+
+@register_source("npz")
+class NpzSource(DataSource[NpzData]):
+    def load(self, config: NpzData, *, seed: int, cache_dir: Path, base_dir: Path) -> Dataset:
+        path = resolve_file(config.path, base_dir)
+        arrays = _read_npz(path, config)
+        x, x_dtype = samples_as(arrays["x_key"], f"{path} '{config.x_key}'", "x_key")
+        y = arrays["y_key"]
+        if "x_test_key" not in arrays:
+            x, y, x_test, y_test = split_train_test(x, y, config.test_fraction, seed)
+        else:
+            where = f"{path} '{config.x_test_key}'"
+            x_test, x_test_dtype = samples_as(arrays["x_test_key"], where, "x_test_key")
+            y_test = arrays["y_test_key"]
+            if x_test.shape[1:] != x.shape[1:] or x_test_dtype != x_dtype:
+                raise DataSourceError(
+                    f"{where} holds {x_test_dtype} samples of shape {list(x_test.shape[1:])} but "
+                    f"'{config.x_key}' holds {x_dtype} {list(x.shape[1:])}",
+                    field="x_test_key",
+                )
+            if y_test.shape[1:] != y.shape[1:]:
+                raise DataSourceError(
+                    f"{path} '{config.y_test_key}' holds labels of shape "
+                    f"{list(y_test.shape[1:])} but '{config.y_key}' {list(y.shape[1:])}",
+                    field="y_test_key",
+                )
+        labels = infer_labels(y, y_test, f"{path} '{config.y_key}'", "y_key")
+        info = DataInfo(
+            sample_shape=x.shape[1:],
+            num_classes=labels.num_classes,
+            label_shape=labels.label_shape,
+            label_is_index=labels.label_is_index,
+            x_dtype=x_dtype,
+        )
+        return to_dataset(info, x, labels.train, x_test, labels.test)
+
+
+def _read_npz(path: Path, config: NpzData) -> dict[str, np.ndarray]:
+    """The configured arrays by config key (`"x_key"`...); the test pair only when present."""
+    keys = {key: getattr(config, key) for key in ("x_key", "y_key", "x_test_key", "y_test_key")}
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            present = sorted(archive.files)
+            arrays = {key: archive[name] for key, name in keys.items() if name in present}
+    except (OSError, ValueError, zipfile.BadZipFile) as error:
+        raise DataSourceError(
+            f"cannot read {path} as a numpy .npz archive: {error}",
+            hint="write it with numpy.savez(path, x=..., y=...); object arrays are not accepted",
+            field="path",
+        ) from error
+    test_keys = {"x_test_key", "y_test_key"}
+    # Test keys left at their defaults are optional; keys the user named must exist.
+    required = {"x_key", "y_key"}
+    if test_keys & (arrays.keys() | config.model_fields_set):
+        required |= test_keys
+    missing = sorted(required - arrays.keys())
+    if missing:
+        key = missing[0]
+        raise DataSourceError(
+            f"{path} has no array '{keys[key]}'",
+            hint=f"the file holds: {', '.join(present) or 'nothing'}",
+            field=key,
+        )
+    for key, array in arrays.items():
+        if array.ndim == 0:
+            raise DataSourceError(
+                f"{path} '{keys[key]}' is a scalar, not one row per sample", field=key
+            )
+    for x_key, y_key in (("x_key", "y_key"), ("x_test_key", "y_test_key")):
+        if x_key in arrays and len(arrays[x_key]) != len(arrays[y_key]):
+            raise DataSourceError(
+                f"{path}: '{keys[x_key]}' has {len(arrays[x_key])} samples but "
+                f"'{keys[y_key]}' has {len(arrays[y_key])} labels",
+                field=y_key,
+            )
+    return arrays
+
+
+@register_source("csv")
+class CsvSource(DataSource[CsvData]):
+    def load(self, config: CsvData, *, seed: int, cache_dir: Path, base_dir: Path) -> Dataset:
+        path = resolve_file(config.path, base_dir)
+        table = _read_table(path, config.header)
+        label = _label_index(path, config.label_column, table.names, table.cells.shape[1])
+        features = [col for col in range(table.cells.shape[1]) if col != label]
+        x = _parse(table, features, "path")  # (N, F)
+        try:
+            # Labels written as whole numbers are class indices; anything else is a target.
+            y = table.cells[:, label].astype(np.int64)
+        except ValueError:
+            y = _parse(table, [label], "label_column")[:, 0]
+        x, y, x_test, y_test = split_train_test(x, y, config.test_fraction, seed)
+        x, _ = samples_as(x, str(path), "path")
+        x_test, _ = samples_as(x_test, str(path), "path")
+        labels = infer_labels(y, y_test, f"{path} column {label + 1}", "label_column")
+        info = DataInfo(
+            sample_shape=x.shape[1:],
+            num_classes=labels.num_classes,
+            label_shape=labels.label_shape,
+            label_is_index=labels.label_is_index,
+            x_dtype="float32",
+        )
+        return to_dataset(info, x, labels.train, x_test, labels.test)
+
+
+@dataclass(frozen=True)
+class _Table:
+    path: Path
+    names: list[str] | None
+    cells: np.ndarray  # (N, columns) of str
+    lines: list[int]  # the file line of each row, for error messages
+
+
+def _read_table(path: Path, header: bool) -> _Table:
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            reader = csv.reader(handle)
+            rows, lines = [], []
+            for row in reader:
+                if row:
+                    rows.append(row)
+                    lines.append(reader.line_num)
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        raise DataSourceError(f"cannot read {path} as CSV: {error}", field="path") from error
+    names = [name.strip() for name in rows.pop(0)] if header and rows else None
+    lines = lines[1:] if names is not None else lines
+    if not rows:
+        raise DataSourceError(f"{path} holds no data rows", field="path")
+    width = len(names) if names is not None else len(rows[0])
+    for row, line in zip(rows, lines, strict=True):
+        if len(row) != width:
+            raise DataSourceError(
+                f"{path} line {line} has {len(row)} columns, expected {width}", field="path"
+            )
+    if width < 2:
+        raise DataSourceError(
+            f"{path} has {width} column; it needs features and a label column", field="path"
+        )
+    return _Table(path, names, np.array(rows, dtype=str), lines)
+
+
+def _label_index(path: Path, column: int | str, names: list[str] | None, width: int) -> int:
+    if isinstance(column, str):
+        if names is None or column not in names:
+            raise DataSourceError(
+                f"{path} has no column named '{column}'",
+                hint=f"the header names: {', '.join(names or [])}",
+                field="label_column",
+            )
+        return names.index(column)
+    if not -width <= column < width:
+        raise DataSourceError(
+            f"{path} has {width} columns, so label_column {column} does not exist",
+            hint=f"use 0..{width - 1}, or a negative index counting from the end",
+            field="label_column",
+        )
+    return column % width
+
+
+def _parse(table: _Table, columns: list[int], field: str) -> np.ndarray:
+    """The cells of `columns` as numbers, parsed in one go; on failure name the first bad cell."""
+    cells = table.cells[:, columns]
+    try:
+        return cells.astype(np.float64)
+    except ValueError:
+        for (row, col), cell in np.ndenumerate(cells):
+            try:
+                np.array(cell).astype(np.float64)
+            except ValueError:
+                raise DataSourceError(
+                    f"{table.path} line {table.lines[row]}, column {columns[col] + 1}: "
+                    f"'{cell}' is not a number",
+                    hint="columns must be numeric; encode categories as numbers 0..K-1",
+                    field=field,
+                ) from None
+        raise

@@ -1,0 +1,42 @@
+"""From a job document to a compiled net and its data: what every runner does first."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from dsl.compiler import CompiledJob, build_net, load_spec
+from dsl.errors import JobSpecError
+from dsl.layers.base import BuildContext
+from workers.data import DataInfo, Dataset, DataSourceError, load_dataset
+
+
+def build_context(info: DataInfo) -> BuildContext:
+    return BuildContext(
+        sample_shape=tuple(info.sample_shape),
+        num_classes=info.num_classes,
+        label_shape=tuple(info.label_shape),
+        label_is_index=info.label_is_index,
+    )
+
+
+def prepare_job(
+    document: str | Mapping[str, Any],
+    *,
+    cache_dir: Path,
+    base_dir: Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    filename: str = "<job>",
+) -> tuple[CompiledJob, Dataset]:
+    """Validate the job, load its data, infer shapes and build the net."""
+    spec, source = load_spec(document, overrides=overrides, filename=filename)
+    try:
+        dataset = load_dataset(
+            spec.data, seed=spec.seed, cache_dir=cache_dir, base_dir=base_dir or Path.cwd()
+        )
+    except DataSourceError as exc:
+        path = ("data", exc.field) if exc.field else ("data", "source")
+        raise JobSpecError(source.issue(path, str(exc.message), exc.hint)) from None
+    net, table = build_net(spec, source, build_context(dataset.info))
+    return CompiledJob(spec, net, table, source), dataset

@@ -1,0 +1,283 @@
+"""The training loop: one readable piece shared by the local trainer and distributed workers.
+
+A run is `train_one_batch` (the job's algorithm computes gradients) followed by the update,
+repeated `train_steps` times, with `evaluate` every test.freq steps and `save_checkpoint` every
+checkpoint.freq steps. The loop does not assume it runs alone: a worker passes its rank and
+world size (it then trains on its part of each global batch) and may replace how the update is
+applied (`apply_update`), e.g. by pushing gradients to parameter-server shards.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from dsl.compiler import CompiledJob
+from workers.algorithms import ALGORITHMS, BatchResult
+from workers.checkpoint import (
+    Checkpoint,
+    load_checkpoint,
+    load_matching_params,
+    resolve_checkpoint,
+    save_checkpoint,
+    write_json_atomic,
+)
+from workers.data import Dataset, TrainBatches, eval_batches
+from workers.metrics import MetricRecord, MetricSink
+from workers.updaters import ParamEntry, Updater
+
+
+@dataclass
+class TrainOptions:
+    run_dir: Path
+    device: str = "cpu"
+    resume: bool = False
+    rank: int = 0
+    world: int = 1
+    group: int = 0
+    base_dir: Path = field(default_factory=Path.cwd)
+    should_stop: Callable[[], bool] = lambda: False
+
+
+@dataclass
+class Summary:
+    status: str
+    steps: int
+    metrics: dict[str, float]
+    wall_time: float
+    checkpoint: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "status": self.status,
+            "steps": self.steps,
+            "metrics": self.metrics,
+            "wall_time": round(self.wall_time, 3),
+            "checkpoint": self.checkpoint,
+        }
+
+
+class _Window:
+    """Running sums of one display window, kept on the device until reported."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.count = 0
+        self.samples = 0
+        self.started = time.perf_counter()
+
+    def add(self, result: BatchResult, samples: int) -> None:
+        values = {"loss": result.loss, **result.metrics}
+        for key, value in values.items():
+            self.sums[key] = self.sums[key] + value if key in self.sums else value
+        self.count += 1
+        self.samples += samples
+
+    def report(self) -> dict[str, float]:
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        out = {f"train/{k}": float(v) / self.count for k, v in self.sums.items()}
+        out["samples_per_sec"] = self.samples / elapsed
+        return out
+
+
+class Trainer:
+    def __init__(
+        self,
+        job: CompiledJob,
+        dataset: Dataset,
+        options: TrainOptions,
+        sinks: Sequence[MetricSink] = (),
+    ) -> None:
+        self.job, self.spec, self.options = job, job.spec, options
+        self.sinks = list(sinks)
+        torch.manual_seed(self.spec.seed)  # layers that draw from the global stream (dropout)
+        self.device = torch.device(options.device)
+        self.net = job.net.to(self.device)
+        self.data = dataset
+        self.x_test = dataset.x_test.to(self.device)
+        self.y_test = dataset.y_test.to(self.device)
+        self.batches = TrainBatches(
+            dataset.x_train.to(self.device),
+            dataset.y_train.to(self.device),
+            self.spec.data.batch_size,
+            seed=self.spec.seed,
+            rank=options.rank,
+            world=options.world,
+            shuffle=self.spec.data.shuffle,
+        )
+        specs = self.net.param_specs()
+        self.updater = Updater(
+            [
+                ParamEntry(name, param, specs[name].lr_scale, specs[name].wd_scale)
+                for name, param in self.net.named_params().items()
+            ],
+            self.spec.updater,
+            total_steps=self.spec.train_steps,
+        )
+        self.algorithm = ALGORITHMS.get(self.spec.train_one_batch.alg)
+        self.generator = torch.Generator(device=self.device).manual_seed(self.spec.seed + 7)
+        self.apply_update: Callable[[int], None] = self.updater.step
+        self.step = 0
+        self.last_test: dict[str, float] = {}
+        self.last_train: dict[str, float] = {}
+        self.checkpoint_dir = options.run_dir / "checkpoints"
+
+    # -- reporting -------------------------------------------------------------------------
+    def emit(self, values: dict[str, float]) -> None:
+        record = MetricRecord(self.step, values, group=self.options.group, rank=self.options.rank)
+        for sink in self.sinks:
+            sink.emit(record)
+
+    def log(self, line: str) -> None:
+        for sink in self.sinks:
+            sink.log(line)
+
+    # -- the steps of an iteration -----------------------------------------------------------
+    def train_one_batch(self, x: torch.Tensor, y: torch.Tensor) -> BatchResult:
+        self.net.train()
+        self.updater.zero_grad()
+        result = self.algorithm(self.net, x, y, self.spec, self.generator)
+        self.apply_update(self.step)
+        return result
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Loss and metrics over the test split (or test.steps batches of it)."""
+        self.net.eval()
+        sums: dict[str, float] = {}
+        seen = 0
+        cd = self.spec.train_one_batch.alg == "cd"
+        for x, y in eval_batches(
+            self.x_test, self.y_test, self.spec.data.batch_size, self.spec.test.steps
+        ):
+            if cd:
+                values = self._cd_eval(x)
+            else:
+                self.net.reset_state()
+                out = self.net(x, y, "test", with_metrics=True)
+                values = {k: float(v) for k, v in out.metrics.items()}
+                if out.loss is not None:
+                    values["loss"] = float(out.loss)
+            for key, value in values.items():
+                sums[key] = sums.get(key, 0.0) + value * len(x)
+            seen += len(x)
+        return {f"test/{k}": v / max(seen, 1) for k, v in sums.items()}
+
+    def _cd_eval(self, x: torch.Tensor) -> dict[str, float]:
+        rbm_config, rbm = [(c, m) for c, m in self.net.layer_modules() if c.type == "rbm"][-1]
+        source = rbm_config.srclayers[0]
+        v0 = self.net(x, None, "test", stop_at=source).outputs[source]
+        assert isinstance(v0, torch.Tensor)
+        _, recon = rbm.cd_loss(v0.flatten(1), 1, self.generator)  # type: ignore[operator]
+        return {"recon_error": float(recon)}
+
+    def save_checkpoint(self) -> Path:
+        buffers = {
+            f"{name}/{local}": buf
+            for name, module in self.net.layers.items()
+            for local, buf in module.named_buffers()
+        }
+        ckpt = Checkpoint(
+            step=self.step,
+            params={name: p.detach() for name, p in self.net.named_params().items()},
+            buffers=buffers,
+            updater=self.updater.state_tensors(),
+            meta={
+                "job": self.spec.name,
+                "epoch": str(self.batches.state()["epoch"]),
+                "position": str(self.batches.state()["position"]),
+            },
+        )
+        return save_checkpoint(self.checkpoint_dir, ckpt, self.spec.checkpoint.keep)
+
+    def restore(self) -> None:
+        """Continue from the run's latest checkpoint (`--resume`), or start from init_from."""
+        if self.options.resume:
+            try:
+                path = resolve_checkpoint(self.checkpoint_dir)
+            except ValueError:
+                self.log("resume: no checkpoint yet, starting from step 0")
+            else:
+                ckpt = load_checkpoint(path)
+                load_matching_params(self.net.named_params(), ckpt)
+                self._load_buffers(ckpt)
+                self.updater.load_state_tensors(ckpt.updater)
+                self.step = ckpt.step
+                self.batches.restore(
+                    {"epoch": int(ckpt.meta["epoch"]), "position": int(ckpt.meta["position"])}
+                )
+                self.log(f"resumed from {path.name} at step {self.step}")
+                return
+        if self.spec.checkpoint.init_from:
+            where = Path(self.spec.checkpoint.init_from)
+            if not where.is_absolute():
+                where = self.options.base_dir / where
+            ckpt = load_checkpoint(resolve_checkpoint(where))
+            loaded = load_matching_params(self.net.named_params(), ckpt)
+            self._load_buffers(ckpt)
+            self.log(f"initialised {len(loaded)} parameters from {where}: {', '.join(loaded)}")
+
+    def _load_buffers(self, ckpt: Checkpoint) -> None:
+        with torch.no_grad():
+            for name, module in self.net.layers.items():
+                for local, buf in module.named_buffers():
+                    saved = ckpt.buffers.get(f"{name}/{local}")
+                    if saved is not None and saved.shape == buf.shape:
+                        buf.copy_(saved)
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self, on_step: Callable[[int], None] | None = None) -> Summary:
+        started = time.perf_counter()
+        spec = self.spec
+        self.restore()
+        window = _Window()
+        status = "succeeded"
+        checkpoint: Path | None = None
+        while self.step < spec.train_steps:
+            if self.options.should_stop():
+                status = "cancelled"
+                break
+            x, y = next(self.batches)
+            result = self.train_one_batch(x, y)
+            window.add(result, len(x))
+            self.step += 1
+            if self.step % spec.disp_freq == 0 or self.step == spec.train_steps:
+                self.last_train = window.report()
+                loss = self.last_train.get("train/loss", math.nan)
+                if not math.isfinite(loss):
+                    status = "failed"
+                    self.log(f"step {self.step}: training diverged (loss {loss})")
+                    break
+                self.emit({**self.last_train, "lr": self.updater.lr_at(self.step - 1)})
+                window = _Window()
+            if spec.test.freq and self.step % spec.test.freq == 0 and self.step < spec.train_steps:
+                self.last_test = self.evaluate()
+                self.emit(self.last_test)
+            if (
+                spec.checkpoint.freq
+                and self.step % spec.checkpoint.freq == 0
+                and self.options.rank == 0
+            ):
+                checkpoint = self.save_checkpoint()
+            if on_step is not None:
+                on_step(self.step)
+        if status == "succeeded":
+            self.last_test = self.evaluate()
+            self.emit(self.last_test)
+            if self.options.rank == 0:
+                checkpoint = self.save_checkpoint()
+        summary = Summary(
+            status=status,
+            steps=self.step,
+            metrics={**self.last_train, **self.last_test},
+            wall_time=time.perf_counter() - started,
+            checkpoint=str(checkpoint) if checkpoint else None,
+        )
+        if self.options.rank == 0:
+            write_json_atomic(self.options.run_dir / "summary.json", summary.to_json())
+        return summary
