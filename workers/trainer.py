@@ -139,7 +139,6 @@ class Trainer:
 
     # -- the steps of an iteration -----------------------------------------------------------
     def train_one_batch(self, x: torch.Tensor, y: torch.Tensor) -> BatchResult:
-        self.net.train()
         self.updater.zero_grad()
         result = self.algorithm(self.net, x, y, self.spec, self.generator)
         self.apply_update(self.step)
@@ -166,6 +165,7 @@ class Trainer:
             for key, value in values.items():
                 sums[key] = sums.get(key, 0.0) + value * len(x)
             seen += len(x)
+        self.net.train()
         return {f"test/{k}": v / max(seen, 1) for k, v in sums.items()}
 
     def _cd_eval(self, x: torch.Tensor) -> dict[str, float]:
@@ -235,6 +235,7 @@ class Trainer:
         started = time.perf_counter()
         spec = self.spec
         self.restore()
+        self.net.train()
         window = _Window()
         status = "succeeded"
         checkpoint: Path | None = None

@@ -64,7 +64,7 @@ class Layer(nn.Module):
         return ParamSpec(init="xavier")
 
     def metrics(self, *inputs: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Scalar metrics a loss or metric layer reports (computed without gradients)."""
+        """Scalar metrics a loss or metric layer reports besides the loss (no gradients)."""
         return {}
 
 

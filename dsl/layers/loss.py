@@ -59,6 +59,8 @@ def flat_scores(scores: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tenso
 def topk_accuracy(scores: torch.Tensor, labels: torch.Tensor, k: int) -> torch.Tensor:
     """Fraction of predictions whose label is among the `k` highest scores (0-d tensor)."""
     scores, labels = flat_scores(scores, labels)
+    if k == 1:
+        return (scores.argmax(1) == labels).to(scores.dtype).mean()
     top = scores.topk(k, dim=1).indices  # (N, k)
     return (top == labels.unsqueeze(1)).any(1).to(scores.dtype).mean()
 
@@ -75,7 +77,8 @@ class SoftmaxLoss(Layer):
 
     def metrics(self, *inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         scores, labels = inputs
-        return {"loss": self(scores, labels), "accuracy": topk_accuracy(scores, labels, self.topk)}
+        # The net reports the loss itself; computing it again here would cost a second pass.
+        return {"accuracy": topk_accuracy(scores, labels, self.topk)}
 
 
 @register_layer("softmax_loss")
@@ -104,9 +107,6 @@ class EuclideanLoss(Layer):
         # the labels that follow are not used.
         diff = prediction - target.reshape(prediction.shape).to(prediction.dtype)
         return 0.5 * diff.pow(2).reshape(diff.shape[0], -1).sum(1).mean()
-
-    def metrics(self, *inputs: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"loss": self(*inputs)}
 
 
 def _squeezed(shape: Shape) -> Shape:

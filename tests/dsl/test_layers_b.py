@@ -356,7 +356,7 @@ def test_softmax_loss_matches_cross_entropy_and_top_k() -> None:
     assert loss.ndim == 0
     torch.testing.assert_close(loss, F.cross_entropy(logits, labels))
     metrics = module.metrics(logits, labels)
-    assert set(metrics) == {"loss", "accuracy"}
+    assert set(metrics) == {"accuracy"}
     torch.testing.assert_close(metrics["accuracy"], torch.tensor(2 / 3))  # label 0 not in top 2
     top1, _ = build({"type": "accuracy"}, [(4,)])
     assert top1.is_metric and not top1.is_loss
@@ -409,7 +409,7 @@ def test_euclidean_loss_against_labels_and_second_source() -> None:
     prediction, target = torch.randn(4, 2), torch.randn(4, 2)
     expected = 0.5 * ((prediction - target) ** 2).sum() / 4
     torch.testing.assert_close(module(prediction, target), expected)
-    assert module.metrics(prediction, target).keys() == {"loss"}
+    assert module.metrics(prediction, target) == {}
 
     pair, _ = build({"type": "euclidean_loss"}, [(2, 3), (2, 3)], ctx)
     a, b, labels = torch.randn(4, 2, 3), torch.randn(4, 2, 3), torch.randn(4, 2)
