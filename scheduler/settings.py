@@ -1,23 +1,72 @@
 """The one Settings object: every knob of the platform, read from the environment.
 
 No other module reads os.environ; processes build a Settings and pass what each part needs.
+Names: TRAINYARD_* for our own knobs; REDIS_URL, REDIS_PS_URLS and DATABASE_URL as the
+conventional names operators set in docker-compose files.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
+def _env(name: str) -> AliasChoices:
+    return AliasChoices(name, f"TRAINYARD_{name}")
+
+
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="TRAINYARD_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="TRAINYARD_", extra="ignore", populate_by_name=True
+    )
 
     data_dir: Path = Field(
         default=Path("~/.trainyard"),
         description="where the local stack keeps its database, Redis files, caches and artifacts",
     )
+    redis_url: str | None = Field(
+        default=None,
+        validation_alias=_env("REDIS_URL"),
+        description="broker, live metrics and logs; unset: `trainyard up` starts its own Redis",
+    )
+    redis_ps_urls: str | None = Field(
+        default=None,
+        validation_alias=_env("REDIS_PS_URLS"),
+        description="comma-separated Redis servers for parameter-server shards; default redis_url",
+    )
+    database_url: str | None = Field(
+        default=None,
+        validation_alias=_env("DATABASE_URL"),
+        description="SQLAlchemy URL; default a SQLite file in the data directory",
+    )
+    artifact_dir: Path | None = Field(
+        default=None, description="checkpoints and uploaded datasets; default <data_dir>/artifacts"
+    )
+    redis_prefix: str = Field(default="trainyard", description="prefix of every Redis key")
+
+    # The API server
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_job_bytes: int = Field(default=1_000_000, description="largest job document accepted")
+    max_dataset_bytes: int = Field(default=50_000_000, description="largest dataset upload")
+
+    # Clients (CLI, SDK)
+    url: str | None = Field(default=None, description="API address for the CLI and SDK")
+    token: str | None = Field(default=None, description="API token for the CLI and SDK")
+
+    # Node agents
+    node_name: str = Field(default_factory=socket.gethostname)
+    node_slots: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
+    node_gpus: int | None = Field(default=None, ge=0, description="default: the GPUs torch sees")
+    heartbeat_seconds: float = Field(default=2.0, gt=0)
+    node_timeout_seconds: float = Field(default=15.0, gt=0, description="missed heartbeats -> lost")
+
+    # The scheduler
+    schedule_seconds: float = Field(default=0.25, gt=0, description="placement loop period")
 
     def resolved_data_dir(self) -> Path:
         return self.data_dir.expanduser()
@@ -25,3 +74,20 @@ class Settings(BaseSettings):
     def cache_dir(self) -> Path:
         """Generated datasets (mnist1d) are cached here."""
         return self.resolved_data_dir() / "cache"
+
+    def artifacts(self) -> Path:
+        return (self.artifact_dir or self.resolved_data_dir() / "artifacts").expanduser()
+
+    def sql_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{self.resolved_data_dir() / 'trainyard.db'}"
+
+    def ps_urls(self) -> list[str]:
+        if self.redis_ps_urls:
+            return [u.strip() for u in self.redis_ps_urls.split(",") if u.strip()]
+        return [self.redis_url] if self.redis_url else []
+
+    def stack_file(self) -> Path:
+        """Written by `trainyard up`: the local stack's address, Redis URL and admin token."""
+        return self.resolved_data_dir() / "stack.json"

@@ -151,6 +151,9 @@ def train(
             def log(self, line: str) -> None:
                 progress.console.print(line)
 
+            def checkpoint(self, step: int, path: Path) -> None:
+                return None
+
             def close(self) -> None:
                 return None
 

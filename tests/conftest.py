@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,3 +18,56 @@ EXAMPLES = ROOT / "examples"
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One data cache for the whole session, so mnist1d is generated once."""
     return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A private, real redis-server for the test session (started by our embedded launcher)."""
+    from scheduler.redis_server import RedisServer
+
+    server = RedisServer(tmp_path_factory.mktemp("redis"), persist=False)
+    url = server.start()
+    yield url
+    server.stop()
+
+
+def _postgres_database() -> Iterator[str | None]:
+    import uuid
+
+    import sqlalchemy as sa
+
+    admin_url = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+    name = f"trainyard_test_{uuid.uuid4().hex[:10]}"
+    try:
+        admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:
+        print(f"\n!!! PostgreSQL at 127.0.0.1:5432 unreachable ({exc}); its tests are SKIPPED !!!")
+        yield None
+        return
+    yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str | None]:
+    yield from _postgres_database()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def sql_url(request: pytest.FixtureRequest, tmp_path: Path, postgres_url: str | None) -> str:
+    """Each store/API test runs against a fresh SQLite file and the machine's PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'trainyard.db'}"
+    if postgres_url is None:
+        pytest.skip("PostgreSQL at 127.0.0.1:5432 is unreachable")
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(postgres_url)
+    with engine.begin() as conn:  # a clean schema per test
+        conn.execute(sa.text("DROP SCHEMA public CASCADE; CREATE SCHEMA public"))
+    engine.dispose()
+    return postgres_url

@@ -37,6 +37,8 @@ class MetricSink(Protocol):
 
     def log(self, line: str) -> None: ...
 
+    def checkpoint(self, step: int, path: Path) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -53,6 +55,9 @@ class JsonlSink:
 
     def log(self, line: str) -> None:
         self._log.write(line + "\n")
+
+    def checkpoint(self, step: int, path: Path) -> None:
+        self.log(f"step {step}: checkpoint {path.name}")
 
     def close(self) -> None:
         self._metrics.close()

@@ -177,6 +177,12 @@ class Trainer:
         return {"recon_error": float(recon)}
 
     def save_checkpoint(self) -> Path:
+        path = self._write_checkpoint()
+        for sink in self.sinks:
+            sink.checkpoint(self.step, path)
+        return path
+
+    def _write_checkpoint(self) -> Path:
         buffers = {
             f"{name}/{local}": buf
             for name, module in self.net.layers.items()
