@@ -16,17 +16,19 @@ InitName = Literal["constant", "uniform", "gaussian", "xavier", "glorot", "msra"
 class ParamSpec(StrictModel):
     """How one parameter starts and how the updater treats it."""
 
-    init: InitName = "constant"
-    value: float = 0.0
-    low: float = -0.05
-    high: float = 0.05
-    mean: float = 0.0
-    std: float = Field(default=0.01, ge=0.0)
-    mode: Literal["fan_in", "fan_out", "avg"] = Field(
-        default="avg", description="fan used by xavier/msra: fan_in, fan_out or their average"
+    init: InitName = Field(default="constant", description="the initialiser")
+    value: float = Field(default=0.0, description="constant: the value")
+    low: float = Field(default=-0.05, description="uniform: lower bound")
+    high: float = Field(default=0.05, description="uniform: upper bound")
+    mean: float = Field(default=0.0, description="gaussian: mean")
+    std: float = Field(default=0.01, ge=0.0, description="gaussian: standard deviation")
+    mode: Literal["fan_in", "fan_out", "avg"] | None = Field(
+        default=None,
+        description="fan used by xavier/msra: fan_in, fan_out or their average; "
+        "default avg for xavier (Glorot) and fan_in for msra (He)",
     )
-    lr_scale: float = Field(default=1.0, ge=0.0)
-    wd_scale: float = Field(default=1.0, ge=0.0)
+    lr_scale: float = Field(default=1.0, ge=0.0, description="multiplies the learning rate")
+    wd_scale: float = Field(default=1.0, ge=0.0, description="multiplies the weight decay")
 
 
 def fans(shape: torch.Size) -> tuple[int, int]:
@@ -52,7 +54,8 @@ def initialise(tensor: torch.Tensor, spec: ParamSpec, generator: torch.Generator
     elif spec.init == "gaussian":
         tensor.normal_(spec.mean, spec.std, generator=generator)
     elif spec.init in ("xavier", "glorot"):
-        bound = math.sqrt(3.0 / _fan(tensor.shape, spec.mode))
+        bound = math.sqrt(3.0 / _fan(tensor.shape, spec.mode or "avg"))
         tensor.uniform_(-bound, bound, generator=generator)
     else:  # msra / he: gaussian scaled for ReLU
-        tensor.normal_(0.0, math.sqrt(2.0 / _fan(tensor.shape, spec.mode)), generator=generator)
+        std = math.sqrt(2.0 / _fan(tensor.shape, spec.mode or "fan_in"))
+        tensor.normal_(0.0, std, generator=generator)

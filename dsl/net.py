@@ -121,7 +121,8 @@ class NeuralNet(nn.Module):
                 if with_metrics:
                     with torch.no_grad():
                         for key, value in step.module.metrics(*inputs).items():
-                            metrics.setdefault(key, value)
+                            # A second layer reporting the same metric keeps its own name.
+                            metrics[key if key not in metrics else f"{step.name}/{key}"] = value
             else:
                 out = step.module(*inputs)
             outputs[step.name] = out

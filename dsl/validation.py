@@ -98,6 +98,8 @@ def _issue(
         return source.issue(path, f"missing required key '{tag_key}'")
     value = _value_at(document, path)
     message = error["msg"]
+    if kind == "value_error":  # our own validators: their message without pydantic's prefix
+        message = str(ctx.get("error", message))
     if value is not None and not isinstance(value, dict | list):
         message = f"{message} (got {value!r})"
     field = _field_info(root, path, document)
