@@ -170,7 +170,57 @@ class TextData(DataSourceConfig):
     )
 
 
+DATASET_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$"
+
+
+class DatasetData(DataSourceConfig):
+    """A dataset uploaded to the service (POST /datasets) and referred to by its name: an .npz
+    archive or a .csv table, read like the npz and csv sources with the options below."""
+
+    source: Literal["dataset"]
+    name: str = Field(
+        pattern=DATASET_NAME_PATTERN,
+        description="the name the dataset was uploaded under (yours; an admin's job may only "
+        "name the admin's own uploads); run locally, <name>.npz or <name>.csv beside the job file",
+    )
+    x_key: str | None = Field(default=None, description="npz datasets: see the npz source")
+    y_key: str | None = Field(default=None, description="npz datasets: see the npz source")
+    x_test_key: str | None = Field(default=None, description="npz datasets: see the npz source")
+    y_test_key: str | None = Field(default=None, description="npz datasets: see the npz source")
+    label_column: int | str | None = Field(
+        default=None, description="csv datasets: see the csv source"
+    )
+    header: bool | None = Field(default=None, description="csv datasets: see the csv source")
+
+    # The options only one file kind reads; the rest of the keys apply to both.
+    kind_keys: ClassVar[dict[str, tuple[str, ...]]] = {
+        "npz": ("x_key", "y_key", "x_test_key", "y_test_key"),
+        "csv": ("label_column", "header"),
+    }
+
+    def foreign_keys(self, kind: str) -> list[str]:
+        """Keys set here that a dataset of `kind` does not read."""
+        own = set(self.kind_keys[kind])
+        other = {key for keys in self.kind_keys.values() for key in keys} - own
+        return sorted(
+            key for key in other & self.model_fields_set if getattr(self, key) is not None
+        )
+
+    def as_file(self, kind: Literal["npz", "csv"], path: str) -> NpzData | CsvData:
+        """The npz or csv source reading the stored file; unset options keep that source's
+        defaults (and stay unset, which matters to npz's optional test keys)."""
+        common = {"batch_size", "test_fraction", "shuffle"} | set(self.kind_keys[kind])
+        values = {
+            key: getattr(self, key)
+            for key in common & self.model_fields_set
+            if getattr(self, key) is not None
+        }
+        if kind == "npz":
+            return NpzData(source="npz", path=path, **values)
+        return CsvData(source="csv", path=path, **values)
+
+
 DataConfig = Annotated[
-    DigitsData | Mnist1dData | SyntheticData | NpzData | CsvData | TextData,
+    DigitsData | Mnist1dData | SyntheticData | NpzData | CsvData | TextData | DatasetData,
     Field(discriminator="source"),
 ]

@@ -109,7 +109,12 @@ class JobSpec(StrictModel):
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$", description="job name")
     description: str | None = None
-    seed: int = Field(default=0, ge=0, description="seeds data splits, initialisation and order")
+    seed: int = Field(
+        default=0,
+        ge=0,
+        le=2**63 - 1,  # torch generators take 64-bit seeds
+        description="seeds data splits, initialisation and order",
+    )
     data: DataConfig
     neuralnet: NeuralNetConfig
     train_one_batch: TrainOneBatchConfig = Field(default_factory=lambda: BPConfig(alg="bp"))

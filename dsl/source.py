@@ -55,13 +55,28 @@ def _pos(node: Node) -> Position:
     return node.start_mark.line + 1, node.start_mark.column + 1
 
 
+# Aliases let a few lines expand to billions of values ("billion laughs"); a job has hundreds.
+MAX_VALUES = 100_000
+
+
 class _Builder:
     def __init__(self, source: SourceMap) -> None:
         self.source = source
         self.scalars = SafeConstructor()
         self.issues: list[SpecIssue] = []
+        self.count = 0
 
     def build(self, node: Node, path: Path) -> Any:
+        self.count += 1
+        if self.count > MAX_VALUES:
+            raise JobSpecError(
+                SpecIssue(
+                    "<document>",
+                    f"the document expands to more than {MAX_VALUES:,} values",
+                    hint="a job holds a few hundred; check YAML aliases (*name) that repeat "
+                    "large parts",
+                )
+            )
         self.source.values[path] = _pos(node)
         if node.tag not in _PLAIN_TAGS:
             self.issues.append(
@@ -106,9 +121,49 @@ class _Builder:
             return None
 
 
+# PyYAML's scanner takes time quadratic in the nesting of flow collections ([[[[...), so a
+# small document could hold a server for minutes; a job nests a handful of levels.
+MAX_FLOW_DEPTH = 100
+
+
+def _too_deep(text: str) -> tuple[int, int] | None:
+    """The (line, column) where [ { nesting passes MAX_FLOW_DEPTH, or None. Brackets inside
+    quoted scalars and comments do not count; a quote opens a scalar only where one can start."""
+    depth = 0
+    for number, line in enumerate(text.splitlines(), start=1):
+        quote: str | None = None
+        previous = " "
+        for column, char in enumerate(line, start=1):
+            if quote:
+                if char == quote:
+                    quote = None
+            elif char in "'\"" and previous in " \t[{,:-":
+                quote = char
+            elif char == "#" and previous in " \t":
+                break
+            elif char in "[{":
+                depth += 1
+                if depth > MAX_FLOW_DEPTH:
+                    return number, column
+            elif char in "]}":
+                depth = max(depth - 1, 0)
+            previous = char
+    return None
+
+
 def parse_document(text: str, filename: str = "<job>") -> tuple[dict[str, Any], SourceMap]:
     """Parse one YAML job document into plain values and their positions."""
     source = SourceMap(filename)
+    deep = _too_deep(text)
+    if deep:
+        raise JobSpecError(
+            SpecIssue(
+                "<document>",
+                f"brackets nest more than {MAX_FLOW_DEPTH} levels deep",
+                *deep,
+                "a job nests a few levels of [lists] and {mappings}",
+            )
+        )
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:

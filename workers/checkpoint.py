@@ -1,4 +1,5 @@
-"""Checkpoints as safetensors files: parameters, buffers, updater state and the step.
+"""Checkpoints as safetensors files: parameters, buffers, updater state, random-number
+generator states and the step.
 
 Writes are atomic (a temporary file renamed into place), so a crash never leaves a torn
 checkpoint; only the newest `keep` files stay. Nothing is pickled.
@@ -16,7 +17,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 
-_NAME = re.compile(r"^step-(\d{8})\.safetensors$")
+_NAME = re.compile(r"^step-(\d{8,})\.safetensors$")
 
 
 class CheckpointError(ValueError):
@@ -29,6 +30,9 @@ class Checkpoint:
     params: dict[str, torch.Tensor]
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     updater: dict[str, torch.Tensor] = field(default_factory=dict)
+    # Generator states (uint8 tensors), so a resumed run draws the same noise (cd sampling,
+    # dropout) as an uninterrupted one.
+    rng: dict[str, torch.Tensor] = field(default_factory=dict)
     meta: dict[str, str] = field(default_factory=dict)
 
 
@@ -55,14 +59,19 @@ def save_checkpoint(directory: Path, ckpt: Checkpoint, keep: int) -> Path:
         ("param", ckpt.params),
         ("buffer", ckpt.buffers),
         ("updater", ckpt.updater),
+        ("rng", ckpt.rng),
     ):
         for name, tensor in group.items():
             tensors[f"{prefix}/{name}"] = tensor.detach().to("cpu").contiguous()
     meta = {**ckpt.meta, "step": str(ckpt.step), "format": "trainyard-1"}
     final = checkpoint_path(directory, ckpt.step)
     tmp = final.with_suffix(".tmp")
-    save_file(tensors, str(tmp), metadata=meta)
-    os.replace(tmp, final)
+    try:
+        save_file(tensors, str(tmp), metadata=meta)
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     for _, old in list_checkpoints(directory)[:-keep]:
         old.unlink(missing_ok=True)
     return final
@@ -75,7 +84,12 @@ def load_checkpoint(path: Path) -> Checkpoint:
         tensors = load_file(str(path))
     except (OSError, SafetensorError) as exc:
         raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from None
-    groups: dict[str, dict[str, torch.Tensor]] = {"param": {}, "buffer": {}, "updater": {}}
+    groups: dict[str, dict[str, torch.Tensor]] = {
+        "param": {},
+        "buffer": {},
+        "updater": {},
+        "rng": {},
+    }
     for key, tensor in tensors.items():
         prefix, _, name = key.partition("/")
         if prefix in groups:
@@ -85,6 +99,7 @@ def load_checkpoint(path: Path) -> Checkpoint:
         params=groups["param"],
         buffers=groups["buffer"],
         updater=groups["updater"],
+        rng=groups["rng"],
         meta=meta,
     )
 

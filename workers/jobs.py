@@ -9,6 +9,8 @@ from typing import Any
 from dsl.compiler import CompiledJob, build_net, load_spec
 from dsl.errors import JobSpecError
 from dsl.layers.base import BuildContext
+from dsl.schema import JobSpec
+from dsl.source import SourceMap
 from workers.data import DataInfo, Dataset, DataSourceError, load_dataset
 
 
@@ -38,5 +40,22 @@ def prepare_job(
     except DataSourceError as exc:
         path = ("data", exc.field) if exc.field else ("data", "source")
         raise JobSpecError(source.issue(path, str(exc.message), exc.hint)) from None
-    net, table = build_net(spec, source, build_context(dataset.info))
-    return CompiledJob(spec, net, table, source), dataset
+    train_size = len(dataset.x_train)
+    if spec.data.batch_size > train_size:
+        # Caught here rather than when the first batch is drawn, so `validate` reports it too.
+        raise JobSpecError(
+            source.issue(
+                ("data", "batch_size"),
+                f"batch_size {spec.data.batch_size} is larger than the {train_size} training "
+                "samples",
+                f"use at most {train_size}",
+            )
+        )
+    return compile_for_info(spec, source, dataset.info), dataset
+
+
+def compile_for_info(spec: JobSpec, source: SourceMap, info: DataInfo) -> CompiledJob:
+    """Infer shapes and build the net from the data's description alone (no samples loaded):
+    what the API does to check a job at submission."""
+    net, table = build_net(spec, source, build_context(info))
+    return CompiledJob(spec, net, table, source)

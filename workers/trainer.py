@@ -21,6 +21,7 @@ from dsl.compiler import CompiledJob
 from workers.algorithms import ALGORITHMS, BatchResult
 from workers.checkpoint import (
     Checkpoint,
+    CheckpointError,
     load_checkpoint,
     load_matching_params,
     resolve_checkpoint,
@@ -56,7 +57,8 @@ class Summary:
         return {
             "status": self.status,
             "steps": self.steps,
-            "metrics": self.metrics,
+            # JSON has no NaN or Infinity (a diverged run's loss): such values become null.
+            "metrics": {k: v if math.isfinite(v) else None for k, v in self.metrics.items()},
             "wall_time": round(self.wall_time, 3),
             "checkpoint": self.checkpoint,
         }
@@ -122,6 +124,13 @@ class Trainer:
         self.algorithm = ALGORITHMS.get(self.spec.train_one_batch.alg)
         self.generator = torch.Generator(device=self.device).manual_seed(self.spec.seed + 7)
         self.apply_update: Callable[[int], None] = self.updater.step
+        # A worker holding slices of the parameters maps between its tensors and the whole-model
+        # checkpoint here (workers/distributed/group.py); a whole net saves and loads as it is.
+        self.checkpoint_out: Callable[[Checkpoint], Checkpoint] = lambda ckpt: ckpt
+        self.checkpoint_in: Callable[[Checkpoint], Checkpoint] = lambda ckpt: ckpt
+        # Run after `restore` and before the first step: a worker fetches the shared parameters
+        # (workers/distributed/ps/client.py) so every replica starts from the same values.
+        self.start_hooks: list[Callable[[], None]] = []
         self.step = 0
         self.last_test: dict[str, float] = {}
         self.last_train: dict[str, float] = {}
@@ -173,7 +182,10 @@ class Trainer:
         source = rbm_config.srclayers[0]
         v0 = self.net(x, None, "test", stop_at=source).outputs[source]
         assert isinstance(v0, torch.Tensor)
-        _, recon = rbm.cd_loss(v0.flatten(1), 1, self.generator)  # type: ignore[operator]
+        # Its own stream: evaluating must not shift the training samples' noise, and the same
+        # parameters should always give the same test figure.
+        generator = torch.Generator(device=self.device).manual_seed(self.spec.seed + 11)
+        _, recon = rbm.cd_loss(v0.flatten(1), 1, generator)  # type: ignore[operator]
         return {"recon_error": float(recon)}
 
     def save_checkpoint(self) -> Path:
@@ -193,13 +205,16 @@ class Trainer:
             params={name: p.detach() for name, p in self.net.named_params().items()},
             buffers=buffers,
             updater=self.updater.state_tensors(),
+            rng=self._rng_states(),
             meta={
                 "job": self.spec.name,
                 "epoch": str(self.batches.state()["epoch"]),
                 "position": str(self.batches.state()["position"]),
             },
         )
-        return save_checkpoint(self.checkpoint_dir, ckpt, self.spec.checkpoint.keep)
+        return save_checkpoint(
+            self.checkpoint_dir, self.checkpoint_out(ckpt), self.spec.checkpoint.keep
+        )
 
     def restore(self) -> None:
         """Continue from the run's latest checkpoint (`--resume`), or start from init_from."""
@@ -209,10 +224,11 @@ class Trainer:
             except ValueError:
                 self.log("resume: no checkpoint yet, starting from step 0")
             else:
-                ckpt = load_checkpoint(path)
+                ckpt = self.checkpoint_in(load_checkpoint(path))
                 load_matching_params(self.net.named_params(), ckpt)
                 self._load_buffers(ckpt)
                 self.updater.load_state_tensors(ckpt.updater)
+                self._load_rng_states(ckpt.rng)
                 self.step = ckpt.step
                 self.batches.restore(
                     {"epoch": int(ckpt.meta["epoch"]), "position": int(ckpt.meta["position"])}
@@ -223,10 +239,27 @@ class Trainer:
             where = Path(self.spec.checkpoint.init_from)
             if not where.is_absolute():
                 where = self.options.base_dir / where
-            ckpt = load_checkpoint(resolve_checkpoint(where))
-            loaded = load_matching_params(self.net.named_params(), ckpt)
+            try:
+                ckpt = self.checkpoint_in(load_checkpoint(resolve_checkpoint(where)))
+                loaded = load_matching_params(self.net.named_params(), ckpt)
+            except CheckpointError as exc:
+                raise CheckpointError(f"checkpoint.init_from: {exc}") from None
             self._load_buffers(ckpt)
             self.log(f"initialised {len(loaded)} parameters from {where}: {', '.join(loaded)}")
+
+    def _rng_states(self) -> dict[str, torch.Tensor]:
+        states = {"train": self.generator.get_state(), "global": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            states["global_cuda"] = torch.cuda.get_rng_state(self.device)
+        return states
+
+    def _load_rng_states(self, states: dict[str, torch.Tensor]) -> None:
+        if "train" in states:
+            self.generator.set_state(states["train"])
+        if "global" in states:
+            torch.set_rng_state(states["global"])
+        if "global_cuda" in states and self.device.type == "cuda":
+            torch.cuda.set_rng_state(states["global_cuda"], self.device)
 
     def _load_buffers(self, ckpt: Checkpoint) -> None:
         with torch.no_grad():
@@ -241,10 +274,13 @@ class Trainer:
         started = time.perf_counter()
         spec = self.spec
         self.restore()
+        for hook in self.start_hooks:
+            hook()
         self.net.train()
         window = _Window()
         status = "succeeded"
         checkpoint: Path | None = None
+        saved_step = -1
         while self.step < spec.train_steps:
             if self.options.should_stop():
                 status = "cancelled"
@@ -270,13 +306,14 @@ class Trainer:
                 and self.step % spec.checkpoint.freq == 0
                 and self.options.rank == 0
             ):
-                checkpoint = self.save_checkpoint()
+                checkpoint, saved_step = self.save_checkpoint(), self.step
             if on_step is not None:
                 on_step(self.step)
         if status == "succeeded":
             self.last_test = self.evaluate()
             self.emit(self.last_test)
-            if self.options.rank == 0:
+            # Unless the loop has just saved this very step (train_steps a multiple of the freq).
+            if self.options.rank == 0 and not (checkpoint and saved_step == self.step):
                 checkpoint = self.save_checkpoint()
         summary = Summary(
             status=status,

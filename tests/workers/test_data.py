@@ -39,7 +39,15 @@ def same(a: Dataset, b: Dataset) -> bool:
 
 
 def test_every_config_source_has_a_loader() -> None:
-    assert DATA_SOURCES.names() == ["csv", "digits", "mnist1d", "npz", "synthetic", "text"]
+    assert DATA_SOURCES.names() == [
+        "csv",
+        "dataset",
+        "digits",
+        "mnist1d",
+        "npz",
+        "synthetic",
+        "text",
+    ]
     with pytest.raises(ValidationError):
         CONFIG.validate_python({"source": "imagenet"})
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from dsl.data_config import DataSourceConfig
 
 # Imported for their side effect: each module registers its sources.
-from workers.data import builtin, files, synthetic, text  # noqa: F401
+from workers.data import builtin, files, synthetic, text, uploaded  # noqa: F401
 from workers.data.base import DATA_SOURCES, DataInfo, Dataset, DataSource, DataSourceError
 from workers.data.batches import TrainBatches, eval_batches
 
