@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench install clean
+.PHONY: run test lint bench install clean web
 
 $(STAMP): pyproject.toml constraints.txt
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; set PYTHON=/path/to/python3.11"; exit 1; }
@@ -16,10 +16,13 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# The whole service on this machine; trains the example through it, then serves until Ctrl-C.
 run: $(STAMP)
-	$(BIN)/trainyard train examples/mnist1d_cnn.yaml
+	$(BIN)/trainyard up --submit examples/mnist1d_cnn.yaml
 
+# The browser tests (tests/web) need Debian's Chromium: installed here when missing and allowed.
 test: $(STAMP)
+	bash scripts/ensure-chromium.sh
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
@@ -29,6 +32,12 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/overhead.py
+	$(BIN)/python bench/submit_latency.py
+	$(BIN)/python bench/api_load.py
+
+# Rebuild the dashboard's committed assets (web/dist) from web/src; needs node and npm.
+web:
+	cd web && npm ci && npm run build
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -22,7 +22,7 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
         @event.listens_for(engine, "connect")
-        def _pragmas(dbapi_connection, _record):  # type: ignore[no-untyped-def]
+        def _pragmas(dbapi_connection, _record):
             # WAL lets the API read while the ingester writes; foreign keys for cascades.
             cursor = dbapi_connection.cursor()
             cursor.execute("PRAGMA journal_mode=WAL")

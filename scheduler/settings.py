@@ -49,8 +49,8 @@ class Settings(BaseSettings):
     redis_prefix: str = Field(default="trainyard", description="prefix of every Redis key")
 
     # The API server
-    host: str = "127.0.0.1"
-    port: int = 8000
+    host: str = Field(default="127.0.0.1", description="address the API server listens on")
+    port: int = Field(default=8000, description="port the API server listens on")
     max_job_bytes: int = Field(default=1_000_000, description="largest job document accepted")
     max_dataset_bytes: int = Field(default=50_000_000, description="largest dataset upload")
 
@@ -59,10 +59,19 @@ class Settings(BaseSettings):
     token: str | None = Field(default=None, description="API token for the CLI and SDK")
 
     # Node agents
-    node_name: str = Field(default_factory=socket.gethostname)
-    node_slots: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
+    node_name: str = Field(
+        default_factory=socket.gethostname,
+        description="this node's name in the cluster (unique); default the host name",
+    )
+    node_slots: int = Field(
+        default_factory=lambda: os.cpu_count() or 1,
+        ge=1,
+        description="CPU slots this node offers to jobs; default its CPU count",
+    )
     node_gpus: int | None = Field(default=None, ge=0, description="default: the GPUs torch sees")
-    heartbeat_seconds: float = Field(default=2.0, gt=0)
+    heartbeat_seconds: float = Field(
+        default=2.0, gt=0, description="how often a node agent tells Redis it is alive"
+    )
     node_timeout_seconds: float = Field(default=15.0, gt=0, description="missed heartbeats -> lost")
 
     # The scheduler

@@ -101,6 +101,7 @@ def train(
     """Train a job locally in this process."""
     import torch
 
+    from workers.checkpoint import CheckpointError
     from workers.jobs import prepare_job
     from workers.metrics import JsonlSink, MetricRecord
     from workers.trainer import Trainer, TrainOptions
@@ -164,7 +165,12 @@ def train(
             sinks=[sink, ProgressSink()],
         )
         progress.update(task, completed=trainer.step)
-        summary = trainer.run(on_step=lambda step: progress.update(task, completed=step))
+        try:
+            summary = trainer.run(on_step=lambda step: progress.update(task, completed=step))
+        except CheckpointError as exc:
+            sink.close()
+            err_console.print(f"[bold red]error[/] {exc}")
+            raise typer.Exit(2) from None
     sink.close()
     if as_json:
         sys.stdout.write(json.dumps({"run_dir": str(out_dir), **summary.to_json()}) + "\n")
@@ -193,6 +199,13 @@ def schema(
         output.write_text(text)
     else:
         sys.stdout.write(text)
+
+
+from sdk import cli_client, cli_cluster, cli_stack  # noqa: E402  (they register on `app`)
+
+cli_client.register(app)
+cli_stack.register(app)
+cli_cluster.register(app)
 
 
 def main() -> None:

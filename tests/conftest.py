@@ -15,9 +15,25 @@ EXAMPLES = ROOT / "examples"
 
 
 @pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One data cache for the whole session, so mnist1d is generated once."""
-    return tmp_path_factory.mktemp("cache")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """TRAINYARD_DATA_DIR for tests that run the CLI; its cache/ is `cache_dir`."""
+    return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="session")
+def cache_dir(data_dir: Path) -> Path:
+    """One data cache for the whole session, shared by direct loads and the CLI (which reads
+    TRAINYARD_DATA_DIR/cache), so mnist1d is generated once."""
+    path = data_dir / "cache"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+@pytest.fixture
+def cli_env(data_dir: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point the CLI at the session's data directory; returns it."""
+    monkeypatch.setenv("TRAINYARD_DATA_DIR", str(data_dir))
+    return data_dir
 
 
 @pytest.fixture(scope="session")
@@ -71,3 +87,32 @@ def sql_url(request: pytest.FixtureRequest, tmp_path: Path, postgres_url: str | 
         conn.execute(sa.text("DROP SCHEMA public CASCADE; CREATE SCHEMA public"))
     engine.dispose()
     return postgres_url
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite store migrated once per session, for tests to copy instead of migrating."""
+    import sqlite3
+
+    from scheduler.db import migrate
+
+    path = tmp_path_factory.mktemp("sqlite-template") / "template.db"
+    migrate(f"sqlite:///{path}")
+    with sqlite3.connect(path) as conn:  # fold the WAL into the file, so one copy is whole
+        conn.execute("PRAGMA journal_mode=DELETE")
+    return path
+
+
+@pytest.fixture
+def migrated_sql_url(sql_url: str, sqlite_template: Path) -> str:
+    """`sql_url` at the newest schema: SQLite copies the session's migrated file (the same
+    migrations, run once), PostgreSQL migrates its fresh schema."""
+    import shutil
+
+    from scheduler.db import migrate
+
+    if sql_url.startswith("sqlite"):
+        shutil.copyfile(sqlite_template, sql_url.split("///", 1)[1])
+    else:
+        migrate(sql_url)
+    return sql_url

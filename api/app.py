@@ -1,0 +1,93 @@
+"""The API server: `create_app(settings)` builds the FastAPI app (uvicorn runs it).
+
+Everything lives under /api/v1 (OpenAPI document at /api/v1/openapi.json, interactive docs at
+/docs); /healthz and /metrics are also served at the root for health checks and Prometheus.
+The dashboard's build (web/dist), when present, is served at /.
+
+The caller migrates the database first (`trainyard api` and `trainyard up` do): the app itself
+never runs migrations, so starting several API processes is safe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import redis
+from fastapi import FastAPI
+
+from api.dashboard import Dashboard
+from api.deps import Services
+from api.errors import install_error_handlers
+from api.limits import BodyLimit
+from api.routes import cluster, datasets, examples, jobs, system
+from api.stream import router as stream_router
+from scheduler.db import Database
+from scheduler.settings import Settings
+from workers.events import Keys
+
+API_PREFIX = "/api/v1"
+WEB_DIST = Path(__file__).resolve().parent.parent / "web" / "dist"
+# Room for the multipart envelope around an uploaded file.
+MULTIPART_OVERHEAD = 64 * 1024
+
+
+def create_app(settings: Settings | None = None, *, web_dist: Path | None = WEB_DIST) -> FastAPI:
+    settings = settings or Settings()
+    if not settings.redis_url:
+        raise ValueError(
+            "the API server needs Redis: set REDIS_URL (`trainyard up` starts one and sets it)"
+        )
+    services = Services(
+        settings=settings,
+        db=Database(settings.sql_url()),
+        redis=redis.Redis.from_url(settings.redis_url),
+        keys=Keys(settings.redis_prefix),
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        import torch  # compiling jobs to check them: one thread per request, not per core
+
+        torch.set_num_threads(1)
+        yield
+        services.redis.close()
+        services.db.dispose()
+
+    app = FastAPI(
+        title="Trainyard",
+        summary="Training as a service: submit jobs written in the Trainyard job language, "
+        "follow them live, fetch their metrics and checkpoints.",
+        version="1",
+        openapi_url=f"{API_PREFIX}/openapi.json",
+        docs_url="/docs",
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    app.state.services = services
+    install_error_handlers(app)
+    app.add_middleware(
+        BodyLimit,
+        default=settings.max_job_bytes,
+        limits={
+            f"{API_PREFIX}/datasets": (
+                settings.max_dataset_bytes + MULTIPART_OVERHEAD,
+                f"the dataset is larger than the limit of {settings.max_dataset_bytes} bytes",
+            )
+        },
+    )
+    for router in (
+        jobs.router,
+        stream_router,
+        cluster.router,
+        datasets.router,
+        system.router,
+        examples.router,
+    ):
+        app.include_router(router, prefix=API_PREFIX)
+    app.add_api_route("/healthz", system.healthz, include_in_schema=False)
+    app.add_api_route("/metrics", system.prometheus, include_in_schema=False)
+    if web_dist is not None and web_dist.is_dir():
+        app.mount("/", Dashboard(str(web_dist)), name="web")
+    return app

@@ -1,0 +1,155 @@
+"""What route handlers get injected: the app's services, a SQL session, the calling user."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Annotated
+
+import redis
+from fastapi import Depends, HTTPException, Path, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from dsl.compiler import CompiledJob
+from scheduler import store
+from scheduler.db import Database
+from scheduler.models import Job, User
+from scheduler.settings import Settings
+from workers.events import Keys
+
+# Ids and steps are 32-bit integer columns; larger numbers cannot name anything.
+MAX_INT = 2**31 - 1
+
+
+class GraphCache:
+    """Compiled nets of stored jobs by id (a job's spec never changes), least recent out."""
+
+    def __init__(self, size: int = 128) -> None:
+        self.size = size
+        self._items: OrderedDict[int, CompiledJob] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, job_id: int) -> CompiledJob | None:
+        with self._lock:
+            item = self._items.get(job_id)
+            if item is not None:
+                self._items.move_to_end(job_id)
+            return item
+
+    def put(self, job_id: int, compiled: CompiledJob) -> None:
+        with self._lock:
+            self._items[job_id] = compiled
+            self._items.move_to_end(job_id)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+    def drop(self, job_id: int) -> None:
+        with self._lock:
+            self._items.pop(job_id, None)
+
+
+class TokenCache:
+    """Users of recently seen tokens, for a few seconds: every request authenticates, and this
+    saves the busiest endpoints a query each. Keyed by the token's hash, like the table."""
+
+    def __init__(self, seconds: float = 10.0, size: int = 1024) -> None:
+        self.seconds, self.size = seconds, size
+        self._items: dict[str, tuple[float, User]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, token_hash: str) -> User | None:
+        with self._lock:
+            found = self._items.get(token_hash)
+        if found is None or found[0] < time.monotonic():
+            return None
+        return found[1]
+
+    def put(self, token_hash: str, user: User) -> None:
+        with self._lock:
+            if len(self._items) >= self.size:
+                self._items.clear()  # a burst of distinct tokens: start over, stay bounded
+            self._items[token_hash] = (time.monotonic() + self.seconds, user)
+
+
+@dataclass
+class Services:
+    """One per app: built by `create_app`, closed when it stops."""
+
+    settings: Settings
+    db: Database
+    redis: redis.Redis
+    keys: Keys
+    graphs: GraphCache = field(default_factory=GraphCache)
+    tokens: TokenCache = field(default_factory=TokenCache)
+
+
+async def get_services(request: Request) -> Services:
+    # async: no I/O here, and a sync dependency would cost a trip to the thread pool
+    services: Services = request.app.state.services
+    return services
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+def get_session(services: ServicesDep) -> Iterator[Session]:
+    """A session per request; handlers commit what they change, the rest is rolled back
+    (in the thread pool: closing rolls back on the connection)."""
+    with services.db.sessions() as session:
+        yield session
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+
+bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="token",
+    description="An API token: `Authorization: Bearer <token>`. `trainyard up` writes an admin "
+    "token to the data directory; `trainyard admin create-user NAME` makes more.",
+)
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+
+
+def authenticate(
+    session: Session, credentials: HTTPAuthorizationCredentials | None, tokens: TokenCache
+) -> User:
+    if credentials is None:
+        raise HTTPException(
+            401,
+            "missing API token: send the header 'Authorization: Bearer <token>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    token_hash = store.hash_token(credentials.credentials)
+    user = tokens.get(token_hash)
+    if user is not None:
+        return user
+    user = store.user_for_token(session, credentials.credentials)
+    if user is None:
+        raise HTTPException(
+            401, "invalid API token", headers={"WWW-Authenticate": 'Bearer error="invalid_token"'}
+        )
+    if session.dirty:  # the token's last_used_at moved (at most once a minute)
+        session.commit()
+    tokens.put(token_hash, user)
+    return user
+
+
+def get_current_user(session: SessionDep, credentials: Credentials, services: ServicesDep) -> User:
+    return authenticate(session, credentials, services.tokens)
+
+
+CurrentUser = Annotated[User, Depends(get_current_user)]
+
+JobId = Annotated[int, Path(ge=1, le=MAX_INT, description="the job's id")]
+
+
+def get_job(job_id: JobId, session: SessionDep, user: CurrentUser) -> Job:
+    """The job if the caller may see it (their own, or any for an admin); else 404."""
+    return store.get_job(session, user, job_id)
+
+
+VisibleJob = Annotated[Job, Depends(get_job)]

@@ -1,0 +1,101 @@
+"""Domain errors to HTTP: the one place status codes are chosen for failures.
+
+Every error body is JSON `{"detail": "<message>", "errors": [...]}`; `errors` holds the job
+language's located issues ({path, line, column, message, hint}) and is empty otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
+from starlette.exceptions import HTTPException
+
+from dsl.errors import JobSpecError
+from scheduler.datasets import TooLarge, UnsupportedKind
+from scheduler.lifecycle import IllegalTransition
+from scheduler.store import Conflict, InvalidRequest, NotFound, StoreError
+
+log = logging.getLogger("trainyard.api")
+
+
+def error_response(
+    status: int,
+    detail: str,
+    errors: list[dict[str, Any]] | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    return JSONResponse({"detail": detail, "errors": errors or []}, status, headers=headers)
+
+
+def status_of(error: StoreError) -> int:
+    if isinstance(error, NotFound):
+        return 404
+    if isinstance(error, Conflict):
+        return 409
+    if isinstance(error, TooLarge):
+        return 413
+    if isinstance(error, UnsupportedKind):
+        return 415
+    if isinstance(error, InvalidRequest):
+        return 422
+    return 400
+
+
+def describe_validation(error: RequestValidationError) -> str:
+    """`query.limit: Input should be less than or equal to 1000; ...`"""
+    parts = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item.get("loc", ()))
+        parts.append(f"{where}: {item.get('msg', 'invalid')}" if where else item.get("msg", ""))
+    return "; ".join(parts) or "invalid request"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(JobSpecError)
+    async def job_spec_error(_: Request, exc: JobSpecError) -> JSONResponse:
+        count = len(exc.issues)
+        detail = f"{count} problem{'s' if count != 1 else ''} in the job: " + "; ".join(
+            f"{issue.where()}: {issue.message}" for issue in exc.issues[:3]
+        )
+        return error_response(422, detail, exc.to_list())
+
+    @app.exception_handler(StoreError)
+    async def store_error(_: Request, exc: StoreError) -> JSONResponse:
+        return error_response(status_of(exc), str(exc))
+
+    @app.exception_handler(IllegalTransition)
+    async def illegal_transition(_: Request, exc: IllegalTransition) -> JSONResponse:
+        return error_response(409, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def request_validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(422, describe_validation(exc))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        return error_response(
+            exc.status_code, str(exc.detail), headers=dict(exc.headers) if exc.headers else None
+        )
+
+    @app.exception_handler(OperationalError)
+    async def database_down(request: Request, exc: OperationalError) -> JSONResponse:
+        log.error("database error on %s %s: %s", request.method, request.url.path, exc.orig)
+        return error_response(503, "the database is unavailable; try again shortly")
+
+    @app.exception_handler(redis.ConnectionError)
+    @app.exception_handler(redis.TimeoutError)
+    async def redis_down(request: Request, exc: redis.RedisError) -> JSONResponse:
+        log.error("Redis error on %s %s: %s", request.method, request.url.path, exc)
+        return error_response(503, "Redis is unavailable; try again shortly")
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # A bug: tests show no input reaches here. Log it whole; tell the client little.
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(500, "internal server error; the server log has the details")

@@ -1,0 +1,78 @@
+"""/datasets: upload .npz and .csv files that jobs then name (`data: {source: dataset}`)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, File, Form, UploadFile
+
+from api.deps import CurrentUser, ServicesDep, SessionDep
+from api.schemas import DatasetOut, errors
+from dsl.data_config import DATASET_NAME_PATTERN
+from scheduler.datasets import list_datasets, save_dataset
+from scheduler.store import aware
+
+router = APIRouter(prefix="/datasets", tags=["datasets"])
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=DatasetOut,
+    summary="Upload a dataset",
+    description="A numpy .npz archive (arrays x, y and optionally x_test, y_test) or a numeric "
+    ".csv table, told apart by the file name's extension and checked by content. Jobs use it "
+    "as `data: {source: dataset, name: NAME}`. Names are unique per user (409 if taken); the "
+    "size limit is the server's max_dataset_bytes (413).",
+    responses=errors(401, 409, 413, 415, 422),
+)
+def upload_dataset(
+    file: Annotated[UploadFile, File(description="the .npz or .csv file")],
+    name: Annotated[
+        str,
+        Form(
+            pattern=DATASET_NAME_PATTERN,
+            description="the name jobs refer to: letters, digits, '_', '.', '-'",
+        ),
+    ],
+    session: SessionDep,
+    user: CurrentUser,
+    services: ServicesDep,
+) -> DatasetOut:
+    record = save_dataset(
+        session,
+        user,
+        name=name,
+        filename=file.filename or "",
+        content=file.file,
+        artifacts=services.settings.artifacts(),
+        max_bytes=services.settings.max_dataset_bytes,
+    )
+    session.commit()
+    return DatasetOut(
+        name=record.name,
+        kind=record.kind,
+        size=record.size,
+        owner=user.name,
+        created_at=aware(record.created_at),
+    )
+
+
+@router.get(
+    "",
+    response_model=list[DatasetOut],
+    summary="List datasets",
+    description="Your datasets; an admin sees every user's.",
+    responses=errors(401),
+)
+def get_datasets(session: SessionDep, user: CurrentUser) -> list[DatasetOut]:
+    return [
+        DatasetOut(
+            name=record.name,
+            kind=record.kind,
+            size=record.size,
+            owner=owner,
+            created_at=aware(record.created_at),
+        )
+        for record, owner in list_datasets(session, user)
+    ]

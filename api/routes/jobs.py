@@ -1,0 +1,362 @@
+"""/jobs: submit, validate, list, inspect, cancel and delete jobs, and read their records."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Query, Response
+from fastapi.responses import FileResponse
+from sqlalchemy import Row
+from sqlalchemy.orm import Session
+
+from api.deps import MAX_INT, CurrentUser, JobId, ServicesDep, SessionDep, VisibleJob
+from api.schemas import (
+    CheckpointOut,
+    EventOut,
+    GraphEdge,
+    GraphNode,
+    GraphOut,
+    JobDetail,
+    JobOut,
+    JobPage,
+    LayerOut,
+    LogLineOut,
+    LogsOut,
+    MetricNames,
+    MetricsOut,
+    SeriesOut,
+    ValidationOut,
+    errors,
+    finite,
+)
+from api.submit import SUBMIT_BODY, Submission, check_submission, placement_preview, read_submission
+from dsl.graph import SourceRef
+from scheduler import store
+from scheduler.models import Job, JobState, utcnow
+from scheduler.store import aware
+from scheduler.submission import compile_stored
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+SubmissionDep = Annotated[Submission, Depends(read_submission)]
+
+
+def job_fields(job: Job | Row[Any], owner: str, position: int | None) -> dict[str, Any]:
+    """The JobOut fields of a job or a listed row (the spec_yaml of the detail view aside)."""
+    started = aware(job.started_at) if job.started_at else None
+    ended = aware(job.ended_at) if job.ended_at else None
+    duration = ((ended or utcnow()) - started).total_seconds() if started else None
+    return {
+        "id": job.id,
+        "name": job.name,
+        "owner": owner,
+        "state": job.state,
+        "priority": job.priority,
+        "framework": job.framework,
+        "train_steps": job.train_steps,
+        "step": job.step,
+        "progress": min(job.step / job.train_steps, 1.0) if job.train_steps else 0.0,
+        "created_at": aware(job.created_at),
+        "scheduled_at": aware(job.scheduled_at) if job.scheduled_at else None,
+        "started_at": started,
+        "ended_at": ended,
+        "duration_seconds": duration,
+        "summary": finite(job.summary or {}),
+        "best_metric": finite(job.best_metric),
+        "error": job.error,
+        "cancel_requested": job.cancel_requested,
+        "overrides": job.overrides or {},
+        "topology": job.topology or {},
+        "queue_position": position,
+    }
+
+
+def detail_of(session: Session, job: Job) -> JobDetail:
+    owner = store.owner_names(session, {job.owner_id})[job.owner_id]
+    position = store.queue_positions(session).get(job.id) if job.state == JobState.QUEUED else None
+    return JobDetail(**job_fields(job, owner, position), spec_yaml=job.spec_yaml)
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=JobDetail,
+    summary="Submit a job",
+    description="The body is the job's YAML (application/yaml, application/x-yaml, text/yaml "
+    "or text/plain) or JSON `{spec, overrides, priority}`. The job is validated and compiled "
+    "first (422 with located errors if it is not valid), then queued.",
+    openapi_extra=SUBMIT_BODY,
+    responses=errors(401, 413, 415, 422),
+)
+def submit_job(
+    user: CurrentUser, submission: SubmissionDep, session: SessionDep, services: ServicesDep
+) -> JobDetail:
+    checked = check_submission(session, user, submission, services.settings)
+    job = store.create_job(
+        session,
+        user,
+        checked.to_new_job(
+            spec_yaml=submission.spec_yaml,
+            overrides=submission.overrides,
+            priority=submission.priority,
+        ),
+    )
+    session.commit()
+    return detail_of(session, job)
+
+
+@router.post(
+    "/validate",
+    response_model=ValidationOut,
+    summary="Validate a job without submitting it",
+    description="A dry run of POST /jobs: the layer table with output shapes and parameter "
+    "counts, the resolved topology and where the scheduler would place the job right now.",
+    openapi_extra=SUBMIT_BODY,
+    responses=errors(401, 413, 415, 422),
+)
+def validate_job(
+    user: CurrentUser, submission: SubmissionDep, session: SessionDep, services: ServicesDep
+) -> ValidationOut:
+    checked = check_submission(session, user, submission, services.settings)
+    compiled = checked.compiled
+    return ValidationOut(
+        name=compiled.spec.name,
+        layers=[LayerOut(**row.__dict__) for row in compiled.table],
+        total_params=compiled.total_params,
+        topology=checked.topology.to_dict(),
+        placement=placement_preview(session, checked.topology, submission.priority),
+    )
+
+
+@router.get(
+    "",
+    response_model=JobPage,
+    summary="List jobs",
+    description="Newest first. A user sees their own jobs, an admin every job. Filter by "
+    "state (repeatable) and by a part of the name; page with the returned next_cursor.",
+    responses=errors(401, 422),
+)
+def list_jobs(
+    session: SessionDep,
+    user: CurrentUser,
+    state: Annotated[list[JobState] | None, Query(description="only jobs in these states")] = None,
+    name: Annotated[
+        str | None, Query(max_length=100, description="only names containing this")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=1000, description="page size")] = 50,
+    cursor: Annotated[
+        str | None, Query(max_length=200, description="next_cursor of the previous page")
+    ] = None,
+) -> JobPage:
+    rows, next_cursor = store.list_jobs(
+        session, user, states=state, name=name, limit=limit, cursor=cursor
+    )
+    queued = any(row.state == JobState.QUEUED for row in rows)
+    positions = store.queue_positions(session) if queued else {}
+    return JobPage(
+        items=[JobOut(**job_fields(row, row.owner, positions.get(row.id))) for row in rows],
+        next_cursor=next_cursor,
+    )
+
+
+@router.get(
+    "/{job_id}",
+    response_model=JobDetail,
+    summary="Get a job",
+    responses=errors(401, 404, 422),
+)
+def get_job(job: VisibleJob, session: SessionDep) -> JobDetail:
+    return detail_of(session, job)
+
+
+@router.post(
+    "/{job_id}/cancel",
+    response_model=JobDetail,
+    summary="Cancel a job",
+    description="A queued job is cancelled at once; a scheduled or running one when its node "
+    "agents have stopped its processes (within seconds; `cancel_requested` is true meanwhile). "
+    "409 if the job has already ended.",
+    responses=errors(401, 404, 409, 422),
+)
+def cancel_job(
+    job_id: JobId,
+    session: SessionDep,
+    user: CurrentUser,
+    services: ServicesDep,
+) -> JobDetail:
+    job = store.get_job(session, user, job_id, for_update=True)
+    store.request_cancel(session, job, services.redis, services.keys)
+    session.commit()
+    return detail_of(session, job)
+
+
+@router.delete(
+    "/{job_id}",
+    status_code=204,
+    response_class=Response,
+    summary="Delete a finished job",
+    description="Removes the job, its records and its files. 409 unless the job has ended.",
+    responses=errors(401, 404, 409, 422),
+)
+def delete_job(job: VisibleJob, session: SessionDep, services: ServicesDep) -> Response:
+    store.delete_job(
+        session,
+        job,
+        artifacts=services.settings.artifacts(),
+        client=services.redis,
+        keys=services.keys,
+    )
+    session.commit()
+    services.graphs.drop(job.id)
+    return Response(status_code=204)
+
+
+@router.get(
+    "/{job_id}/metrics",
+    response_model=MetricsOut,
+    summary="Metric series of a job",
+    description="One series per (name, worker group, rank). A series longer than max_points "
+    "is cut into max_points equal step ranges, keeping the last point of each.",
+    responses=errors(401, 404, 422),
+)
+def job_metrics(
+    job: VisibleJob,
+    session: SessionDep,
+    name: Annotated[
+        list[str] | None, Query(description="metric names (repeatable); default all")
+    ] = None,
+    start_step: Annotated[int | None, Query(ge=0, le=MAX_INT)] = None,
+    end_step: Annotated[int | None, Query(ge=0, le=MAX_INT)] = None,
+    group: Annotated[int | None, Query(ge=0, le=MAX_INT, description="worker group")] = None,
+    max_points: Annotated[int, Query(ge=1, le=100_000, description="per series")] = 1000,
+) -> MetricsOut:
+    series = store.metric_series(
+        session,
+        job.id,
+        names=name,
+        start_step=start_step,
+        end_step=end_step,
+        group=group,
+        max_points=max_points,
+    )
+    return MetricsOut(
+        series=[
+            SeriesOut(name=s.name, group=s.group, rank=s.rank, points=finite(s.points))
+            for s in series
+        ]
+    )
+
+
+@router.get(
+    "/{job_id}/metrics/names",
+    response_model=MetricNames,
+    summary="Names of a job's metrics",
+    responses=errors(401, 404, 422),
+)
+def job_metric_names(job: VisibleJob, session: SessionDep) -> MetricNames:
+    return MetricNames(names=store.metric_names(session, job.id))
+
+
+@router.get(
+    "/{job_id}/logs",
+    response_model=LogsOut,
+    summary="Log lines of a job",
+    description="Oldest first; follow a job by passing the returned `next` as `after`.",
+    responses=errors(401, 404, 422),
+)
+def job_logs(
+    job: VisibleJob,
+    session: SessionDep,
+    after: Annotated[int, Query(ge=0, le=2**63 - 1, description="a line id")] = 0,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+) -> LogsOut:
+    lines, next_id = store.log_lines(session, job.id, after=after, limit=limit)
+    return LogsOut(
+        lines=[
+            LogLineOut(id=ln.id, at=ln.at, group=ln.group, rank=ln.rank, line=ln.line)
+            for ln in lines
+        ],
+        next=next_id,
+    )
+
+
+@router.get(
+    "/{job_id}/events",
+    response_model=list[EventOut],
+    summary="State transitions of a job",
+    responses=errors(401, 404, 422),
+)
+def job_events(job: VisibleJob, session: SessionDep) -> list[EventOut]:
+    return [
+        EventOut(at=aware(event.at), state=JobState(event.state), reason=event.reason)
+        for event in store.job_events(session, job.id)
+    ]
+
+
+@router.get(
+    "/{job_id}/graph",
+    response_model=GraphOut,
+    summary="The compiled net of a job",
+    description="Layers with output shapes and parameter counts, and the edges between them.",
+    responses=errors(401, 404, 422),
+)
+def job_graph(job: VisibleJob, services: ServicesDep) -> GraphOut:
+    compiled = services.graphs.get(job.id)
+    if compiled is None:
+        compiled = compile_stored(job.spec, cache_dir=services.settings.cache_dir())
+        services.graphs.put(job.id, compiled)
+    include = {layer.name: layer.include for layer in compiled.spec.neuralnet.layers}
+    return GraphOut(
+        nodes=[
+            GraphNode(
+                name=row.name,
+                type=row.type,
+                out_shape=row.out_shape,
+                params=row.params,
+                partition_dim=row.partition_dim,
+                include=include.get(row.name),
+            )
+            for row in compiled.table
+        ],
+        edges=[
+            GraphEdge(source=SourceRef.parse(src).layer, target=row.name)
+            for row in compiled.table
+            for src in row.sources
+        ],
+    )
+
+
+@router.get(
+    "/{job_id}/checkpoints",
+    response_model=list[CheckpointOut],
+    summary="Checkpoints of a job",
+    responses=errors(401, 404, 422),
+)
+def job_checkpoints(job: VisibleJob, session: SessionDep) -> list[CheckpointOut]:
+    return [
+        CheckpointOut(step=c.step, size=c.size, created_at=aware(c.created_at))
+        for c in store.checkpoints(session, job.id)
+    ]
+
+
+@router.get(
+    "/{job_id}/checkpoints/{step}",
+    response_class=FileResponse,
+    summary="Download a checkpoint",
+    description="The safetensors file of the checkpoint at `step`.",
+    responses={
+        200: {"content": {"application/octet-stream": {}}, "description": "safetensors file"},
+        **errors(401, 404, 422),
+    },
+)
+def download_checkpoint(
+    job: VisibleJob,
+    session: SessionDep,
+    step: Annotated[int, Path(ge=0, le=MAX_INT, description="the checkpoint's training step")],
+) -> FileResponse:
+    _, path = store.checkpoint_file(session, job.id, step)
+    return FileResponse(
+        path,
+        media_type="application/octet-stream",
+        filename=f"{job.name}-job{job.id}-step{step}.safetensors",
+    )

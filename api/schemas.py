@@ -1,0 +1,273 @@
+"""Request and response bodies of the REST API (the OpenAPI document is generated from these)."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from scheduler.models import AllocationState, JobState, NodeState
+
+PRIORITY_RANGE = 1_000_000
+
+
+def finite(value: Any) -> Any:
+    """JSON has no NaN or infinity: a diverged loss is reported as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [finite(item) for item in value]
+    return value
+
+
+class Issue(BaseModel):
+    path: str = Field(description="where in the job document, e.g. neuralnet.layers[2].units")
+    line: int | None = Field(description="1-based line in the submitted YAML, if known")
+    column: int | None = Field(description="1-based column in the submitted YAML, if known")
+    message: str
+    hint: str | None = Field(description="how to fix it, when there is an obvious way")
+
+
+class ErrorBody(BaseModel):
+    detail: str = Field(description="what went wrong, in one message")
+    errors: list[Issue] = Field(
+        default_factory=list, description="the job language's located problems (422 on a job)"
+    )
+
+
+class SubmitRequest(BaseModel):
+    """The JSON form of a submission (the YAML form is the document alone)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    spec: str | dict[str, Any] = Field(description="the job: YAML text, or the document as JSON")
+    overrides: dict[str, Any] = Field(
+        default_factory=dict,
+        description="key.path -> value, applied before validation like `--set` "
+        "(layers by name: neuralnet.layers.fc1.units)",
+    )
+    priority: int = Field(
+        default=0,
+        ge=-PRIORITY_RANGE,
+        le=PRIORITY_RANGE,
+        description="higher runs first; equal priorities run in submission order",
+    )
+    base_dir: str | None = Field(
+        default=None,
+        description="admins only: the folder relative file paths in the job resolve against "
+        "(the SDK sends the job file's folder); default the server's data directory",
+    )
+
+
+class JobOut(BaseModel):
+    id: int
+    name: str
+    owner: str = Field(description="the submitting user's name")
+    state: JobState
+    priority: int
+    framework: str = Field(description="cluster.framework of the job")
+    train_steps: int
+    step: int = Field(description="the last training step reported")
+    progress: float = Field(description="step / train_steps, 0..1")
+    created_at: datetime
+    scheduled_at: datetime | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    duration_seconds: float | None = Field(
+        description="running time so far (from start to end, or to now)"
+    )
+    summary: dict[str, Any] = Field(description="final metrics once the job ends")
+    best_metric: float | None = Field(description="the highest test/accuracy reported, if any")
+    error: str | None = Field(description="why the job failed")
+    cancel_requested: bool
+    overrides: dict[str, Any]
+    topology: dict[str, Any] = Field(description="the resolved cluster: worker and server groups")
+    queue_position: int | None = Field(description="1-based place in the queue while QUEUED")
+
+
+class JobDetail(JobOut):
+    spec_yaml: str = Field(description="the document as submitted")
+
+
+class JobPage(BaseModel):
+    items: list[JobOut]
+    next_cursor: str | None = Field(description="pass as ?cursor= for the next page; null at end")
+
+
+class LayerOut(BaseModel):
+    name: str
+    type: str
+    sources: list[str]
+    out_shape: list[int] | list[list[int]] = Field(
+        description="per-sample output shape; one shape per output for slice layers"
+    )
+    params: int
+    partition_dim: int
+
+
+class AssignmentOut(BaseModel):
+    role: str = Field(description="worker or server")
+    group: int
+    rank: int
+    node: str
+    slots: int
+    gpus: int
+
+
+class PlacementOut(BaseModel):
+    feasible: bool = Field(description="whether the job would be placed right now")
+    reason: str
+    assignments: list[AssignmentOut] = Field(description="where each process would run")
+
+
+class ValidationOut(BaseModel):
+    name: str
+    layers: list[LayerOut]
+    total_params: int
+    topology: dict[str, Any]
+    placement: PlacementOut
+
+
+class SeriesOut(BaseModel):
+    name: str
+    group: int
+    rank: int
+    points: list[tuple[int, float | None]] = Field(
+        description="[step, value] pairs in step order; null for NaN or infinity"
+    )
+
+
+class MetricsOut(BaseModel):
+    series: list[SeriesOut]
+
+
+class MetricNames(BaseModel):
+    names: list[str]
+
+
+class LogLineOut(BaseModel):
+    id: int
+    at: float = Field(description="unix time the worker wrote the line")
+    group: int
+    rank: int
+    line: str
+
+
+class LogsOut(BaseModel):
+    lines: list[LogLineOut]
+    next: int = Field(description="pass as ?after= to get the lines after these")
+
+
+class EventOut(BaseModel):
+    at: datetime
+    state: JobState
+    reason: str
+
+
+class GraphNode(BaseModel):
+    name: str
+    type: str
+    out_shape: list[int] | list[list[int]]
+    params: int
+    partition_dim: int
+    include: list[Literal["train", "test"]] | None = Field(
+        description="phases the layer runs in; null for both"
+    )
+
+
+class GraphEdge(BaseModel):
+    source: str
+    target: str
+
+
+class GraphOut(BaseModel):
+    nodes: list[GraphNode]
+    edges: list[GraphEdge]
+
+
+class CheckpointOut(BaseModel):
+    step: int
+    size: int = Field(description="bytes")
+    created_at: datetime
+
+
+class NodeOut(BaseModel):
+    name: str
+    state: NodeState
+    slots: int
+    gpus: int
+    slots_used: int
+    gpus_used: int
+    last_heartbeat: datetime
+
+
+class AllocationOut(BaseModel):
+    node: str
+    role: str
+    group: int
+    rank: int
+    state: AllocationState
+
+
+HIDDEN = "null for other users' jobs unless the caller is an admin"
+
+
+class RunningJob(BaseModel):
+    job_id: int | None = Field(description=HIDDEN)
+    name: str | None = Field(description=HIDDEN)
+    state: JobState
+    allocations: list[AllocationOut]
+
+
+class QueueEntryOut(BaseModel):
+    job_id: int | None = Field(description=HIDDEN)
+    name: str | None = Field(description=HIDDEN)
+    priority: int
+    position: int
+    slots: int
+    gpus: int
+    reason: str = Field(description="why the job is still waiting")
+
+
+class ClusterOut(BaseModel):
+    nodes: list[NodeOut]
+    running: list[RunningJob]
+    queue: list[QueueEntryOut]
+
+
+class DatasetOut(BaseModel):
+    name: str
+    kind: str = Field(description="npz or csv")
+    size: int = Field(description="bytes")
+    owner: str
+    created_at: datetime
+
+
+class Health(BaseModel):
+    status: str = Field(description="ok when the database and Redis answer, else degraded")
+    db: bool
+    redis: bool
+
+
+ERROR_DESCRIPTIONS = {
+    400: "bad request",
+    401: "missing or invalid API token",
+    404: "no such object, or not yours",
+    409: "not allowed in the object's current state",
+    413: "request body too large",
+    415: "unsupported content type or file kind",
+    422: "invalid job (with located errors) or invalid parameters",
+    503: "the database or Redis is unavailable",
+}
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses=` entries for error statuses, all with the ErrorBody shape."""
+    return {
+        code: {"model": ErrorBody, "description": ERROR_DESCRIPTIONS[code]}
+        for code in (*codes, 503)
+    }

@@ -1,0 +1,227 @@
+"""GET /jobs/{id}/stream: a job's live records as server-sent events.
+
+The job's Redis stream is the source: the records workers append (metrics, log lines,
+checkpoints) go out as they arrive, each with its stream id as the event id, so a client that
+reconnects with Last-Event-ID continues where it stopped. Job state changes come from SQL
+(where the ingester puts them), polled every second and at once when a process reports a
+state; when the job has ended the stream drains what is left, sends `end` and closes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import redis.asyncio
+from fastapi import APIRouter, Depends, Header, HTTPException, Query
+from fastapi.responses import StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import Credentials, JobId, Services, ServicesDep, authenticate
+from api.schemas import errors, finite
+from scheduler import store
+from scheduler.models import Job, JobState
+from workers.events import decode
+
+router = APIRouter(tags=["jobs"])
+
+STATE_POLL_SECONDS = 1.0
+BLOCK_MS = 1000
+KEEPALIVE_SECONDS = 15.0
+BATCH = 500
+STREAM_ID = re.compile(r"^(\d{1,20})(?:-(\d{1,20}))?$")
+MAX_ID_PART = 2**64 - 1
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What clients see of a job's state."""
+
+    state: JobState
+    step: int
+    error: str | None
+
+    def data(self) -> dict[str, Any]:
+        return {"state": self.state, "step": self.step, "error": self.error}
+
+
+def sse(event: str, data: Any, event_id: str | None = None) -> str:
+    head = f"id: {event_id}\n" if event_id else ""
+    return f"{head}event: {event}\ndata: {json.dumps(finite(data), separators=(',', ':'))}\n\n"
+
+
+def record_event(fields: dict[str, str]) -> tuple[str, dict[str, Any]] | None:
+    """The SSE event of one stream record; None for records clients do not see."""
+    kind = fields.get("kind")
+    try:
+        if kind == "metric":
+            return "metric", {
+                "step": int(fields["step"]),
+                "group": int(fields["group"]),
+                "rank": int(fields["rank"]),
+                "time": float(fields["time"]),
+                "values": json.loads(fields["values"]),
+            }
+        if kind == "log":
+            return "log", {
+                "group": int(fields["group"]),
+                "rank": int(fields["rank"]),
+                "time": float(fields["time"]),
+                "line": fields["line"],
+            }
+        if kind == "checkpoint":
+            # The server path stays on the server; clients download by step.
+            return "checkpoint", {
+                "step": int(fields["step"]),
+                "size": int(fields["size"]),
+                "time": float(fields["time"]),
+            }
+    except (KeyError, ValueError):
+        return None  # a malformed record is the ingester's to report
+    return None
+
+
+def _load_state(services: Services, job_id: int) -> Snapshot:
+    with services.db.sessions() as session:
+        job = session.get(Job, job_id)
+        if job is None:  # deleted while streaming: it ended
+            return Snapshot(JobState.CANCELLED, 0, "the job was deleted")
+        return Snapshot(JobState(job.state), job.step, job.error)
+
+
+def _authorise(services: Services, credentials: Any, job_id: int) -> Snapshot:
+    # A short session of its own: a stream can stay open for hours.
+    with services.db.sessions() as session:
+        user = authenticate(session, credentials, services.tokens)
+        job = store.get_job(session, user, job_id)
+        return Snapshot(JobState(job.state), job.step, job.error)
+
+
+async def start_state(
+    job_id: JobId,
+    services: ServicesDep,
+    credentials: Credentials,
+    token: Annotated[
+        str | None,
+        Query(
+            max_length=200,
+            description="the API token, for clients that cannot send an Authorization header "
+            "(a browser's EventSource); the header wins when both are given",
+        ),
+    ] = None,
+) -> Snapshot:
+    if credentials is None and token:
+        credentials = HTTPAuthorizationCredentials(scheme="Bearer", credentials=token)
+    return await run_in_threadpool(_authorise, services, credentials, job_id)
+
+
+async def follow(
+    services: Services, job_id: int, first: Snapshot, after: str | None
+) -> AsyncIterator[str]:
+    # A connection of its own, on this request's event loop, held while the client listens.
+    client = redis.asyncio.Redis.from_url(services.settings.redis_url or "")
+    try:
+        async for event in _follow(client, services, job_id, first, after):
+            yield event
+    finally:
+        await client.aclose()
+
+
+async def _follow(
+    client: redis.asyncio.Redis, services: Services, job_id: int, first: Snapshot, after: str | None
+) -> AsyncIterator[str]:
+    key = services.keys.job_stream(job_id)
+    if after is None:
+        # "Only what is new": the stream's current end, taken before anything is sent (a
+        # client may react to the first event by producing records) and remembered, so that
+        # nothing appended between two reads is missed (which repeating "$" would do).
+        newest: Any = await client.xrevrange(key, count=1)
+        after = decode_id(newest[0][0]) if newest else "0-0"
+    yield sse("state", first.data())
+    state = first
+    polled = time.monotonic()
+    quiet_since = time.monotonic()
+    while True:
+        ended = state.state.terminal
+        # Once the job has ended, drain what is left without waiting.
+        reply: Any = await client.xread(
+            {key: after}, count=BATCH, block=None if ended else BLOCK_MS
+        )
+        entries = reply[0][1] if reply else []
+        poll_now = False
+        for entry_id, raw in entries:
+            after = decode_id(entry_id)
+            fields = decode(raw)
+            if fields.get("kind") == "state":
+                poll_now = True  # a process started or ended: the job's state may follow
+                continue
+            event = record_event(fields)
+            if event is not None:
+                yield sse(event[0], event[1], after)
+                quiet_since = time.monotonic()
+        if ended and not entries:
+            yield sse("end", state.data())
+            return
+        now = time.monotonic()
+        if poll_now or now - polled >= STATE_POLL_SECONDS:
+            polled = now
+            current = await run_in_threadpool(_load_state, services, job_id)
+            if current != state:
+                state = current
+                yield sse("state", state.data())
+                quiet_since = now
+        if now - quiet_since >= KEEPALIVE_SECONDS:
+            yield ": keep-alive\n\n"  # a comment: proxies keep idle connections open
+            quiet_since = now
+
+
+def valid_stream_id(text: str) -> bool:
+    """Redis stream ids are <ms>-<seq> with both parts unsigned 64-bit."""
+    match = STREAM_ID.match(text)
+    return match is not None and all(
+        int(part) <= MAX_ID_PART for part in match.groups() if part is not None
+    )
+
+
+def decode_id(entry_id: bytes | str) -> str:
+    return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+
+
+@router.get(
+    "/jobs/{job_id}/stream",
+    summary="Follow a job live (server-sent events)",
+    description="Events: `state` (now, then on every change: {state, step, error}), `metric` "
+    "({step, group, rank, time, values}), `log` ({group, rank, time, line}), `checkpoint` "
+    "({step, size, time}) and `end` (the job has ended; the stream closes). Record events "
+    "carry their Redis stream id; reconnect with Last-Event-ID (or ?last_event_id=) to resume "
+    "after it. Without one, only records newer than the request are sent.",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "an event stream"},
+        **errors(401, 404, 422),
+    },
+)
+async def stream_job(
+    job_id: JobId,
+    services: ServicesDep,
+    first: Annotated[Snapshot, Depends(start_state)],
+    last_event_id: Annotated[
+        str | None, Query(max_length=41, description="resume after this event id")
+    ] = None,
+    last_event_header: Annotated[
+        str | None, Header(alias="Last-Event-ID", max_length=41, include_in_schema=False)
+    ] = None,
+) -> StreamingResponse:
+    after = last_event_header or last_event_id
+    if after is not None and not valid_stream_id(after):
+        raise HTTPException(422, f"'{after}' is not an event id of this stream")
+    return StreamingResponse(
+        follow(services, job_id, first, after),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

@@ -1,0 +1,186 @@
+"""Reading a job submission from a request (YAML or JSON) and checking it for the caller."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from fastapi import HTTPException, Query, Request
+from pydantic import ValidationError
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from api.schemas import PRIORITY_RANGE, AssignmentOut, PlacementOut, SubmitRequest
+from dsl.errors import JobSpecError, SpecIssue
+from dsl.topology import Topology
+from scheduler.cluster import node_capacities
+from scheduler.models import Job, JobState, User
+from scheduler.placement import PlacementRequest, fits_empty_cluster, plan_placement
+from scheduler.settings import Settings
+from scheduler.submission import CheckedJob, check_job
+
+YAML_TYPES = frozenset(
+    {"application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "text/plain"}
+)
+JSON_TYPE = "application/json"
+
+EXAMPLE_YAML = """name: digits-mlp
+data: {source: digits, batch_size: 64}
+neuralnet:
+  layers:
+    - {name: data, type: input}
+    - {name: fc1, type: innerproduct, srclayers: [data], units: 10}
+    - {name: loss, type: softmax_loss, srclayers: [fc1]}
+updater: {type: sgd, lr: {base: 0.05}}
+train_steps: 500
+"""
+
+# The body is read by hand (YAML or JSON), so its forms are declared for the OpenAPI document.
+SUBMIT_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": "the job as YAML, or JSON {spec, overrides, priority}",
+        "content": {
+            **{
+                media: {"schema": {"type": "string"}, "example": EXAMPLE_YAML}
+                for media in sorted(YAML_TYPES)
+            },
+            JSON_TYPE: {
+                "schema": SubmitRequest.model_json_schema(),
+                "example": {"spec": EXAMPLE_YAML, "overrides": {"train_steps": 100}},
+            },
+        },
+    }
+}
+
+
+@dataclass(frozen=True)
+class Submission:
+    document: str | dict[str, Any]
+    spec_yaml: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    priority: int = 0
+    base_dir: str | None = None
+
+
+def _json_problem(error: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in item['loc']) or 'body'}: {item['msg']}"
+        for item in error.errors()
+    )
+
+
+async def read_submission(
+    request: Request,
+    priority: Annotated[
+        int | None,
+        Query(
+            ge=-PRIORITY_RANGE,
+            le=PRIORITY_RANGE,
+            description="higher runs first (overrides a priority in a JSON body)",
+        ),
+    ] = None,
+) -> Submission:
+    """The submitted job from the body; the size cap was applied as it arrived."""
+    body = await request.body()
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media == JSON_TYPE:
+        try:
+            payload = json.loads(body)
+        except (ValueError, RecursionError) as error:
+            raise HTTPException(422, f"the body is not valid JSON: {error}") from None
+        try:
+            parsed = SubmitRequest.model_validate(payload)
+        except ValidationError as error:
+            raise HTTPException(422, _json_problem(error)) from None
+        spec = parsed.spec
+        try:
+            spec_yaml = spec if isinstance(spec, str) else yaml.safe_dump(spec, sort_keys=False)
+        except RecursionError:
+            raise HTTPException(422, "the job document is nested too deeply") from None
+        return Submission(
+            document=spec,
+            spec_yaml=spec_yaml,
+            overrides=parsed.overrides,
+            priority=parsed.priority if priority is None else priority,
+            base_dir=parsed.base_dir,
+        )
+    if media and media not in YAML_TYPES:
+        raise HTTPException(
+            415,
+            f"content type '{media}' is not accepted; send the job as YAML "
+            f"({', '.join(sorted(YAML_TYPES))}) or as JSON ({JSON_TYPE})",
+        )
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise HTTPException(422, f"the job is not UTF-8 text: {error}") from None
+    return Submission(document=text, spec_yaml=text, priority=priority or 0)
+
+
+def check_submission(
+    session: Session, user: User, submission: Submission, settings: Settings
+) -> CheckedJob:
+    base = settings.resolved_data_dir()
+    if submission.base_dir:
+        base = base / Path(submission.base_dir).expanduser()  # an absolute one replaces it
+    try:
+        return check_job(
+            session,
+            user,
+            submission.document,
+            overrides=submission.overrides,
+            cache_dir=settings.cache_dir(),
+            base_dir=base,
+        )
+    except RecursionError:
+        raise JobSpecError(
+            SpecIssue(
+                "<document>",
+                "the job document is nested too deeply",
+                hint="a job is a few levels of mappings and lists",
+            )
+        ) from None
+
+
+def placement_preview(session: Session, topology: Topology, priority: int) -> PlacementOut:
+    """Where the scheduler would put the job if it were placed now, or why it would wait."""
+    nodes = node_capacities(session)
+    alive = [node for node in nodes if node.alive]
+    request = PlacementRequest.from_topology(0, topology, priority=priority)
+    if not alive:
+        return PlacementOut(
+            feasible=False,
+            reason="no node agent is alive; start one with `trainyard worker` (or `trainyard up`)",
+            assignments=[],
+        )
+    plan = plan_placement(request, nodes)
+    if plan is None:
+        if fits_empty_cluster(request, alive):
+            free_slots = sum(node.free_slots for node in alive)
+            free_gpus = sum(node.free_gpus for node in alive)
+            reason = (
+                f"would wait for free resources: needs {request.describe()}; free now: "
+                f"{free_slots} slot(s), {free_gpus} GPU(s)"
+            )
+        else:
+            reason = (
+                f"can never run on this cluster: needs {request.describe()}; it has "
+                f"{len(alive)} node(s), {sum(n.slots for n in alive)} slot(s), "
+                f"{sum(n.gpus for n in alive)} GPU(s)"
+            )
+        return PlacementOut(feasible=False, reason=reason, assignments=[])
+    ahead = session.scalar(
+        select(func.count()).where(Job.state == JobState.QUEUED, Job.priority >= priority)
+    )
+    reason = f"fits now: {plan.describe()}"
+    if ahead:
+        reason += f"; {ahead} queued job(s) would be placed first"
+    return PlacementOut(
+        feasible=True,
+        reason=reason,
+        assignments=[AssignmentOut(**a.__dict__) for a in plan.assignments],
+    )

@@ -1,0 +1,196 @@
+"""API throughput: GET /jobs (target >= 500 req/s) and POST /jobs/validate (target >= 50 req/s).
+
+The bench starts its own API server (`trainyard api`: one uvicorn process as `trainyard up`
+runs it, or `--api-workers` processes) on an embedded Redis and a SQLite file in a temporary
+directory, with a local admin token. It stores `--jobs` jobs through POST /jobs (no scheduler
+runs, so they stay QUEUED), then a load generator (httpx's async client, `--concurrency`
+requests in flight, in this process) calls each endpoint for `--seconds` seconds:
+
+- GET /api/v1/jobs?limit=50 (a page of 50 jobs, newest first, with owners and queue positions);
+- POST /api/v1/jobs/validate with examples/digits_mlp.yaml (parse, validate, describe the data,
+  infer shapes, count parameters, preview the placement).
+
+Every response must be 200; the throughput counts completed requests over the wall time.
+
+    .venv/bin/python bench/api_load.py [--seconds 10] [--concurrency 16] [--jobs 200]
+                                       [--api-workers 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from scheduler.db import migrate
+from scheduler.redis_server import RedisServer, free_port
+from sdk.stack import HEALTH_PATH, ensure_admin_token
+
+ROOT = Path(__file__).resolve().parent.parent
+JOB_TEXT = (ROOT / "examples" / "digits_mlp.yaml").read_text()
+TARGETS = {"GET /jobs": 500.0, "POST /jobs/validate": 50.0}
+
+
+@dataclass
+class Phase:
+    name: str
+    method: str
+    path: str
+    body: dict[str, Any] | None = None
+    params: dict[str, Any] | None = None
+
+
+@dataclass
+class Result:
+    name: str
+    requests: int
+    errors: int
+    seconds: float
+    latencies: list[float]
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.seconds
+
+    def line(self) -> dict[str, object]:
+        cuts = statistics.quantiles(self.latencies, n=100, method="inclusive")
+        target = TARGETS[self.name]
+        return {
+            "endpoint": self.name,
+            "requests": self.requests,
+            "errors": self.errors,
+            "req_per_s": round(self.rate, 1),
+            "p50_ms": round(cuts[49] * 1000, 2),
+            "p99_ms": round(cuts[98] * 1000, 2),
+            "target_req_per_s": target,
+            "pass": self.rate >= target and self.errors == 0,
+        }
+
+
+def start_api(tmp: Path, workers: int) -> tuple[RedisServer, subprocess.Popen[bytes], str, str]:
+    redis_server = RedisServer(tmp / "redis", persist=False)
+    redis_url = redis_server.start()
+    database_url = f"sqlite:///{tmp / 'trainyard.db'}"
+    migrate(database_url)
+    token = ensure_admin_token(database_url, None)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINYARD_", "REDIS_"))}
+    env.update(TRAINYARD_DATA_DIR=str(tmp), REDIS_URL=redis_url, DATABASE_URL=database_url)
+    process = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "sdk", "api", "--no-migrate"),
+            *("--port", str(port), "--workers", str(workers)),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp / "api.log").open("wb"),
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + HEALTH_PATH, timeout=1).status_code == 200:
+                return redis_server, process, url, token
+        except httpx.TransportError:
+            time.sleep(0.1)
+        if process.poll() is not None:
+            break
+    raise SystemExit(f"the API did not start; see {tmp / 'api.log'}")
+
+
+async def run_phase(
+    client: httpx.AsyncClient, phase: Phase, seconds: float, concurrency: int
+) -> Result:
+    latencies: list[float] = []
+    errors = 0
+    stop_at = time.perf_counter() + seconds
+
+    async def user() -> None:
+        nonlocal errors
+        while time.perf_counter() < stop_at:
+            started = time.perf_counter()
+            response = await client.request(
+                phase.method, phase.path, json=phase.body, params=phase.params
+            )
+            latencies.append(time.perf_counter() - started)
+            if response.status_code != 200:
+                errors += 1
+
+    began = time.perf_counter()
+    await asyncio.gather(*(user() for _ in range(concurrency)))
+    return Result(phase.name, len(latencies), errors, time.perf_counter() - began, latencies)
+
+
+async def load(url: str, token: str, args: argparse.Namespace) -> list[Result]:
+    limits = httpx.Limits(
+        max_connections=args.concurrency, max_keepalive_connections=args.concurrency
+    )
+    async with httpx.AsyncClient(
+        base_url=url + "/api/v1",
+        headers={"Authorization": f"Bearer {token}"},
+        limits=limits,
+        timeout=60,
+    ) as client:
+        for i in range(args.jobs):
+            response = await client.post(
+                "/jobs", json={"spec": JOB_TEXT, "overrides": {"name": f"load-{i}"}}
+            )
+            response.raise_for_status()
+        phases = [
+            Phase("GET /jobs", "GET", "/jobs", params={"limit": 50}),
+            Phase("POST /jobs/validate", "POST", "/jobs/validate", body={"spec": JOB_TEXT}),
+        ]
+        results = []
+        for phase in phases:
+            await run_phase(client, phase, 1.0, args.concurrency)  # warm caches and connections
+            results.append(await run_phase(client, phase, args.seconds, args.concurrency))
+        return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="per endpoint")
+    parser.add_argument("--concurrency", type=int, default=16, help="requests in flight")
+    parser.add_argument("--jobs", type=int, default=200, help="jobs stored before the load")
+    parser.add_argument("--api-workers", type=int, default=1, help="API server processes")
+    parser.add_argument("--json", action="store_true", help="print JSON lines")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="trainyard-bench-") as tmp:
+        redis_server, process, url, token = start_api(Path(tmp), args.api_workers)
+        try:
+            results = asyncio.run(load(url, token, args))
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+            redis_server.stop()
+    lines = [result.line() for result in results]
+    for line in lines:
+        if args.json:
+            print(json.dumps(line))
+        else:
+            verdict = "PASS" if line["pass"] else "FAIL"
+            print(
+                f"{line['endpoint']:<22} {line['req_per_s']:>8.1f} req/s   "
+                f"p50 {line['p50_ms']:>7.2f} ms   p99 {line['p99_ms']:>7.2f} ms   "
+                f"errors {line['errors']}   target >= {line['target_req_per_s']:.0f}: {verdict}"
+            )
+    if not all(line["pass"] for line in lines):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""Submit-to-first-step latency on a warm stack (target: p50 <= 1.0 s).
+
+The bench starts its own stack (`trainyard up` in a temporary data directory: embedded Redis,
+SQLite, API, scheduler, one node agent), runs one job to warm it, then submits
+examples/digits_mlp.yaml `--runs` times, one after another, with `disp_freq: 1`.
+
+Latency of one submission = the `time` stamp of the job's first `metric` record with
+step >= 1 (set by the worker process when it emits that record, read from the job's Redis
+stream) minus the moment the POST /jobs request returned to the client. It covers queueing,
+placement, dispatch to the node's Celery queue, the agent handing the allocation to a worker
+process, building the net and data, and the first training step. Each job ends before the next
+is submitted, and the stack gets `--gap` seconds to be idle again (warm: its standby worker
+process has done its imports).
+
+    .venv/bin/python bench/submit_latency.py [--runs 20] [--gap 5.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+from scheduler.redis_server import free_port
+from sdk.client import Client
+from sdk.stack import StackFile, read_stack_file
+from workers.events import Keys, decode
+
+ROOT = Path(__file__).resolve().parent.parent
+JOB = ROOT / "examples" / "digits_mlp.yaml"
+OVERRIDES = {"disp_freq": 1, "train_steps": 20, "test.freq": 0, "checkpoint.freq": 0}
+TARGET_P50 = 1.0
+
+
+def start_stack(data_dir: Path) -> tuple[subprocess.Popen[bytes], StackFile]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINYARD_", "REDIS_"))}
+    env.pop("DATABASE_URL", None)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sdk",
+            "up",
+            "--data-dir",
+            str(data_dir),
+            "--port",
+            str(free_port()),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        found = read_stack_file(data_dir / "stack.json")
+        if found is not None and found.pid == process.pid:
+            return process, found
+        if process.poll() is not None:
+            raise SystemExit(f"trainyard up exited with {process.returncode}; see {data_dir}/logs")
+        time.sleep(0.1)
+    process.kill()
+    raise SystemExit("trainyard up did not start in 120 s")
+
+
+def stream_times(
+    client: redis.Redis, keys: Keys, job_id: int, timeout: float = 60.0
+) -> tuple[float, float]:
+    """From the job's stream: when its node agent reported the process RUNNING (the agent's
+    clock), and when the worker emitted the first metric record with step >= 1."""
+    stream, last = keys.job_stream(job_id), "0-0"
+    running = float("nan")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for _, records in client.xread({stream: last}, block=1000, count=100) or []:
+            for record_id, raw in records:
+                last = record_id
+                fields = decode(raw)
+                if fields.get("kind") == "state" and fields.get("state") == "RUNNING":
+                    running = float(fields["time"])
+                if fields.get("kind") == "metric" and int(fields["step"]) >= 1:
+                    return running, float(fields["time"])
+    raise SystemExit(f"job {job_id} reported no step within {timeout} s")
+
+
+def measure(api: Client, broker: redis.Redis, keys: Keys) -> tuple[float, float]:
+    """(submit -> first step, of which submit -> the agent starting the process) in seconds."""
+    job = api.submit(JOB, overrides=OVERRIDES)
+    returned = time.time()
+    running, first = stream_times(broker, keys, job.id)
+    job.wait(timeout=120, poll=0.1)
+    if job.state != "SUCCEEDED":
+        raise SystemExit(f"job {job.id} ended {job.state}: {job.error}")
+    return first - returned, running - returned
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--gap", type=float, default=5.0, help="idle seconds between jobs")
+    parser.add_argument("--json", action="store_true", help="print one JSON line")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="trainyard-bench-") as tmp:
+        process, found = start_stack(Path(tmp) / "data")
+        try:
+            broker = redis.Redis.from_url(found.redis_url)
+            keys = Keys()
+            with Client(found.url, found.token) as api:
+                measure(api, broker, keys)  # warm-up: data caches, first imports
+                latencies = []
+                for run in range(args.runs):
+                    time.sleep(args.gap)
+                    total, dispatch = measure(api, broker, keys)
+                    latencies.append(total)
+                    if not args.json:
+                        print(
+                            f"run {run + 1:2d}: {total * 1000:7.1f} ms  (placed and handed to "
+                            f"a process after {dispatch * 1000:6.1f} ms)"
+                        )
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=60)
+    p50 = statistics.median(latencies)
+    p90 = statistics.quantiles(latencies, n=10, method="inclusive")[-1]
+    result = {
+        "runs": args.runs,
+        "p50_s": round(p50, 4),
+        "p90_s": round(p90, 4),
+        "min_s": round(min(latencies), 4),
+        "max_s": round(max(latencies), 4),
+        "target_p50_s": TARGET_P50,
+        "pass": p50 <= TARGET_P50,
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        verdict = "PASS" if result["pass"] else "FAIL"
+        print(
+            f"submit -> first step over {args.runs} runs: p50 {p50:.3f} s  p90 {p90:.3f} s  "
+            f"(min {min(latencies):.3f}, max {max(latencies):.3f})  "
+            f"target p50 <= {TARGET_P50} s: {verdict}"
+        )
+    if not result["pass"]:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,267 @@
+"""The node agent (`trainyard worker`): a Celery worker on its node's own queue, plus heartbeats.
+
+It needs only Redis and the shared artifact directory. It registers the node in Redis
+(Keys.node(name): slots, GPUs, queue, heartbeat) and refreshes that every heartbeat_seconds;
+the scheduler turns it into a SQL Node row and marks it lost when the heartbeats stop.
+
+The task `trainyard.run_allocation(allocation_id)` is thin and idempotent: it claims the
+allocation once, reports RUNNING, hands the allocation to a worker process, supervises it
+(cancel -> kill its process group) and reports how it ended, all on the job's stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import redis
+from celery import Celery
+from celery.signals import worker_shutting_down
+
+from scheduler.celery_app import RUN_ALLOCATION, create_celery, node_queue
+from scheduler.models import AllocationState
+from scheduler.process import StandbyPool, WorkerProcess
+from scheduler.settings import Settings
+from workers.allocation import CLAIMED, FINISHED, AllocationInfo, stop_requested
+from workers.entry import EXIT_CANCELLED
+from workers.events import JobStream, Keys, decode, encode_state
+
+log = logging.getLogger("trainyard.agent")
+
+SUPERVISE_SECONDS = 0.25
+FINISHED_TTL_SECONDS = 7 * 24 * 3600
+
+
+def detect_gpus(settings: Settings) -> int:
+    if settings.node_gpus is not None:
+        return settings.node_gpus
+    import torch  # only when the operator did not say; importing it takes seconds
+
+    return int(torch.cuda.device_count())
+
+
+def entry_command(settings: Settings) -> list[str]:
+    assert settings.redis_url is not None
+    return [
+        sys.executable,
+        "-m",
+        "workers.entry",
+        "--standby",
+        "--redis-url",
+        settings.redis_url,
+        "--prefix",
+        settings.redis_prefix,
+        "--cache-dir",
+        str(settings.cache_dir()),
+        "--ps-urls",
+        ",".join(settings.ps_urls()),
+    ]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    state: AllocationState
+    reason: str
+    exit_code: int | None
+
+
+@dataclass
+class Agent:
+    settings: Settings
+    client: redis.Redis
+    gpus: int
+    pool: StandbyPool
+    shutdown: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def keys(self) -> Keys:
+        return Keys(self.settings.redis_prefix)
+
+    @property
+    def name(self) -> str:
+        return self.settings.node_name
+
+    @property
+    def queue(self) -> str:
+        return node_queue(self.settings, self.name)
+
+    # -- registration ---------------------------------------------------------------------------
+    def heartbeat(self) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hset(
+            self.keys.node(self.name),
+            mapping={
+                "slots": str(self.settings.node_slots),
+                "gpus": str(self.gpus),
+                "queue": self.queue,
+                "heartbeat": repr(time.time()),
+                "host": socket.gethostname(),
+                "pid": str(os.getpid()),
+            },
+        )
+        # A node that dies unannounced drops out of Redis too, so a scheduler started later
+        # does not take it for alive.
+        pipe.expire(self.keys.node(self.name), self.registration_ttl)
+        pipe.sadd(self.keys.nodes, self.name)
+        pipe.execute()
+
+    @property
+    def registration_ttl(self) -> int:
+        s = self.settings
+        return math.ceil(2 * max(s.node_timeout_seconds, 3 * s.heartbeat_seconds))
+
+    def heartbeat_loop(self, stop: threading.Event) -> None:
+        while not stop.wait(self.settings.heartbeat_seconds):
+            try:
+                self.heartbeat()
+            except redis.RedisError as exc:  # keep trying: Redis may come back
+                log.warning("heartbeat failed: %s", exc)
+
+    def deregister(self) -> None:
+        """A clean exit: the scheduler sees the node gone at its next sync."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.delete(self.keys.node(self.name))
+        pipe.srem(self.keys.nodes, self.name)
+        pipe.execute()
+
+    # -- the task -------------------------------------------------------------------------------
+    def run_allocation(self, allocation_id: int) -> str:
+        key = self.keys.allocation(allocation_id)
+        fields = decode(self.client.hgetall(key))
+        if not fields:
+            log.warning("allocation %s is not in Redis; ignored", allocation_id)
+            return "missing"
+        if not self.client.hsetnx(key, CLAIMED, f"{self.name} {time.time():.3f}"):
+            return "already claimed"
+        info = AllocationInfo.from_hash(allocation_id, fields)
+        stream = JobStream(self.client, self.keys, info.job_id)
+        if stop_requested(self.client, self.keys, info.job_id, allocation_id):
+            outcome = Outcome(AllocationState.CANCELLED, self._stop_reason(info), None)
+        else:
+            stream.publish(
+                encode_state(allocation_id, AllocationState.RUNNING, reason=f"on {self.name}")
+            )
+            outcome = self._run(info)
+        stream.publish(
+            encode_state(
+                allocation_id, outcome.state, reason=outcome.reason, exit_code=outcome.exit_code
+            )
+        )
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hset(key, FINISHED, outcome.state)
+        pipe.expire(key, FINISHED_TTL_SECONDS)
+        pipe.execute()
+        return str(outcome.state)
+
+    def _run(self, info: AllocationInfo) -> Outcome:
+        process = self.pool.take()
+        try:
+            process.hand(info.allocation_id)
+        except OSError:
+            output = process.output_tail()
+            process.kill_group(grace=0.0)
+            return Outcome(
+                AllocationState.FAILED, f"the worker process died before it started: {output}", None
+            )
+        self.client.hset(self.keys.allocation(info.allocation_id), "pid", str(process.pid))
+        try:
+            return self._supervise(info, process)
+        finally:
+            if process.alive():
+                process.kill_group()
+
+    def _supervise(self, info: AllocationInfo, process: WorkerProcess) -> Outcome:
+        while True:
+            code = process.wait(SUPERVISE_SECONDS)
+            if code is not None:
+                return self._outcome(info, process, code)
+            if self.shutdown.is_set():
+                code = process.kill_group()
+                return Outcome(
+                    AllocationState.FAILED, f"the node agent on {self.name} stopped", code
+                )
+            if stop_requested(self.client, self.keys, info.job_id, info.allocation_id):
+                code = process.kill_group()
+                return Outcome(AllocationState.CANCELLED, self._stop_reason(info), code)
+
+    def _outcome(self, info: AllocationInfo, process: WorkerProcess, code: int) -> Outcome:
+        if code == 0:
+            return Outcome(AllocationState.DONE, "finished", code)
+        if code == EXIT_CANCELLED:
+            return Outcome(AllocationState.CANCELLED, self._stop_reason(info), code)
+        output = process.output_tail()
+        return Outcome(AllocationState.FAILED, output or f"the worker exited with {code}", code)
+
+    def _stop_reason(self, info: AllocationInfo) -> str:
+        if self.client.exists(self.keys.cancel(info.job_id)):
+            return "cancelled"
+        return "stopped by the scheduler"
+
+
+def register_tasks(app: Celery, agent: Agent) -> None:
+    @app.task(name=RUN_ALLOCATION, acks_late=True, ignore_result=True)
+    def run_allocation(allocation_id: int) -> str:
+        return agent.run_allocation(int(allocation_id))
+
+
+def create_agent(settings: Settings) -> Agent:
+    if not settings.redis_url:
+        raise RuntimeError(
+            "a node agent needs the stack's Redis: set REDIS_URL (or TRAINYARD_REDIS_URL)"
+        )
+    return Agent(
+        settings=settings,
+        client=redis.Redis.from_url(settings.redis_url),
+        gpus=detect_gpus(settings),
+        pool=StandbyPool(entry_command(settings)),
+    )
+
+
+def run_agent(settings: Settings) -> None:
+    """Run a node agent in the foreground until SIGTERM/SIGINT."""
+    agent = create_agent(settings)
+    app = create_celery(settings)
+    register_tasks(app, agent)
+
+    def on_shutdown(**_: object) -> None:
+        # Celery's warm shutdown waits for running tasks; make them stop their processes.
+        agent.shutdown.set()
+
+    worker_shutting_down.connect(on_shutdown, weak=False)
+    settings.cache_dir().mkdir(parents=True, exist_ok=True)
+    agent.pool.start()
+    agent.heartbeat()
+    stop = threading.Event()
+    beat = threading.Thread(target=agent.heartbeat_loop, args=(stop,), daemon=True)
+    beat.start()
+    log.info(
+        "node %s: %d slot(s), %d GPU(s), queue %s",
+        agent.name,
+        settings.node_slots,
+        agent.gpus,
+        agent.queue,
+    )
+    try:
+        app.worker_main(
+            [
+                "worker",
+                "--pool=threads",
+                f"--concurrency={settings.node_slots}",
+                f"--queues={agent.queue}",
+                f"--hostname={agent.name}@trainyard",
+                "--loglevel=INFO",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ]
+        )
+    finally:
+        stop.set()
+        agent.pool.close()
+        agent.deregister()

@@ -1,0 +1,93 @@
+"""The cluster as placement sees it, read from SQL: node capacities, queued jobs, the queue.
+
+The scheduler loop and the API (GET /cluster, POST /jobs/validate) share these, so the queue
+the API shows and the reasons it gives are the ones the scheduler acts on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from scheduler.models import Allocation, AllocationState, Job, JobState, Node, NodeState
+from scheduler.placement import NodeCapacity, PlacementRequest, plan_queue
+
+ACTIVE_ALLOCATIONS = (AllocationState.PENDING, AllocationState.RUNNING)
+
+
+def node_capacities(session: Session) -> list[NodeCapacity]:
+    """Every known node with what its live allocations use (lost nodes come back not alive)."""
+    used = {
+        node_id: (int(slots or 0), int(gpus or 0))
+        for node_id, slots, gpus in session.execute(
+            select(Allocation.node_id, func.sum(Allocation.slots), func.sum(Allocation.gpus))
+            .where(Allocation.state.in_(ACTIVE_ALLOCATIONS))
+            .group_by(Allocation.node_id)
+        )
+    }
+    return [
+        NodeCapacity(
+            name=node.name,
+            queue=node.queue,
+            slots=node.slots,
+            gpus=node.gpus,
+            slots_used=used.get(node.id, (0, 0))[0],
+            gpus_used=used.get(node.id, (0, 0))[1],
+            alive=node.state == NodeState.ALIVE,
+        )
+        for node in session.scalars(select(Node).order_by(Node.name))
+    ]
+
+
+def job_topology(job: Job) -> dict[str, Any]:
+    """The job's resolved topology (Topology.to_dict() form)."""
+    if job.topology:
+        return job.topology
+    from dsl.schema import JobSpec  # the job language imports torch; only for old rows
+    from dsl.topology import resolve_topology
+
+    return resolve_topology(JobSpec.model_validate(job.spec).cluster).to_dict()
+
+
+def placement_request(job: Job) -> PlacementRequest:
+    return PlacementRequest.from_topology(job.id, job_topology(job), priority=job.priority)
+
+
+def queued_jobs(session: Session, *, for_update: bool = False) -> list[Job]:
+    query = select(Job).where(Job.state == JobState.QUEUED).order_by(Job.priority.desc(), Job.id)
+    if for_update:
+        query = query.with_for_update()
+    return list(session.scalars(query))
+
+
+@dataclass(frozen=True)
+class QueueEntry:
+    job_id: int
+    name: str
+    priority: int
+    position: int  # 1-based, in placement order
+    slots: int
+    gpus: int
+    reason: str
+
+
+def queue_view(session: Session) -> list[QueueEntry]:
+    """The queue in placement order, each job with why it is waiting."""
+    jobs = {job.id: job for job in queued_jobs(session)}
+    requests = {job_id: placement_request(job) for job_id, job in jobs.items()}
+    decision = plan_queue(requests.values(), node_capacities(session))
+    return [
+        QueueEntry(
+            job_id=job_id,
+            name=jobs[job_id].name,
+            priority=jobs[job_id].priority,
+            position=position,
+            slots=requests[job_id].slots,
+            gpus=requests[job_id].gpus,
+            reason=decision.waiting.get(job_id, "fits now; placed at the next scheduling pass"),
+        )
+        for position, job_id in enumerate(decision.order, start=1)
+    ]

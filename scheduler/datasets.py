@@ -1,0 +1,154 @@
+"""Uploaded datasets: checking a file, storing it for its owner, resolving a job's reference.
+
+Each user's uploads live in `<artifacts>/datasets/<user id>/<name>.<kind>`, the folder the
+`dataset` data source reads, so a worker on any machine sharing the artifact directory finds
+them. A name is unique per owner; uploading it again is a conflict, so a queued job never
+trains on other data than it was checked against.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import zipfile
+from pathlib import Path
+from typing import BinaryIO, Literal
+
+import numpy as np
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from dsl.data_config import DATASET_NAME_PATTERN
+from scheduler.models import DatasetRecord, User
+from scheduler.store import Conflict, InvalidRequest
+
+Kind = Literal["npz", "csv"]
+KINDS: tuple[Kind, ...] = ("npz", "csv")
+CHUNK = 1 << 20
+CSV_SNIFF_ROWS = 1000
+
+
+class TooLarge(InvalidRequest):
+    """The upload passed the size limit."""
+
+
+class UnsupportedKind(InvalidRequest):
+    """The file is neither .npz nor .csv."""
+
+
+def dataset_dir(artifacts: Path, owner_id: int) -> Path:
+    return artifacts / "datasets" / str(owner_id)
+
+
+def kind_of(filename: str) -> Kind:
+    suffix = Path(filename).suffix.lower().lstrip(".")
+    if suffix not in KINDS:
+        raise UnsupportedKind(
+            f"'{filename}' is neither .npz nor .csv; datasets are numpy .npz archives or "
+            "numeric .csv tables"
+        )
+    return suffix
+
+
+def check_name(name: str) -> None:
+    if not re.fullmatch(DATASET_NAME_PATTERN, name):
+        raise InvalidRequest(
+            f"dataset name '{name}' is not allowed: use 1-100 letters, digits, '_', '.', '-', "
+            "starting with a letter or digit"
+        )
+
+
+def check_content(path: Path, kind: Kind) -> None:
+    """A cheap look at the file: the kind its name claims, readable without code execution.
+    Which arrays or columns a job uses is checked when a job names the dataset."""
+    if kind == "npz":
+        try:
+            with np.load(path, allow_pickle=False) as archive:
+                if not archive.files:
+                    raise InvalidRequest("the .npz archive holds no arrays")
+                for name in archive.files:
+                    archive[name]  # object arrays need pickle and fail here
+        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as error:
+            raise InvalidRequest(
+                f"the file is not a readable numpy .npz archive ({error}); write it with "
+                "numpy.savez(path, x=..., y=...) and no object arrays"
+            ) from None
+        return
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            rows = [row for _, row in zip(range(CSV_SNIFF_ROWS), csv.reader(handle), strict=False)]
+    except (UnicodeDecodeError, csv.Error) as error:
+        raise InvalidRequest(f"the file is not UTF-8 CSV text ({error})") from None
+    rows = [row for row in rows if row]
+    if len(rows) < 2:
+        raise InvalidRequest("the .csv file needs at least a header or first row and one more")
+    widths = {len(row) for row in rows}
+    if len(widths) > 1 or widths.pop() < 2:
+        raise InvalidRequest(
+            "the .csv rows must all have the same number of columns, at least 2 "
+            "(features and a label)"
+        )
+
+
+def save_dataset(
+    session: Session,
+    owner: User,
+    *,
+    name: str,
+    filename: str,
+    content: BinaryIO,
+    artifacts: Path,
+    max_bytes: int,
+) -> DatasetRecord:
+    """Store an upload: checked, written to a temporary file, renamed into place, recorded."""
+    check_name(name)
+    kind = kind_of(filename)
+    if get_dataset(session, owner.id, name) is not None:
+        raise Conflict(f"you already have a dataset named '{name}'; upload under another name")
+    folder = dataset_dir(artifacts, owner.id)
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / f"{name}.{kind}"
+    partial = folder / f".{name}.{kind}.partial"
+    size = 0
+    try:
+        with partial.open("wb") as out:
+            while chunk := content.read(CHUNK):
+                size += len(chunk)
+                if size > max_bytes:
+                    raise TooLarge(f"the dataset is larger than the limit of {max_bytes} bytes")
+                out.write(chunk)
+        if size == 0:
+            raise InvalidRequest("the uploaded file is empty")
+        check_content(partial, kind)
+        partial.replace(final)
+    finally:
+        partial.unlink(missing_ok=True)
+    record = DatasetRecord(owner_id=owner.id, name=name, kind=kind, path=str(final), size=size)
+    session.add(record)
+    session.flush()
+    return record
+
+
+def get_dataset(session: Session, owner_id: int, name: str) -> DatasetRecord | None:
+    return session.scalar(
+        select(DatasetRecord).where(DatasetRecord.owner_id == owner_id, DatasetRecord.name == name)
+    )
+
+
+def dataset_names(session: Session, owner_id: int) -> list[str]:
+    return list(
+        session.scalars(
+            select(DatasetRecord.name)
+            .where(DatasetRecord.owner_id == owner_id)
+            .order_by(DatasetRecord.name)
+        )
+    )
+
+
+def list_datasets(session: Session, user: User) -> list[tuple[DatasetRecord, str]]:
+    """Visible datasets with their owners' names: a user's own, or every one for an admin."""
+    query = select(DatasetRecord, User.name).join(User, User.id == DatasetRecord.owner_id)
+    if not user.is_admin:
+        query = query.where(DatasetRecord.owner_id == user.id)
+    rows = session.execute(query.order_by(DatasetRecord.name, DatasetRecord.id))
+    return [(record, owner) for record, owner in rows]

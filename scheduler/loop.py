@@ -1,0 +1,334 @@
+"""The scheduler process: node sync, gang placement and dispatch, and the ingester.
+
+Every pass: sync the nodes the agents registered in Redis into SQL (marking the silent ones
+lost, their jobs placed again once), then place queued jobs whole in (-priority, id) order,
+write each allocation's record to Redis and send its Celery task to the node's queue. The
+ingester runs beside it in its own thread, turning job streams into SQL rows and job states.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import redis
+from celery import Celery
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from scheduler.celery_app import RUN_ALLOCATION, create_celery
+from scheduler.cluster import (
+    ACTIVE_ALLOCATIONS,
+    job_topology,
+    node_capacities,
+    placement_request,
+    queued_jobs,
+)
+from scheduler.db import Database
+from scheduler.ingest import Ingester
+from scheduler.lifecycle import can_transition, transition
+from scheduler.models import (
+    Allocation,
+    AllocationState,
+    Job,
+    JobEvent,
+    JobState,
+    Node,
+    NodeState,
+    utcnow,
+)
+from scheduler.placement import plan_queue
+from scheduler.settings import Settings
+from scheduler.store import job_run_dir
+from workers.allocation import CLAIMED, DISPATCHED, STOP, AllocationInfo
+from workers.events import Keys, decode
+
+log = logging.getLogger("trainyard.scheduler")
+
+NODE_LOST = "node lost"
+IDLE_INGEST_SECONDS = 0.05
+
+
+# -- nodes ---------------------------------------------------------------------------------------
+@dataclass
+class NodeTracker:
+    """When each node's heartbeat value last changed, on the scheduler's own clock (so node
+    clocks may be skewed)."""
+
+    seen: dict[str, tuple[str, float]] = field(default_factory=dict)
+
+    def age(self, name: str, beat: str, now: float) -> float:
+        last = self.seen.get(name)
+        if last is None or last[0] != beat:
+            self.seen[name] = (beat, now)
+            return 0.0
+        return now - last[1]
+
+
+def read_nodes(client: redis.Redis, keys: Keys) -> dict[str, dict[str, str]]:
+    """The registration hash of every node agent in Redis (a node that left has none)."""
+    members: set[bytes] = client.smembers(keys.nodes)  # type: ignore[assignment]
+    names = sorted(m.decode() for m in members)
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.hgetall(keys.node(name))
+    return {name: decode(raw) for name, raw in zip(names, pipe.execute(), strict=True) if raw}
+
+
+def sync_nodes(
+    session: Session,
+    reported: dict[str, dict[str, str]],
+    tracker: NodeTracker,
+    timeout: float,
+    now: float | None = None,
+) -> list[int]:
+    """Bring Node rows up to date; returns the allocation ids to stop (their node is lost)."""
+    now = time.monotonic() if now is None else now
+    rows = {node.name: node for node in session.scalars(select(Node))}
+    lost: list[tuple[Node, str]] = []
+    for name, info in reported.items():
+        fresh = tracker.age(name, info.get("heartbeat", ""), now) <= timeout
+        row = rows.get(name)
+        if row is None:
+            if not fresh:
+                continue
+            row = Node(name=name, queue=info["queue"], slots=int(info["slots"]))
+            session.add(row)
+            log.info("node %s joined", name)
+        row.queue, row.slots, row.gpus = info["queue"], int(info["slots"]), int(info["gpus"])
+        row.last_heartbeat = datetime.fromtimestamp(float(info["heartbeat"]), UTC)
+        if fresh and row.state != NodeState.ALIVE:
+            row.state = NodeState.ALIVE
+            log.info("node %s is alive", name)
+        elif not fresh and row.state == NodeState.ALIVE:
+            lost.append((row, f"{NODE_LOST}: {name} sent no heartbeat for {timeout:g}s"))
+    for name, row in rows.items():
+        if name not in reported and row.state == NodeState.ALIVE:
+            lost.append((row, f"{NODE_LOST}: {name} is no longer registered"))
+    stops: list[int] = []
+    for row, reason in lost:
+        stops += mark_lost(session, row, reason)
+    return stops
+
+
+def mark_lost(session: Session, node: Node, reason: str) -> list[int]:
+    """The node's processes are written off; each job they belonged to is placed again once
+    (continuing from its last checkpoint) or fails. Returns the allocations to stop."""
+    log.warning("%s", reason)
+    node.state = NodeState.LOST
+    session.flush()
+    on_node = session.scalars(
+        select(Allocation).where(
+            Allocation.node_id == node.id, Allocation.state.in_(ACTIVE_ALLOCATIONS)
+        )
+    ).all()
+    stops: list[int] = []
+    for job_id in sorted({a.job_id for a in on_node}):
+        job = session.get(Job, job_id, with_for_update=True)
+        live = session.scalars(
+            select(Allocation).where(
+                Allocation.job_id == job_id, Allocation.state.in_(ACTIVE_ALLOCATIONS)
+            )
+        ).all()
+        # A gang is all or nothing: the job's processes on other nodes go too.
+        for alloc in live:
+            alloc.state, alloc.ended_at = AllocationState.FAILED, utcnow()
+            stops.append(alloc.id)
+        if job is None or JobState(job.state).terminal:
+            continue
+        before = session.scalar(
+            select(func.count(JobEvent.id)).where(
+                JobEvent.job_id == job_id,
+                JobEvent.state == JobState.QUEUED,
+                JobEvent.reason.startswith(NODE_LOST),
+            )
+        )
+        if before == 0 and can_transition(job.state, JobState.QUEUED):
+            transition(session, job, JobState.QUEUED, f"{reason}; placed again")
+        elif can_transition(job.state, JobState.FAILED):
+            job.error = f"{reason} (the second time this job lost a node)"
+            transition(session, job, JobState.FAILED, job.error)
+    return stops
+
+
+# -- placement and dispatch ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Dispatch:
+    allocation_id: int
+    queue: str
+    info: AllocationInfo
+
+
+def allocation_info(settings: Settings, job: Job, alloc: Allocation, node: Node) -> AllocationInfo:
+    topology = job_topology(job)
+    return AllocationInfo(
+        allocation_id=alloc.id,
+        job_id=job.id,
+        role=alloc.role,
+        group=alloc.group,
+        rank=alloc.rank,
+        world=int(topology.get("nworkers_per_group", 1)),
+        slots=alloc.slots,
+        gpus=alloc.gpus,
+        node=node.name,
+        framework=job.framework,
+        topology=topology,
+        spec=job.spec,  # the execution spec: files absolute, datasets resolved at submission
+        run_dir=job_run_dir(settings.artifacts(), job.id),
+    )
+
+
+def schedule_once(session: Session, settings: Settings) -> list[Dispatch]:
+    """One placement pass; returns what to dispatch once the session is committed."""
+    jobs = {}
+    for job in queued_jobs(session, for_update=True):
+        if job.cancel_requested:
+            transition(session, job, JobState.CANCELLED, "cancelled by the user before it ran")
+        else:
+            jobs[job.id] = job
+    if not jobs:
+        return []
+    decision = plan_queue(
+        [placement_request(job) for job in jobs.values()], node_capacities(session)
+    )
+    nodes = {
+        node.name: node
+        for node in session.scalars(select(Node).where(Node.state == NodeState.ALIVE))
+    }
+    dispatches: list[Dispatch] = []
+    for request, plan in decision.placed:
+        job = jobs[request.job_id]
+        allocs = [
+            Allocation(
+                job_id=job.id,
+                node_id=nodes[a.node].id,
+                role=a.role,
+                group=a.group,
+                rank=a.rank,
+                slots=a.slots,
+                gpus=a.gpus,
+                state=AllocationState.PENDING,
+            )
+            for a in plan.assignments
+        ]
+        session.add_all(allocs)
+        session.flush()
+        transition(session, job, JobState.SCHEDULED, f"placed on {plan.describe()}")
+        for alloc, a in zip(allocs, plan.assignments, strict=True):
+            info = allocation_info(settings, job, alloc, nodes[a.node])
+            dispatches.append(Dispatch(alloc.id, nodes[a.node].queue, info))
+    return dispatches
+
+
+def dispatch(celery: Celery, client: redis.Redis, keys: Keys, items: list[Dispatch]) -> None:
+    """Write each allocation's record, then send its task (IDs only) to its node's queue."""
+    for item in items:
+        key = keys.allocation(item.allocation_id)
+        pipe = client.pipeline(transaction=True)
+        pipe.delete(key)  # an id reused after a deleted job must not look claimed
+        fields: dict[Any, Any] = item.info.to_hash()
+        pipe.hset(key, mapping=fields)
+        pipe.execute()
+        celery.send_task(RUN_ALLOCATION, args=[item.allocation_id], queue=item.queue)
+        client.hset(key, DISPATCHED, "1")
+
+
+def undispatched(session: Session, settings: Settings, client: redis.Redis) -> list[Dispatch]:
+    """Pending allocations whose task may not have been sent (the scheduler stopped between
+    its commit and the dispatch): sent again at start; the agent's claim makes that safe."""
+    keys = Keys(settings.redis_prefix)
+    items = []
+    pending = session.scalars(
+        select(Allocation).where(Allocation.state == AllocationState.PENDING)
+    ).all()
+    for alloc in pending:
+        fields = decode(client.hgetall(keys.allocation(alloc.id)))
+        same_job = fields.get("job_id") == str(alloc.job_id)
+        if same_job and (DISPATCHED in fields or CLAIMED in fields):
+            continue
+        job, node = session.get(Job, alloc.job_id), session.get(Node, alloc.node_id)
+        if job is None or node is None or JobState(job.state).terminal:
+            continue
+        items.append(Dispatch(alloc.id, node.queue, allocation_info(settings, job, alloc, node)))
+    return items
+
+
+def stop_allocations(client: redis.Redis, keys: Keys, allocation_ids: list[int]) -> None:
+    if not allocation_ids:
+        return
+    pipe = client.pipeline(transaction=False)
+    for alloc_id in allocation_ids:
+        pipe.hset(keys.allocation(alloc_id), STOP, "1")
+    pipe.execute()
+
+
+# -- the process -----------------------------------------------------------------------------
+def _ingest_forever(ingester: Ingester, stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            written = ingester.run_once()
+        except Exception:
+            log.exception("ingest pass failed; retrying")
+            stop.wait(1.0)
+            continue
+        if written == 0:
+            stop.wait(IDLE_INGEST_SECONDS)
+
+
+def run_scheduler(settings: Settings, stop: threading.Event) -> None:
+    """Place jobs, track nodes and ingest job streams until `stop` is set.
+
+    The database must be migrated already (`trainyard scheduler` and `trainyard up` do it).
+    """
+    if not settings.redis_url:
+        raise RuntimeError("the scheduler needs Redis: set REDIS_URL (or TRAINYARD_REDIS_URL)")
+    db = Database(settings.sql_url())
+    # RESP2: redis-py parses its replies about twice as fast as RESP3's (ingest throughput).
+    client = redis.Redis.from_url(settings.redis_url, protocol=2)
+    keys = Keys(settings.redis_prefix)
+    celery = create_celery(settings)
+    settings.artifacts().mkdir(parents=True, exist_ok=True)
+    ingest = threading.Thread(
+        target=_ingest_forever, args=(Ingester(db, client, keys), stop), name="ingest"
+    )
+    ingest.start()
+    tracker = NodeTracker()
+    try:
+        with db.session() as session:
+            recovered = undispatched(session, settings, client)
+        dispatch(celery, client, keys, recovered)
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                scheduling_pass(db, client, keys, celery, settings, tracker)
+            except Exception:
+                log.exception("scheduling pass failed; retrying")
+            stop.wait(max(settings.schedule_seconds - (time.monotonic() - started), 0.0))
+    finally:
+        stop.set()
+        ingest.join()
+        db.dispose()
+        client.close()
+
+
+def scheduling_pass(
+    db: Database,
+    client: redis.Redis,
+    keys: Keys,
+    celery: Celery,
+    settings: Settings,
+    tracker: NodeTracker,
+) -> list[int]:
+    """Node sync, then placement and dispatch; returns the ids of the allocations sent."""
+    reported = read_nodes(client, keys)
+    with db.session() as session:
+        stops = sync_nodes(session, reported, tracker, settings.node_timeout_seconds)
+    stop_allocations(client, keys, stops)
+    with db.session() as session:
+        items = schedule_once(session, settings)
+    dispatch(celery, client, keys, items)
+    return [item.allocation_id for item in items]

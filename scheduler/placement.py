@@ -1,0 +1,264 @@
+"""Gang placement of a job's processes on nodes: pure functions over plain dataclasses.
+
+A job is placed whole or not at all: every worker of every worker group and every separate
+server shard gets a node with free slots (and GPUs), or the job keeps waiting. The queue is
+strict FIFO by (-priority, id): when the head job does not fit now, the jobs behind it wait too,
+so a large job is never starved by a stream of small ones. The one exception is a job that
+could not fit even on the empty cluster: it waits with a reason and does not block the queue.
+
+No database and no broker here; the scheduler loop feeds these functions from SQL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+
+if TYPE_CHECKING:  # dsl.topology imports the job language, and with it torch
+    from dsl.topology import Topology
+
+
+@dataclass(frozen=True)
+class NodeCapacity:
+    """A node agent as placement sees it: what it has and what its allocations use."""
+
+    name: str
+    queue: str
+    slots: int
+    gpus: int = 0
+    slots_used: int = 0
+    gpus_used: int = 0
+    alive: bool = True
+
+    @property
+    def free_slots(self) -> int:
+        return max(self.slots - self.slots_used, 0)
+
+    @property
+    def free_gpus(self) -> int:
+        return max(self.gpus - self.gpus_used, 0)
+
+    def fits(self, slots: int, gpus: int) -> int:
+        """How many processes of (slots, gpus) each still fit on this node."""
+        if not self.alive:
+            return 0
+        by_slots = self.free_slots // slots if slots else 0
+        return min(by_slots, self.free_gpus // gpus) if gpus else by_slots
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    """What one job needs: its workers and separate server shards as (group, rank) pairs."""
+
+    job_id: int
+    workers: list[tuple[int, int]]
+    servers: list[tuple[int, int]] = field(default_factory=list)
+    slots_per_worker: int = 1
+    gpus_per_worker: int = 0
+    priority: int = 0
+
+    # Server shards exchange parameters over the network; they need a CPU slot, never a GPU.
+    SLOTS_PER_SERVER: ClassVar[int] = 1
+
+    @classmethod
+    def from_topology(
+        cls, job_id: int, topology: Topology | Mapping[str, Any], *, priority: int = 0
+    ) -> PlacementRequest:
+        """From a resolved Topology or its `to_dict()` form (as jobs store it)."""
+        t: Mapping[str, Any] = topology if isinstance(topology, Mapping) else topology.to_dict()
+        server_groups = int(t["nserver_groups"]) if t["server_worker_separate"] else 0
+        return cls(
+            job_id=job_id,
+            workers=[
+                (g, r)
+                for g in range(int(t["nworker_groups"]))
+                for r in range(int(t["nworkers_per_group"]))
+            ],
+            servers=[
+                (g, r) for g in range(server_groups) for r in range(int(t["nservers_per_group"]))
+            ],
+            slots_per_worker=int(t["slots_per_worker"]),
+            gpus_per_worker=int(t["gpus_per_worker"]),
+            priority=priority,
+        )
+
+    @property
+    def slots(self) -> int:
+        return len(self.workers) * self.slots_per_worker + len(self.servers) * self.SLOTS_PER_SERVER
+
+    @property
+    def gpus(self) -> int:
+        return len(self.workers) * self.gpus_per_worker
+
+    def describe(self) -> str:
+        gpus = f" and {self.gpus} GPU(s)" if self.gpus else ""
+        servers = f" + {len(self.servers)} server shard(s)" if self.servers else ""
+        return f"{len(self.workers)} worker(s){servers}: {self.slots} slot(s){gpus}"
+
+
+@dataclass(frozen=True)
+class Assignment:
+    role: str  # worker | server
+    group: int
+    rank: int
+    node: str
+    slots: int
+    gpus: int
+
+
+@dataclass(frozen=True)
+class PlacementPlan:
+    assignments: list[Assignment]
+
+    def nodes(self) -> list[str]:
+        return sorted({a.node for a in self.assignments})
+
+    def describe(self) -> str:
+        counts: dict[str, int] = {}
+        for a in self.assignments:
+            counts[a.node] = counts.get(a.node, 0) + 1
+        return ", ".join(f"{node} ({n})" for node, n in sorted(counts.items()))
+
+
+def _take(nodes: dict[str, NodeCapacity], name: str, slots: int, gpus: int) -> None:
+    node = nodes[name]
+    nodes[name] = replace(node, slots_used=node.slots_used + slots, gpus_used=node.gpus_used + gpus)
+
+
+def _place_group(
+    nodes: dict[str, NodeCapacity], ranks: list[int], slots: int, gpus: int
+) -> list[tuple[int, str]] | None:
+    """Put one worker group on as few nodes as possible: (rank, node) or None."""
+    placed: list[tuple[int, str]] = []
+    remaining = list(ranks)
+    while remaining:
+        room = {name: node.fits(slots, gpus) for name, node in nodes.items()}
+        candidates = [name for name, n in room.items() if n > 0]
+        if not candidates:
+            return None
+        whole = [name for name in candidates if room[name] >= len(remaining)]
+        if whole:
+            # Best fit: the tightest node that takes the whole rest keeps big nodes free.
+            # CPU-only work avoids GPU nodes so GPU jobs find them free.
+            name = min(whole, key=lambda n: (room[n], 0 if gpus else nodes[n].free_gpus, n))
+        else:
+            name = min(candidates, key=lambda n: (-room[n], 0 if gpus else nodes[n].free_gpus, n))
+        count = min(room[name], len(remaining))
+        for rank in remaining[:count]:
+            placed.append((rank, name))
+            _take(nodes, name, slots, gpus)
+        remaining = remaining[count:]
+    return placed
+
+
+def plan_placement(
+    request: PlacementRequest, nodes: Sequence[NodeCapacity]
+) -> PlacementPlan | None:
+    """Place every process of `request` on `nodes` (lost nodes are skipped), or None.
+
+    Workers of one job all have the same size, so filling nodes greedily finds a placement
+    whenever one exists; servers take one slot each, and the slots left after the workers do
+    not depend on where the workers went.
+    """
+    free = {node.name: node for node in sorted(nodes, key=lambda n: n.name) if node.alive}
+    assignments: list[Assignment] = []
+    groups: dict[int, list[int]] = {}
+    for group, rank in request.workers:
+        groups.setdefault(group, []).append(rank)
+    for group, ranks in sorted(groups.items()):
+        if request.slots_per_worker <= 0:
+            return None
+        placed = _place_group(free, ranks, request.slots_per_worker, request.gpus_per_worker)
+        if placed is None:
+            return None
+        assignments += [
+            Assignment(
+                "worker", group, rank, node, request.slots_per_worker, request.gpus_per_worker
+            )
+            for rank, node in placed
+        ]
+    for group, rank in request.servers:
+        # Spread shards: each goes to the node with the most free slots (least GPUs on ties).
+        candidates = [n for n in free.values() if n.fits(request.SLOTS_PER_SERVER, 0)]
+        if not candidates:
+            return None
+        node = min(candidates, key=lambda n: (-n.free_slots, n.free_gpus, n.name))
+        _take(free, node.name, request.SLOTS_PER_SERVER, 0)
+        assignments.append(Assignment("server", group, rank, node.name, 1, 0))
+    return PlacementPlan(assignments)
+
+
+def fits_empty_cluster(request: PlacementRequest, nodes: Sequence[NodeCapacity]) -> bool:
+    """Could the job ever run on these (alive) nodes, were they idle?"""
+    empty = [replace(node, slots_used=0, gpus_used=0) for node in nodes]
+    return plan_placement(request, empty) is not None
+
+
+class _Queued(Protocol):
+    @property
+    def priority(self) -> int: ...
+
+    @property
+    def job_id(self) -> int: ...
+
+
+Q = TypeVar("Q", bound=_Queued)
+
+
+def order_queue(jobs: Iterable[Q]) -> list[Q]:
+    """Scheduling order: higher priority first, then first submitted (lower id) first."""
+    return sorted(jobs, key=lambda job: (-job.priority, job.job_id))
+
+
+@dataclass(frozen=True)
+class QueueDecision:
+    """One scheduling pass: the jobs to start now and why each other job waits."""
+
+    placed: list[tuple[PlacementRequest, PlacementPlan]]
+    waiting: dict[int, str]  # job id -> reason
+    order: list[int]  # job ids in queue order
+
+
+def plan_queue(
+    requests: Iterable[PlacementRequest], nodes: Sequence[NodeCapacity]
+) -> QueueDecision:
+    """Place queued jobs in order until the first one that does not fit now.
+
+    Jobs behind a head that does not fit wait, whatever their size (no overtaking, so no
+    starvation and no partial placement that could deadlock). A job too big for the whole
+    cluster is passed over: it cannot run until nodes join, and must not hold the queue.
+    """
+    free = list(nodes)
+    alive = [node for node in nodes if node.alive]
+    placed: list[tuple[PlacementRequest, PlacementPlan]] = []
+    waiting: dict[int, str] = {}
+    ordered = order_queue(requests)
+    head: int | None = None
+    for request in ordered:
+        if not fits_empty_cluster(request, alive):
+            total_slots = sum(n.slots for n in alive)
+            total_gpus = sum(n.gpus for n in alive)
+            waiting[request.job_id] = (
+                f"needs {request.describe()}; the cluster cannot fit it even when idle "
+                f"({len(alive)} node(s), {total_slots} slot(s), {total_gpus} GPU(s))"
+            )
+            continue
+        if head is not None:
+            waiting[request.job_id] = f"waiting behind job {head}"
+            continue
+        plan = plan_placement(request, free)
+        if plan is None:
+            head = request.job_id
+            waiting[request.job_id] = f"waiting for free resources: needs {request.describe()}"
+            continue
+        free = _apply(free, plan)
+        placed.append((request, plan))
+    return QueueDecision(placed, waiting, [r.job_id for r in ordered])
+
+
+def _apply(nodes: list[NodeCapacity], plan: PlacementPlan) -> list[NodeCapacity]:
+    by_name = {node.name: node for node in nodes}
+    for a in plan.assignments:
+        _take(by_name, a.node, a.slots, a.gpus)
+    return [by_name[node.name] for node in nodes]

@@ -1,0 +1,210 @@
+"""Checking a submitted job: the whole compile pipeline up to built modules, without its data.
+
+`check_job` validates the document, applies the service's rules (who may read server files),
+resolves a named dataset to its stored file, describes the data and compiles the net from that
+description on torch's meta device (shapes and parameter counts, no weights). Its
+`execution_spec` is what workers run: the validated job with every file given by an absolute
+path. Every failure is a located `JobSpecError`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from sqlalchemy.orm import Session
+
+from dsl.compiler import CompiledJob, load_spec
+from dsl.data_config import CsvData, DatasetData, DataSourceConfig, NpzData, TextData
+from dsl.errors import JobSpecError, SpecIssue
+from dsl.schema import JobSpec
+from dsl.source import SourceMap
+from dsl.topology import Topology, resolve_topology
+from scheduler.datasets import dataset_names, get_dataset
+from scheduler.models import User
+from scheduler.store import NewJob
+from workers.data import DataInfo, DataSourceError, describe
+from workers.data.uploaded import as_file_source
+from workers.jobs import compile_for_info
+
+# Steps are stored in 32-bit columns.
+MAX_STEPS = 2**31 - 1
+UPLOAD_HINT = (
+    "only admins may read files on the server; upload the data (POST /api/v1/datasets) and "
+    "write data: {source: dataset, name: <its name>}"
+)
+
+
+@dataclass(frozen=True)
+class CheckedJob:
+    compiled: CompiledJob
+    topology: Topology
+    execution_spec: dict[str, Any]
+
+    @property
+    def spec(self) -> JobSpec:
+        return self.compiled.spec
+
+    def to_new_job(
+        self, *, spec_yaml: str, overrides: Mapping[str, Any], priority: int = 0
+    ) -> NewJob:
+        return NewJob(
+            name=self.spec.name,
+            spec_yaml=spec_yaml,
+            overrides=dict(overrides),
+            spec=self.execution_spec,
+            topology=self.topology.to_dict(),
+            framework=self.spec.cluster.framework,
+            train_steps=self.spec.train_steps,
+            priority=priority,
+        )
+
+
+def check_job(
+    session: Session,
+    owner: User,
+    document: str | Mapping[str, Any],
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    cache_dir: Path,
+    base_dir: Path,
+) -> CheckedJob:
+    """Validate and compile `document` as `owner` would run it. Relative file paths (admins
+    only) resolve against `base_dir`."""
+    spec, source = load_spec(document, overrides=overrides, filename="<job>")
+    issues = [] if owner.is_admin else _server_file_issues(spec, source)
+    if spec.train_steps > MAX_STEPS:
+        issues.append(
+            source.issue(
+                ("train_steps",),
+                f"train_steps {spec.train_steps} is more than the service's limit of {MAX_STEPS}",
+            )
+        )
+    if issues:
+        raise JobSpecError(issues)
+    data = _data_to_run(session, owner, spec, source, base_dir)
+    try:
+        info = _describe(data, spec.seed, cache_dir)
+    except DataSourceError as exc:
+        raise JobSpecError(_data_issue(spec.data, source, exc)) from None
+    compiled = _compile_on_meta(spec, source, info)
+    return CheckedJob(
+        compiled, resolve_topology(spec.cluster), _execution_spec(spec, data, base_dir)
+    )
+
+
+def compile_stored(spec: Mapping[str, Any], *, cache_dir: Path) -> CompiledJob:
+    """Compile a stored execution spec again (its files are absolute; nothing to resolve)."""
+    job, source = load_spec(spec)
+    try:
+        info = _describe(job.data, job.seed, cache_dir)
+    except DataSourceError as exc:
+        raise JobSpecError(_data_issue(job.data, source, exc)) from None
+    return _compile_on_meta(job, source, info)
+
+
+def _compile_on_meta(spec: JobSpec, source: SourceMap, info: DataInfo) -> CompiledJob:
+    """Shapes and parameter counts without memory: on torch's meta device a net of a billion
+    parameters compiles in a millisecond and allocates nothing, so no document can exhaust
+    the API. (The mode is thread-local; concurrent requests do not see it.)"""
+    with torch.device("meta"):
+        return compile_for_info(spec, source, info)
+
+
+def _server_file_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
+    issues = []
+    data = spec.data
+    if isinstance(data, NpzData | CsvData) or (isinstance(data, TextData) and data.path):
+        issues.append(
+            source.issue(
+                ("data", "path"), f"data source '{data.source}' reads a server file", UPLOAD_HINT
+            )
+        )
+    if spec.checkpoint.init_from is not None:
+        issues.append(
+            source.issue(
+                ("checkpoint", "init_from"),
+                "init_from reads a file on the server, which only admins may do",
+                "start from scratch, or ask an admin to submit the job",
+            )
+        )
+    return issues
+
+
+def _data_to_run(
+    session: Session, owner: User, spec: JobSpec, source: SourceMap, base_dir: Path
+) -> DataSourceConfig:
+    """The data config workers get: a named dataset becomes its stored file, and relative
+    paths become absolute (workers run elsewhere)."""
+    data = spec.data
+    if isinstance(data, DatasetData):
+        record = get_dataset(session, owner.id, data.name)
+        if record is None:
+            yours = dataset_names(session, owner.id)
+            raise JobSpecError(
+                source.issue(
+                    ("data", "name"),
+                    f"you have no dataset named '{data.name}'",
+                    f"your datasets: {', '.join(yours)}"
+                    if yours
+                    else "upload it first: POST /api/v1/datasets",
+                )
+            )
+        try:
+            return as_file_source(data, "npz" if record.kind == "npz" else "csv", Path(record.path))
+        except DataSourceError as exc:
+            raise JobSpecError(_data_issue(data, source, exc)) from None
+    if isinstance(data, NpzData | CsvData | TextData) and data.path:
+        absolute = str((base_dir / data.path).expanduser().resolve())
+        return data.model_copy(update={"path": absolute})
+    return data
+
+
+def _data_issue(data: DataSourceConfig, source: SourceMap, exc: DataSourceError) -> SpecIssue:
+    field = exc.field or "source"
+    if isinstance(data, DatasetData) and field not in DatasetData.model_fields:
+        field = "name"  # the stored file's own keys (its path) are not the user's to fix
+    return source.issue(("data", field), exc.message, exc.hint)
+
+
+def _execution_spec(spec: JobSpec, data: DataSourceConfig, base_dir: Path) -> dict[str, Any]:
+    # exclude_unset: validators that look at which keys were written (synthetic's task keys,
+    # npz's optional test keys) must see the same document when a worker loads it again.
+    out = spec.model_dump(mode="json", exclude_unset=True)
+    out["data"] = data.model_dump(mode="json", exclude_unset=True)
+    init_from = spec.checkpoint.init_from
+    if init_from is not None:
+        out["checkpoint"]["init_from"] = str((base_dir / init_from).expanduser().resolve())
+    return out
+
+
+def _describe(data: DataSourceConfig, seed: int, cache_dir: Path) -> DataInfo:
+    path = getattr(data, "path", None)
+    stamp = None
+    if path:
+        try:
+            stat = Path(path).stat()
+            stamp = (stat.st_mtime_ns, stat.st_size)
+        except OSError:
+            stamp = None  # describe reports the missing file
+    return _describe_cached(
+        data.model_dump_json(exclude_unset=True), type(data), seed, str(cache_dir), stamp
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _describe_cached(
+    config_json: str,
+    config_type: type[DataSourceConfig],
+    seed: int,
+    cache_dir: str,
+    stamp: tuple[int, int] | None,
+) -> DataInfo:
+    """Describing the built-in text corpus or a file reads it; a warm API answers from memory.
+    The file's mtime and size are in the key, so a changed file is read again."""
+    config = config_type.model_validate_json(config_json)
+    return describe(config, seed=seed, cache_dir=Path(cache_dir), base_dir=Path(cache_dir))

@@ -1,0 +1,141 @@
+"""Server commands of the `trainyard` CLI: `up` (the whole local stack) and `api` (one server)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from scheduler.settings import Settings
+
+console = Console()
+err_console = Console(stderr=True)
+
+Host = Annotated[str | None, typer.Option(help="address to listen on [default: 127.0.0.1]")]
+Port = Annotated[int | None, typer.Option(help="port to listen on [default: 8000]")]
+
+
+def _settings(**given: Any) -> Settings:
+    """Settings from the environment, with the command line's explicit values on top."""
+    return Settings(**{k: v for k, v in given.items() if v is not None})
+
+
+def _follow(url: str, token: str, job_file: Path, stop: threading.Event, where: str) -> None:
+    """Submit a job to the fresh stack, show its progress, print the result (a thread)."""
+    from sdk.client import Client, TrainyardError
+    from sdk.progress import follow_with_progress
+
+    try:
+        with Client(url, token) as client:
+            job = client.submit(job_file)
+            console.print(f"submitted {job_file} as job [bold]{job.id}[/]")
+            follow_with_progress(job, console=console, stop=stop)
+    except TrainyardError as exc:
+        if not stop.is_set():
+            err_console.print(f"[bold red]error[/] {exc}")
+        return
+    if not job.done:
+        return
+    final = "  ".join(
+        f"{key} {value:.4f}"
+        for key, value in sorted(job.summary.items())
+        if isinstance(value, int | float) and key.startswith(("test/", "train/"))
+    )
+    console.print(f"job {job.id} [bold]{job.state}[/] after {job.step} steps   {final}")
+    if job.error:
+        console.print(f"[red]error[/] {job.error}")
+    console.print(f"the stack keeps running: {where}\nadmin token: {token}   Ctrl-C stops it")
+
+
+def up(
+    host: Host = None,
+    port: Port = None,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="state directory [default: ~/.trainyard]")
+    ] = None,
+    submit: Annotated[
+        Path | None,
+        typer.Option(help="once up, submit this job and follow it until it ends (`make run`)"),
+    ] = None,
+) -> None:
+    """Start the whole service here: Redis, API, scheduler and a node agent, until Ctrl-C."""
+    from sdk.stack import Stack, StackError
+
+    settings = _settings(host=host, port=port, data_dir=data_dir)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stack = Stack(settings, say=err_console.print)
+    console.print(f"starting the stack in {stack.data_dir} ...")
+    try:
+        stack.start()
+    except StackError as exc:
+        err_console.print(f"[bold red]error[/] {exc}")
+        raise typer.Exit(1) from None
+    where = f"API {stack.url}/api/v1   docs {stack.url}/docs"
+    if stack.serves_dashboard():
+        where += f"   dashboard {stack.url}/"
+    console.print(
+        f"[bold green]trainyard is up[/]: {where}\n"
+        f"admin token: {stack.token}\n"
+        f"(saved in {settings.stack_file()}; the CLI and SDK on this machine use it)\n"
+        f"process logs: {stack.data_dir / 'logs'}   Ctrl-C stops everything"
+    )
+    follower = threading.Thread(
+        target=_follow, args=(stack.url, stack.token, submit, stop, where), daemon=True
+    )
+    if submit is not None:
+        follower.start()
+    dead = stack.watch(stop)
+    stop.set()
+    if follower.is_alive():
+        follower.join(timeout=5)  # it closes its progress bar
+    if dead is not None:
+        err_console.print(f"[bold red]error[/] {stack.death_notice(dead)}")
+    console.print("stopping the stack ...")
+    stack.stop()
+    console.print("stopped.")
+    if dead is not None:
+        raise typer.Exit(1)
+
+
+def api(
+    host: Host = None,
+    port: Port = None,
+    migrate_db: Annotated[
+        bool, typer.Option("--migrate/--no-migrate", help="upgrade the SQL schema first")
+    ] = True,
+    access_log: Annotated[bool, typer.Option(help="log every request")] = False,
+    workers: Annotated[
+        int, typer.Option(min=1, help="server processes (each builds the app from the env)")
+    ] = 1,
+) -> None:
+    """Run the API server alone (docker-compose's api service; `trainyard up` starts one)."""
+    import uvicorn
+
+    from api.app import create_app
+    from scheduler.db import migrate
+
+    settings = _settings(host=host, port=port)
+    if migrate_db:
+        migrate(settings.sql_url())
+    # Several processes need an import path: each builds its app from the same environment.
+    target: Any = create_app(settings) if workers == 1 else "api.app:create_app"
+    uvicorn.run(
+        target,
+        factory=workers > 1,
+        workers=workers,
+        host=settings.host,
+        port=settings.port,
+        access_log=access_log,
+        log_level="info",
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(up)
+    app.command()(api)

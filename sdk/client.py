@@ -1,0 +1,568 @@
+"""The Python SDK: a thin, typed client of the REST API (httpx).
+
+    from sdk.client import Client
+    client = Client()                      # TRAINYARD_URL/TOKEN, else `trainyard login`, else
+    job = client.submit("job.yaml")        # the local stack started by `trainyard up`
+    job.wait(progress=True)
+    job.metrics("test/accuracy")           # [(step, value), ...]
+
+Every HTTP failure becomes a typed exception; a rejected job carries the language's located
+errors (`JobSpecRejected.errors`, the same `SpecIssue`s the local CLI prints).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterator, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from dsl.errors import SpecIssue
+from scheduler.settings import Settings
+
+API_PREFIX = "/api/v1"
+MAX_POINTS = 100_000  # the most points per series the server returns in one answer
+TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+# What the progress bar shows next to the step counter (see sdk.console.format_stats).
+PROGRESS_METRICS = (
+    "train/loss",
+    "train/accuracy",
+    "train/recon_error",
+    "test/accuracy",
+    "samples_per_sec",
+)
+
+
+# -- errors -------------------------------------------------------------------------------------
+class TrainyardError(Exception):
+    """Base of every SDK error; `status` is the HTTP status when there was a response."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+class Unreachable(TrainyardError):
+    """No answer from the server (not started, wrong address, network)."""
+
+
+class AuthError(TrainyardError):
+    """401 (missing or bad token) or 403 (not allowed)."""
+
+
+class NotFound(TrainyardError):
+    """404: unknown id, or a job of another user."""
+
+
+class Conflict(TrainyardError):
+    """409: the request does not fit the resource's state (e.g. cancel a finished job)."""
+
+
+class RequestRejected(TrainyardError):
+    """Another 4xx: body too big (413), wrong content type (415), a bad query parameter (422
+    without located job errors)."""
+
+
+class JobSpecRejected(RequestRejected):
+    """422: the job document is invalid; `errors` locate each problem in the YAML."""
+
+    def __init__(self, message: str, errors: list[SpecIssue], status: int = 422) -> None:
+        super().__init__(message, status)
+        self.errors = errors
+
+    def __str__(self) -> str:
+        # The server's detail already lists the problems; print them once, located.
+        lines = [self.message.splitlines()[0] if self.errors else self.message]
+        for issue in self.errors:
+            where = f"{issue.line}:{issue.column}: " if issue.line else ""
+            lines.append(f"  error {where}{issue.path}: {issue.message}")
+            if issue.hint:
+                lines.append(f"      hint: {issue.hint}")
+        return "\n".join(lines)
+
+
+class ServerError(TrainyardError):
+    """5xx: the server failed; the message is what it said."""
+
+
+class WaitTimeout(TrainyardError, TimeoutError):
+    """`Job.wait(timeout=...)` ran out before the job finished."""
+
+
+_BY_STATUS: dict[int, type[TrainyardError]] = {
+    401: AuthError,
+    403: AuthError,
+    404: NotFound,
+    409: Conflict,
+}
+
+
+def _issues(raw: object) -> list[SpecIssue]:
+    if not isinstance(raw, list):
+        return []
+    out = []
+    for item in raw:
+        if isinstance(item, Mapping):
+            out.append(
+                SpecIssue(
+                    path=str(item.get("path", "")),
+                    message=str(item.get("message", "")),
+                    line=item.get("line"),
+                    column=item.get("column"),
+                    hint=item.get("hint"),
+                )
+            )
+    return out
+
+
+def raise_for_response(response: httpx.Response) -> None:
+    """Translate an error response (`{"detail": ..., "errors": [...]}`) to a typed exception."""
+    if response.is_success:
+        return
+    status = response.status_code
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    detail = body.get("detail") if isinstance(body, dict) else None
+    if not isinstance(detail, str):
+        detail = (
+            json.dumps(detail) if detail is not None else (response.text or response.reason_phrase)
+        )
+    message = f"{status} {detail}"
+    errors = _issues(body.get("errors") if isinstance(body, dict) else None)
+    if status == 422 and errors:
+        raise JobSpecRejected(message, errors, status)
+    if status >= 500:
+        raise ServerError(message, status)
+    raise _BY_STATUS.get(status, RequestRejected)(message, status)
+
+
+# -- response models ----------------------------------------------------------------------------
+class _Model(BaseModel):
+    # Tolerate fields newer servers add; the SDK reads what it knows.
+    model_config = ConfigDict(extra="ignore")
+
+
+class JobInfo(_Model):
+    """A job as GET /jobs/{id} describes it."""
+
+    id: int
+    name: str
+    state: str = Field(description="QUEUED, SCHEDULED, RUNNING, SUCCEEDED, FAILED or CANCELLED")
+    owner: str | None = None
+    priority: int = 0
+    framework: str = Field(default="local", description="the job's cluster.framework")
+    train_steps: int = 0
+    step: int = Field(default=0, description="the last training step reported")
+    progress: float = Field(default=0.0, description="step / train_steps, 0..1")
+    created_at: datetime | None = None
+    scheduled_at: datetime | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    duration_seconds: float | None = None
+    summary: dict[str, Any] = Field(default_factory=dict, description="final metrics")
+    best_metric: float | None = Field(default=None, description="the best test/accuracy")
+    error: str | None = Field(default=None, description="why the job failed")
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    topology: dict[str, Any] = Field(
+        default_factory=dict, description="worker and server groups the job was resolved to"
+    )
+    queue_position: int | None = Field(
+        default=None, description="1 = placed next; null if not queued"
+    )
+    spec_yaml: str | None = Field(default=None, description="the document as submitted")
+
+
+class JobEventInfo(_Model):
+    at: datetime
+    state: str
+    reason: str = ""
+
+
+class CheckpointInfo(_Model):
+    step: int
+    size: int
+    created_at: datetime | None = None
+
+
+class DatasetInfo(_Model):
+    name: str
+    kind: str = Field(description="npz or csv")
+    size: int = Field(description="bytes")
+    owner: str | None = None
+    created_at: datetime | None = None
+
+
+class NodeInfo(_Model):
+    name: str
+    state: str
+    slots: int
+    gpus: int = 0
+    slots_used: int = 0
+    gpus_used: int = 0
+    last_heartbeat: datetime | None = None
+
+
+class AllocationInfo(_Model):
+    node: str
+    role: str
+    group: int
+    rank: int
+    state: str
+
+
+class RunningJobInfo(_Model):
+    job_id: int | None = Field(description="null for other users' jobs (unless admin)")
+    name: str | None
+    state: str
+    allocations: list[AllocationInfo] = Field(default_factory=list)
+
+
+class QueuedJobInfo(_Model):
+    job_id: int | None = Field(description="null for other users' jobs (unless admin)")
+    name: str | None
+    priority: int = 0
+    position: int
+    slots: int = 0
+    gpus: int = 0
+    reason: str = ""
+
+
+class ClusterInfo(_Model):
+    nodes: list[NodeInfo] = Field(default_factory=list)
+    running: list[RunningJobInfo] = Field(default_factory=list)
+    queue: list[QueuedJobInfo] = Field(default_factory=list)
+
+
+class LogLineInfo(_Model):
+    id: int
+    at: float
+    group: int = 0
+    rank: int = 0
+    line: str
+
+
+# -- where the server is ------------------------------------------------------------------------
+class Connection(_Model):
+    url: str | None = None
+    token: str | None = None
+
+
+def _read_connection(path: Path) -> Connection:
+    try:
+        return Connection.model_validate_json(path.read_text())
+    except (OSError, ValidationError):
+        return Connection()
+
+
+def client_file(settings: Settings) -> Path:
+    """Written by `trainyard login`: {url, token} of a remote server."""
+    return settings.resolved_data_dir() / "client.json"
+
+
+def resolve_connection(settings: Settings) -> Connection:
+    """The server address and token: environment > `trainyard login` file > local stack file.
+
+    The token comes from the environment, else from the first file that names the chosen URL,
+    so a login to one server never sends its token to another.
+    """
+    files = [_read_connection(client_file(settings)), _read_connection(settings.stack_file())]
+    url = settings.url or next((f.url for f in files if f.url), None)
+    token = settings.token or next((f.token for f in files if f.url == url and f.token), None)
+    return Connection(url=url, token=token)
+
+
+# -- the client ---------------------------------------------------------------------------------
+class Client:
+    """A connection to one Trainyard server (thread-safe for concurrent requests, like httpx)."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        settings: Settings | None = None,
+    ) -> None:
+        if url is None or token is None:
+            found = resolve_connection(settings or Settings())
+            url = url or found.url
+            token = token or found.token
+        if not url:
+            raise TrainyardError(
+                "no server address: pass url=, set TRAINYARD_URL, run `trainyard login URL`, "
+                "or start a local stack with `trainyard up`"
+            )
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=self.url + API_PREFIX, headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise Unreachable(
+                f"cannot reach {self.url} ({exc.__class__.__name__}: {exc}); is the server "
+                "running (`trainyard up`)?"
+            ) from None
+        raise_for_response(response)
+        return response
+
+    def get_json(self, path: str, **params: Any) -> Any:
+        clean = {k: v for k, v in params.items() if v is not None}
+        return self.request("GET", path, params=clean).json()
+
+    # -- jobs ------------------------------------------------------------------------------------
+    def submit(
+        self,
+        job: str | Path | Mapping[str, Any],
+        overrides: Mapping[str, Any] | None = None,
+        priority: int = 0,
+    ) -> Job:
+        """Submit a job: a YAML file path, YAML text, or an already-parsed mapping."""
+        body = {
+            "spec": _job_document(job),
+            "overrides": dict(overrides or {}),
+            "priority": priority,
+        }
+        data = self.request("POST", "/jobs", json=body).json()
+        return Job(self, JobInfo.model_validate(data))
+
+    def validate(
+        self, job: str | Path | Mapping[str, Any], overrides: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Dry run: the layer table, parameter count, topology and placement preview."""
+        body = {"spec": _job_document(job), "overrides": dict(overrides or {})}
+        result: dict[str, Any] = self.request("POST", "/jobs/validate", json=body).json()
+        return result
+
+    def job(self, job_id: int) -> Job:
+        return Job(self, JobInfo.model_validate(self.get_json(f"/jobs/{job_id}")))
+
+    def jobs(
+        self, state: str | None = None, name: str | None = None, page_size: int = 50
+    ) -> Iterator[Job]:
+        """Every visible job, newest first, fetched page by page as the caller iterates."""
+        cursor: str | None = None
+        while True:
+            page = self.get_json("/jobs", state=state, name=name, limit=page_size, cursor=cursor)
+            for item in page["items"]:
+                yield Job(self, JobInfo.model_validate(item))
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return
+
+    # -- cluster and datasets --------------------------------------------------------------------
+    def cluster(self) -> ClusterInfo:
+        return ClusterInfo.model_validate(self.get_json("/cluster"))
+
+    def upload_dataset(self, path: str | Path, name: str) -> DatasetInfo:
+        """Upload an .npz or .csv file; jobs then use `data: {source: dataset, name: NAME}`."""
+        path = Path(path)
+        with path.open("rb") as handle:
+            response = self.request(
+                "POST",
+                "/datasets",
+                data={"name": name},
+                files={"file": (path.name, handle, "application/octet-stream")},
+            )
+        return DatasetInfo.model_validate(response.json())
+
+    def datasets(self) -> list[DatasetInfo]:
+        return [DatasetInfo.model_validate(d) for d in self.get_json("/datasets")]
+
+
+def _value(raw: float | None) -> float:
+    """The API sends NaN and infinities as null."""
+    return math.nan if raw is None else float(raw)
+
+
+def _job_document(job: str | Path | Mapping[str, Any]) -> str | dict[str, Any]:
+    if isinstance(job, Mapping):
+        return dict(job)
+    if isinstance(job, Path):
+        return job.read_text()
+    # A one-line string ending in .yaml/.yml is a file name; anything else is YAML text.
+    if "\n" not in job and job.strip().endswith((".yaml", ".yml")):
+        path = Path(job.strip()).expanduser()
+        if not path.exists():
+            raise TrainyardError(f"no such job file: {path}")
+        return path.read_text()
+    return job
+
+
+class Job:
+    """A submitted job; `info` is its last fetched state (call `refresh()` for a newer one)."""
+
+    def __init__(self, client: Client, info: JobInfo) -> None:
+        self.client = client
+        self.info = info
+
+    def __repr__(self) -> str:
+        return f"Job(id={self.id}, name={self.name!r}, state={self.state}, step={self.step})"
+
+    @property
+    def id(self) -> int:
+        return self.info.id
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def state(self) -> str:
+        return self.info.state
+
+    @property
+    def step(self) -> int:
+        return self.info.step
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return self.info.summary
+
+    @property
+    def error(self) -> str | None:
+        return self.info.error
+
+    @property
+    def done(self) -> bool:
+        return self.info.state in TERMINAL_STATES
+
+    def refresh(self) -> Job:
+        self.info = JobInfo.model_validate(self.client.get_json(f"/jobs/{self.id}"))
+        return self
+
+    def cancel(self) -> Job:
+        data = self.client.request("POST", f"/jobs/{self.id}/cancel").json()
+        self.info = JobInfo.model_validate(data)
+        return self
+
+    def delete(self) -> None:
+        self.client.request("DELETE", f"/jobs/{self.id}")
+
+    def wait(self, progress: bool = False, timeout: float | None = None, poll: float = 1.0) -> Job:
+        """Block until the job ends (SUCCEEDED, FAILED or CANCELLED); return it refreshed."""
+        if progress:
+            from sdk.progress import follow_with_progress
+
+            return follow_with_progress(self, timeout=timeout, poll=poll)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.refresh().done:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"job {self.id} is still {self.state} after {timeout}s")
+            time.sleep(poll)
+        return self
+
+    def latest_metrics(self, names: tuple[str, ...] = PROGRESS_METRICS) -> dict[str, float]:
+        """The newest value of each named metric (rank 0 of group 0 when several report)."""
+        data = self.client.get_json(
+            f"/jobs/{self.id}/metrics",
+            name=list(names),
+            start_step=max(self.step - 1, 0),
+            max_points=10,
+        )
+        out: dict[str, float] = {}
+        for series in data["series"]:
+            if series["points"] and series.get("group", 0) == 0 and series.get("rank", 0) == 0:
+                out[series["name"]] = _value(series["points"][-1][1])
+        return out
+
+    def metrics(
+        self,
+        name: str,
+        *,
+        start_step: int | None = None,
+        end_step: int | None = None,
+        max_points: int = MAX_POINTS,
+        group: int = 0,
+        rank: int = 0,
+    ) -> list[tuple[int, float]]:
+        """The points of one metric series as (step, value); every point up to `max_points`,
+        beyond that evenly spaced buckets of steps, each keeping its last point."""
+        data = self.client.get_json(
+            f"/jobs/{self.id}/metrics",
+            name=name,
+            start_step=start_step,
+            end_step=end_step,
+            max_points=max_points,
+            group=group,
+        )
+        for series in data["series"]:
+            if series["name"] == name and series.get("rank", 0) == rank:
+                return [(int(step), _value(value)) for step, value in series["points"]]
+        return []
+
+    def metric_names(self) -> list[str]:
+        names: list[str] = self.client.get_json(f"/jobs/{self.id}/metrics/names")["names"]
+        return names
+
+    def log_lines(
+        self, after: int | None = None, limit: int = 500
+    ) -> tuple[list[LogLineInfo], int]:
+        """One page of log lines after the line id `after`; returns (lines, next cursor)."""
+        data = self.client.get_json(f"/jobs/{self.id}/logs", after=after, limit=limit)
+        lines = [LogLineInfo.model_validate(line) for line in data["lines"]]
+        cursor = data.get("next")
+        return lines, int(cursor) if cursor is not None else (after or 0)
+
+    def logs(self) -> list[str]:
+        """Every log line of the job so far."""
+        out: list[str] = []
+        after: int | None = None
+        while True:
+            lines, after = self.log_lines(after)
+            out.extend(line.line for line in lines)
+            if not lines:
+                return out
+
+    def events(self) -> list[JobEventInfo]:
+        return [
+            JobEventInfo.model_validate(e) for e in self.client.get_json(f"/jobs/{self.id}/events")
+        ]
+
+    def checkpoints(self) -> list[CheckpointInfo]:
+        data = self.client.get_json(f"/jobs/{self.id}/checkpoints")
+        return [CheckpointInfo.model_validate(c) for c in data]
+
+    def download_checkpoint(self, directory: str | Path, step: int | None = None) -> Path:
+        """Save a checkpoint (default: the newest) as <dir>/step-NNNNNNNN.safetensors."""
+        if step is None:
+            known = self.checkpoints()
+            if not known:
+                raise NotFound(f"job {self.id} has no checkpoints yet", 404)
+            step = max(c.step for c in known)
+        target_dir = Path(directory).expanduser()
+        target_dir.mkdir(parents=True, exist_ok=True)
+        target = target_dir / f"step-{step:08d}.safetensors"
+        partial = target.with_suffix(".part")
+        try:
+            with self.client.http.stream("GET", f"/jobs/{self.id}/checkpoints/{step}") as response:
+                if not response.is_success:
+                    response.read()
+                    raise_for_response(response)
+                with partial.open("wb") as handle:
+                    for chunk in response.iter_bytes():
+                        handle.write(chunk)
+        except httpx.TransportError as exc:
+            partial.unlink(missing_ok=True)
+            raise Unreachable(f"cannot reach {self.client.url} ({exc})") from None
+        partial.replace(target)
+        return target

@@ -1,0 +1,77 @@
+"""What the dashboard needs from the server: the example jobs (api/routes/examples.py), the
+built pages at / with index.html for other paths (api/dashboard.py), and the live stream's token
+as a query parameter (a browser's EventSource cannot send headers)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from api.routes.examples import leading_comment
+from scheduler.lifecycle import transition
+from scheduler.models import Job, JobState
+
+ROOT = Path(__file__).resolve().parents[2]
+MLP = (ROOT / "examples" / "digits_mlp.yaml").read_text()
+
+
+def test_examples_are_the_example_files_with_their_comments(api: Any) -> None:
+    assert api.client.get("/api/v1/examples").status_code == 401
+    response = api.client.get("/api/v1/examples", headers=api.auth())
+    assert response.status_code == 200
+    listed = {item["name"]: item for item in response.json()}
+    files = sorted((ROOT / "examples").glob("*.yaml"))
+    assert sorted(listed) == [path.stem for path in files]
+    for path in files:
+        assert listed[path.stem]["yaml"] == path.read_text()
+    cnn = listed["mnist1d_cnn"]["description"]
+    assert cnn.startswith("A 1-D CNN on MNIST-1D") and "#" not in cnn
+
+
+def test_leading_comment_stops_at_the_first_other_line() -> None:
+    text = "# one\n#two\nname: x\n# not this\n"
+    assert leading_comment(text) == "one two"
+    assert leading_comment("name: x\n") == ""
+
+
+def test_dashboard_pages_at_the_root_never_hide_the_api(api: Any, tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    (dist / "assets").mkdir(parents=True)
+    (dist / "index.html").write_text("<html>dashboard</html>")
+    (dist / "assets" / "app.js").write_text("console.log('app')")
+    with TestClient(create_app(api.settings, web_dist=dist)) as client:
+        assert client.get("/").text == "<html>dashboard</html>"
+        assert client.get("/assets/app.js").text == "console.log('app')"
+        # A path that is no file (typed, bookmarked) gets the page; the page routes by fragment.
+        for path in ("/jobs", "/jobs/7/graph"):
+            response = client.get(path)
+            assert (response.status_code, response.text) == (200, "<html>dashboard</html>")
+        for path in ("/api/v1/no-such-route", "/api/nothing"):
+            response = client.get(path)
+            assert response.status_code == 404
+            assert response.json()["detail"] == "Not Found"
+        assert client.get("/api/v1/examples", headers=api.auth()).status_code == 200
+        assert client.get("/healthz").json()["status"] == "ok"
+
+
+def test_stream_takes_the_token_as_a_query_parameter(api: Any) -> None:
+    job_id = api.submit(MLP)["id"]
+    with api.db.session() as session:
+        transition(session, session.get(Job, job_id), JobState.CANCELLED, "test: ended")
+    url = f"/api/v1/jobs/{job_id}/stream"
+    with api.client.stream("GET", url, params={"token": api.tokens["alice"]}) as response:
+        assert response.status_code == 200
+        kinds = [
+            line.split(": ", 1)[1] for line in response.iter_lines() if line.startswith("event")
+        ]
+    assert kinds == ["state", "end"]
+    assert api.client.get(url, params={"token": "wrong"}).status_code == 401
+    assert api.client.get(url, params={"token": api.tokens["bob"]}).status_code == 404
+    # The header wins over the query parameter.
+    response = api.client.get(url, params={"token": api.tokens["alice"]}, headers=api.auth("bob"))
+    assert response.status_code == 404
+    assert json.loads(api.client.get(url).text)["detail"].startswith("missing API token")

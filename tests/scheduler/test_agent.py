@@ -1,0 +1,310 @@
+"""Node agents and the scheduler together: real Celery workers (`trainyard worker` subprocesses),
+the scheduler loop in a thread, a private redis-server and a SQLite file.
+
+One agent ("node-1", 4 slots) serves the whole module so its warm standby process is reused;
+the lost-node test starts and kills a second one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+from sqlalchemy import select
+
+from dsl.compiler import load_spec
+from dsl.topology import resolve_topology
+from scheduler import store
+from scheduler.cluster import node_capacities
+from scheduler.db import Database, migrate
+from scheduler.loop import run_scheduler
+from scheduler.models import (
+    Allocation,
+    AllocationState,
+    CheckpointRecord,
+    Job,
+    JobEvent,
+    JobState,
+    Metric,
+    Node,
+    NodeState,
+)
+from scheduler.settings import Settings
+from workers.events import Keys
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB_TEXT = (ROOT / "examples" / "digits_mlp.yaml").read_text()
+TIMEOUT = 120.0  # a cold start imports torch in fresh processes; slow on a busy 2-core machine
+
+
+@dataclass
+class Cluster:
+    settings: Settings
+    db: Database
+    client: redis.Redis
+    keys: Keys
+    agents: dict[str, subprocess.Popen[bytes]]
+    logs: Path
+
+    def start_agent(self, name: str, slots: int) -> subprocess.Popen[bytes]:
+        drop = ("TRAINYARD_", "REDIS_", "DATABASE_URL")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+        env.update(
+            REDIS_URL=str(self.settings.redis_url),
+            TRAINYARD_REDIS_PREFIX=self.settings.redis_prefix,
+            TRAINYARD_DATA_DIR=str(self.settings.data_dir),
+            TRAINYARD_NODE_NAME=name,
+            TRAINYARD_NODE_SLOTS=str(slots),
+            TRAINYARD_NODE_GPUS="0",
+            TRAINYARD_HEARTBEAT_SECONDS="0.5",
+        )
+        with (self.logs / f"{name}.log").open("ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "sdk", "worker"],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.agents[name] = process
+        return process
+
+    def submit(self, **overrides: object) -> int:
+        spec, _ = load_spec(JOB_TEXT, overrides=overrides)
+        with self.db.session() as session:
+            owner = store.get_user(session, "alice") or store.create_user(session, "alice")
+            job = store.create_job(
+                session,
+                owner,
+                store.NewJob(
+                    name=spec.name,
+                    spec_yaml=JOB_TEXT,
+                    overrides=dict(overrides),
+                    spec=spec.model_dump(mode="json", exclude_unset=True),
+                    topology=resolve_topology(spec.cluster).to_dict(),
+                    framework=spec.cluster.framework,
+                    train_steps=spec.train_steps,
+                ),
+            )
+            return job.id
+
+    def job(self, job_id: int) -> Job:
+        with self.db.session() as session:
+            job = session.get(Job, job_id)
+            assert job is not None
+            return job
+
+    def allocations(self, job_id: int) -> list[tuple[Allocation, str]]:
+        with self.db.session() as session:
+            rows = session.execute(
+                select(Allocation, Node.name)
+                .join(Node, Node.id == Allocation.node_id)
+                .where(Allocation.job_id == job_id)
+                .order_by(Allocation.id)
+            ).all()
+            return [(alloc, name) for alloc, name in rows]
+
+    def events(self, job_id: int) -> list[tuple[str, str]]:
+        with self.db.session() as session:
+            rows = session.scalars(
+                select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+            ).all()
+            return [(e.state, e.reason) for e in rows]
+
+    def cancel(self, job_id: int) -> None:
+        with self.db.session() as session:
+            job = session.get(Job, job_id)
+            assert job is not None
+            store.request_cancel(session, job, self.client, self.keys)
+
+    def wait_for(self, what: str, check: Callable[[], bool], timeout: float = TIMEOUT) -> float:
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            if check():
+                return time.monotonic() - started
+            for name, agent in self.agents.items():
+                if agent.poll() is not None and name == "node-1":
+                    pytest.fail(f"agent {name} died:\n{(self.logs / f'{name}.log').read_text()}")
+            time.sleep(0.1)
+        logs = "\n".join(p.read_text()[-3000:] for p in self.logs.glob("*.log"))
+        pytest.fail(f"timed out waiting for {what}\n{logs}")
+
+    def wait_state(self, job_id: int, *states: JobState, timeout: float = TIMEOUT) -> float:
+        return self.wait_for(
+            f"job {job_id} to be {'/'.join(states)}",
+            lambda: self.job(job_id).state in states,
+            timeout,
+        )
+
+    def slots_used(self, node: str) -> int:
+        with self.db.session() as session:
+            return next(n.slots_used for n in node_capacities(session) if n.name == node)
+
+    def pid(self, alloc_id: int) -> int:
+        return int(self.client.hget(self.keys.allocation(alloc_id), "pid") or 0)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Cluster]:
+    data_dir = tmp_path_factory.mktemp("agent-data")
+    settings = Settings(
+        data_dir=data_dir,
+        redis_url=redis_url,
+        redis_prefix=f"t{uuid.uuid4().hex[:8]}",
+        heartbeat_seconds=0.5,
+        node_timeout_seconds=3.0,
+        schedule_seconds=0.1,
+    )
+    migrate(settings.sql_url())
+    db = Database(settings.sql_url())
+    client = redis.Redis.from_url(redis_url)
+    found = Cluster(settings, db, client, Keys(settings.redis_prefix), {}, data_dir)
+    found.start_agent("node-1", slots=4)
+    stop = threading.Event()
+    scheduler = threading.Thread(target=run_scheduler, args=(settings, stop), daemon=True)
+    scheduler.start()
+    try:
+        yield found
+    finally:
+        stop.set()
+        scheduler.join(timeout=30)
+        for process in found.agents.values():
+            _stop(process)
+        db.dispose()
+        client.close()
+
+
+def test_a_job_runs_queued_scheduled_running_succeeded(cluster: Cluster) -> None:
+    job_id = cluster.submit(train_steps=40, disp_freq=10)
+    cluster.wait_state(job_id, JobState.SUCCEEDED, JobState.FAILED)
+    job = cluster.job(job_id)
+    assert job.state == JobState.SUCCEEDED, job.error
+    assert [state for state, _ in cluster.events(job_id)] == [
+        "QUEUED", "SCHEDULED", "RUNNING", "SUCCEEDED",
+    ]  # fmt: skip
+    assert cluster.events(job_id)[1][1] == "placed on node-1 (1)"
+    assert job.step == 40 and job.started_at is not None and job.ended_at is not None
+    assert 0.0 < job.summary["test/accuracy"] <= 1.0
+    assert job.best_metric == job.summary["test/accuracy"]
+    with cluster.db.session() as session:
+        losses = session.scalars(
+            select(Metric.step).where(Metric.job_id == job_id, Metric.name == "train/loss")
+        ).all()
+        [checkpoint] = session.scalars(
+            select(CheckpointRecord).where(CheckpointRecord.job_id == job_id)
+        ).all()
+    assert sorted(losses) == [10, 20, 30, 40]
+    run_dir = cluster.settings.artifacts() / "jobs" / str(job_id)
+    assert checkpoint.step == 40
+    assert Path(checkpoint.path) == run_dir / "checkpoints" / "step-00000040.safetensors"
+    assert Path(checkpoint.path).stat().st_size == checkpoint.size
+    assert (run_dir / "metrics.jsonl").exists()
+    [(alloc, node)] = cluster.allocations(job_id)
+    assert (alloc.state, alloc.exit_code, node) == (AllocationState.DONE, 0, "node-1")
+    assert cluster.slots_used("node-1") == 0
+
+
+def test_cancel_stops_a_running_job_within_seconds(cluster: Cluster) -> None:
+    job_id = cluster.submit(train_steps=10_000_000, disp_freq=10)
+    cluster.wait_for("the job's first metrics", lambda: cluster.job(job_id).step > 0)
+    [(alloc, _)] = cluster.allocations(job_id)
+    pid = cluster.pid(alloc.id)
+    assert psutil.pid_exists(pid)
+    assert cluster.slots_used("node-1") == 1
+    cluster.cancel(job_id)
+    took = cluster.wait_state(job_id, JobState.CANCELLED, timeout=15)
+    assert took < 10
+    assert cluster.events(job_id)[-1] == ("CANCELLED", "cancelled by the user")
+    cluster.wait_for("the process to be gone", lambda: not psutil.pid_exists(pid), timeout=10)
+    cluster.wait_for("its slot to be free", lambda: cluster.slots_used("node-1") == 0, 10)
+    [(alloc, _)] = cluster.allocations(job_id)
+    assert alloc.state == AllocationState.CANCELLED
+
+
+def test_a_failing_job_ends_failed_with_the_reason(cluster: Cluster) -> None:
+    broken = cluster.logs / "broken.npz"
+    broken.write_bytes(b"not a zip archive")
+    job_id = cluster.submit(train_steps=20, data={"source": "npz", "path": str(broken)})
+    cluster.wait_state(job_id, JobState.FAILED, JobState.SUCCEEDED)
+    job = cluster.job(job_id)
+    assert job.state == JobState.FAILED
+    assert job.error is not None and "cannot read" in job.error and str(broken) in job.error
+    assert cluster.events(job_id)[-1][1].startswith("worker 0/0 on node-1 failed: ")
+    [(alloc, _)] = cluster.allocations(job_id)
+    assert (alloc.state, alloc.exit_code) == (AllocationState.FAILED, 2)
+    assert cluster.slots_used("node-1") == 0
+
+
+def test_a_distributed_job_is_placed_whole_and_trains_through_the_shards(cluster: Cluster) -> None:
+    job_id = cluster.submit(train_steps=20, **{"cluster.framework": "sandblaster"})
+    cluster.wait_state(job_id, JobState.FAILED, JobState.SUCCEEDED)
+    job = cluster.job(job_id)
+    assert job.state == JobState.SUCCEEDED, job.error
+    assert job.step == 20
+    placed = sorted((a.role, a.group, a.rank, node) for a, node in cluster.allocations(job_id))
+    assert placed == [
+        ("server", 0, 0, "node-1"), ("worker", 0, 0, "node-1"), ("worker", 0, 1, "node-1"),
+    ]  # fmt: skip
+    # Every process of the gang ends and gives its slot back.
+    cluster.wait_for(
+        "every allocation to end",
+        lambda: not any(AllocationState(a.state).active for a, _ in cluster.allocations(job_id)),
+    )
+    assert cluster.slots_used("node-1") == 0
+
+
+def test_a_silent_node_is_lost_and_its_job_placed_again(cluster: Cluster) -> None:
+    agent = cluster.start_agent("node-2", slots=1)
+
+    def node2_alive() -> bool:
+        with cluster.db.session() as session:
+            node = session.scalar(select(Node).where(Node.name == "node-2"))
+            return node is not None and node.state == NodeState.ALIVE
+
+    cluster.wait_for("node-2 to join", node2_alive)
+    # Best fit: a one-slot job goes to the one-slot node.
+    job_id = cluster.submit(train_steps=10_000_000, disp_freq=10)
+    cluster.wait_for("the job's first metrics on node-2", lambda: cluster.job(job_id).step > 0)
+    [(first, node)] = cluster.allocations(job_id)
+    assert node == "node-2"
+    pid = cluster.pid(first.id)
+    os.killpg(agent.pid, signal.SIGKILL)  # the agent dies without a word; its worker lives on
+    agent.wait()
+    cluster.wait_for("node-2 to be lost", lambda: not node2_alive(), timeout=60)
+    cluster.wait_for(
+        "the job to run again on node-1",
+        lambda: any(n == "node-1" for _, n in cluster.allocations(job_id)),
+        timeout=60,
+    )
+    reasons = [reason for state, reason in cluster.events(job_id) if state == "QUEUED"]
+    assert reasons[-1].startswith("node lost: node-2 sent no heartbeat")
+    assert cluster.allocations(job_id)[0][0].state == AllocationState.FAILED
+    # The orphaned worker process notices its allocation was stopped and exits.
+    cluster.wait_for("the orphan to exit", lambda: not psutil.pid_exists(pid), timeout=60)
+    cluster.cancel(job_id)
+    cluster.wait_state(job_id, JobState.CANCELLED, timeout=60)
+    cluster.wait_for("node-1 to be free", lambda: cluster.slots_used("node-1") == 0, 60)

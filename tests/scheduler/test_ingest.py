@@ -1,0 +1,328 @@
+"""The ingester against a real Redis and both SQL backends: batches, no loss, XACK, job states."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+from sqlalchemy import func, select
+
+from scheduler import store
+from scheduler.db import Database, migrate
+from scheduler.ingest import GROUP, Ingester, ingest_once, ingested_points_key
+from scheduler.lifecycle import transition
+from scheduler.models import (
+    Allocation,
+    AllocationState,
+    CheckpointRecord,
+    Job,
+    JobEvent,
+    JobState,
+    LogLine,
+    Metric,
+    Node,
+)
+from workers.events import (
+    JobStream,
+    Keys,
+    encode_checkpoint,
+    encode_log,
+    encode_metric,
+    encode_state,
+)
+from workers.metrics import MetricRecord
+
+TOPOLOGY = {
+    "framework": "local",
+    "nworker_groups": 1,
+    "nworkers_per_group": 2,
+    "nserver_groups": 0,
+    "nservers_per_group": 0,
+    "server_worker_separate": False,
+    "slots_per_worker": 1,
+    "gpus_per_worker": 0,
+    "workers": 2,
+    "servers": 0,
+}
+
+
+@dataclass
+class Env:
+    db: Database
+    client: redis.Redis
+    keys: Keys
+
+    def count(self, model: type) -> int:
+        with self.db.session() as session:
+            return int(session.scalar(select(func.count()).select_from(model)) or 0)
+
+    def job(self, job_id: int) -> Job:
+        with self.db.session() as session:
+            job = session.get(Job, job_id)
+            assert job is not None
+            return job
+
+    def allocation(self, alloc_id: int) -> Allocation:
+        with self.db.session() as session:
+            alloc = session.get(Allocation, alloc_id)
+            assert alloc is not None
+            return alloc
+
+    def drain(self) -> int:
+        """Ingest until a pass writes nothing; the points written."""
+        total, ingester = 0, Ingester(self.db, self.client, self.keys)
+        while written := ingester.run_once():
+            total += written
+        return total
+
+
+def _env(sql_url: str, client: redis.Redis) -> Iterator[Env]:
+    migrate(sql_url)
+    db = Database(sql_url)
+    keys = Keys(f"test-{uuid.uuid4().hex[:8]}")
+    yield Env(db, client, keys)
+    db.dispose()
+    for key in client.scan_iter(f"{keys.prefix}:*"):
+        client.delete(key)
+
+
+@pytest.fixture
+def env(sql_url: str, redis_url: str) -> Iterator[Env]:
+    client = redis.Redis.from_url(redis_url)
+    yield from _env(sql_url, client)
+    client.close()
+
+
+def make_job(
+    env: Env, *, state: JobState = JobState.RUNNING, workers: int = 2
+) -> tuple[int, list[int]]:
+    """A job placed on one node with `workers` allocations; (job id, allocation ids)."""
+    with env.db.session() as session:
+        owner = store.get_user(session, "alice") or store.create_user(session, "alice")
+        job = store.create_job(
+            session,
+            owner,
+            store.NewJob(
+                name="ingest-test",
+                spec_yaml="name: ingest-test",
+                overrides={},
+                spec={"name": "ingest-test"},
+                topology={**TOPOLOGY, "nworkers_per_group": workers, "workers": workers},
+                framework="local",
+                train_steps=100,
+            ),
+        )
+        node = session.scalar(select(Node).where(Node.name == "node-a"))
+        if node is None:
+            node = Node(name="node-a", queue="q.node-a", slots=8, gpus=0)
+            session.add(node)
+            session.flush()
+        allocs = [
+            Allocation(job_id=job.id, node_id=node.id, role="worker", group=0, rank=r, slots=1)
+            for r in range(workers)
+        ]
+        session.add_all(allocs)
+        session.flush()
+        for target in (JobState.SCHEDULED, JobState.RUNNING):
+            if JobState(job.state) != state:
+                transition(session, job, target, "test")
+        return job.id, [a.id for a in allocs]
+
+
+def publish_metrics(env: Env, job_id: int, records: int, values: int = 2) -> int:
+    """`records` metric records of `values` points each, sent in pipelines; the points."""
+    stream = env.keys.job_stream(job_id)
+    pipe = env.client.pipeline(transaction=False)
+    for step in range(1, records + 1):
+        record = MetricRecord(step, {f"m{i}": step + i / 10 for i in range(values)})
+        pipe.xadd(stream, encode_metric(record))  # type: ignore[arg-type]
+        if step % 1000 == 0:
+            pipe.execute()
+    pipe.sadd(env.keys.streams_with_data, str(job_id))
+    pipe.execute()
+    return records * values
+
+
+def pending(env: Env, job_id: int) -> int:
+    info = env.client.xpending(env.keys.job_stream(job_id), GROUP)
+    return int(info["pending"])
+
+
+def test_metrics_are_written_in_batches_with_nothing_lost(env: Env) -> None:
+    job_id, _ = make_job(env)
+    points = publish_metrics(env, job_id, 7000)
+    ingester = Ingester(env.db, env.client, env.keys)
+    assert ingester.run_once() == 10_000  # one batch: 5000 records of 2 points
+    assert pending(env, job_id) == 0  # acknowledged after the commit
+    assert ingester.run_once() == 4_000
+    assert ingester.run_once() == 0
+    assert env.count(Metric) == points == 14_000
+    assert int(env.client.get(ingested_points_key(env.keys)) or 0) == points
+    job = env.job(job_id)
+    assert job.step == 7000
+    assert job.summary == {"m0": 7000.0, "m1": 7000.1}
+    with env.db.session() as session:
+        query = select(Metric.value).where(Metric.job_id == job_id, Metric.name == "m1")
+        values = session.scalars(query.order_by(Metric.step)).all()
+    assert values[:2] == [1.1, 2.1] and len(values) == 7000
+
+
+def test_records_read_before_a_crash_are_ingested_on_restart(env: Env) -> None:
+    job_id, _ = make_job(env)
+    publish_metrics(env, job_id, 300, values=1)
+    stream = env.keys.job_stream(job_id)
+    # A previous ingester read 200 records and died before committing them.
+    env.client.xgroup_create(stream, GROUP, id="0", mkstream=True)
+    env.client.xreadgroup(GROUP, "ingester", {stream: ">"}, count=200)
+    assert pending(env, job_id) == 200
+    assert ingest_once(env.db, env.client, env.keys) == 200  # the pending ones first
+    assert ingest_once(env.db, env.client, env.keys) == 100
+    assert env.count(Metric) == 300 and pending(env, job_id) == 0
+    with env.db.session() as session:
+        steps = session.scalars(select(Metric.step).order_by(Metric.step)).all()
+    assert steps == list(range(1, 301))
+
+
+def test_logs_checkpoints_and_malformed_records(env: Env, tmp_path: Path) -> None:
+    job_id, _ = make_job(env)
+    stream = JobStream(env.client, env.keys, job_id)
+    for i in range(3):
+        stream.publish(encode_log(f"line {i}", rank=1))
+    ckpt = tmp_path / "step-00000010.safetensors"
+    ckpt.write_bytes(b"x" * 123)
+    stream.publish(encode_checkpoint(10, ckpt))
+    stream.publish({"kind": "metric", "step": "oops"})  # dropped, still acknowledged
+    stream.publish({"kind": "telemetry"})
+    ingest_once(env.db, env.client, env.keys)
+    assert pending(env, job_id) == 0
+    with env.db.session() as session:
+        lines = session.scalars(select(LogLine).order_by(LogLine.id)).all()
+        [record] = session.scalars(select(CheckpointRecord)).all()
+    assert [(line.line, line.rank) for line in lines] == [(f"line {i}", 1) for i in range(3)]
+    assert (record.job_id, record.step, record.path, record.size) == (job_id, 10, str(ckpt), 123)
+    # The same step saved again (a later attempt) updates the record instead of failing.
+    ckpt.write_bytes(b"y" * 50)
+    stream.publish(encode_checkpoint(10, ckpt))
+    ingest_once(env.db, env.client, env.keys)
+    with env.db.session() as session:
+        [record] = session.scalars(select(CheckpointRecord)).all()
+    assert record.size == 50
+
+
+def test_state_records_start_and_finish_the_job(env: Env) -> None:
+    job_id, (a0, a1) = make_job(env, state=JobState.SCHEDULED)
+    stream = JobStream(env.client, env.keys, job_id)
+    stream.publish(encode_state(a0, "RUNNING"))
+    ingest_once(env.db, env.client, env.keys)
+    job = env.job(job_id)
+    assert job.state == JobState.RUNNING and job.started_at is not None
+    assert env.allocation(a0).state == AllocationState.RUNNING
+    stream.publish(encode_state(a1, "RUNNING"))
+    stream.publish(encode_metric(MetricRecord(5, {"test/accuracy": 0.5, "loss": math.nan})))
+    stream.publish(encode_state(a0, "DONE", exit_code=0))
+    ingest_once(env.db, env.client, env.keys)
+    assert env.job(job_id).state == JobState.RUNNING  # one worker of two is done
+    stream.publish(encode_state(a1, "DONE", exit_code=0))
+    ingest_once(env.db, env.client, env.keys)
+    job = env.job(job_id)
+    assert job.state == JobState.SUCCEEDED and job.ended_at is not None
+    assert job.summary == {"test/accuracy": 0.5}  # NaN is not stored (SQLite, JSON)
+    assert env.count(Metric) == 1
+    assert job.best_metric == 0.5
+    assert env.allocation(a1).exit_code == 0
+    with env.db.session() as session:
+        events = session.scalars(
+            select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+        ).all()
+    assert [e.state for e in events] == ["QUEUED", "SCHEDULED", "RUNNING", "SUCCEEDED"]
+    assert events[-1].reason == "all 2 worker(s) finished"
+    assert events[2].reason == "worker 0/0 on node-a started"
+
+
+def test_a_failed_worker_fails_the_job_and_stops_its_siblings(env: Env) -> None:
+    job_id, (a0, a1) = make_job(env)
+    stream = JobStream(env.client, env.keys, job_id)
+    stream.publish(encode_state(a1, "FAILED", reason="ValueError: boom", exit_code=1))
+    ingest_once(env.db, env.client, env.keys)
+    job = env.job(job_id)
+    assert job.state == JobState.FAILED and job.error == "ValueError: boom"
+    assert env.client.exists(env.keys.cancel(job_id))  # the sibling's agent stops it
+    stream.publish(encode_state(a0, "CANCELLED", reason="cancelled", exit_code=-15))
+    ingest_once(env.db, env.client, env.keys)
+    assert env.allocation(a0).state == AllocationState.CANCELLED
+    assert env.job(job_id).state == JobState.FAILED
+
+
+def test_a_cancelled_job_ends_cancelled(env: Env) -> None:
+    job_id, (a0,) = make_job(env, workers=1)
+    with env.db.session() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        job.cancel_requested = True
+    JobStream(env.client, env.keys, job_id).publish(encode_state(a0, "CANCELLED", exit_code=-15))
+    ingest_once(env.db, env.client, env.keys)
+    job = env.job(job_id)
+    assert job.state == JobState.CANCELLED
+    with env.db.session() as session:
+        reason = session.scalars(
+            select(JobEvent.reason).where(JobEvent.job_id == job_id).order_by(JobEvent.id.desc())
+        ).first()
+    assert reason == "cancelled by the user"
+
+
+def test_records_of_written_off_allocations_change_nothing(env: Env) -> None:
+    job_id, (a0,) = make_job(env, workers=1)
+    with env.db.session() as session:
+        alloc = session.get(Allocation, a0)
+        assert alloc is not None
+        alloc.state = AllocationState.FAILED  # its node was lost
+    JobStream(env.client, env.keys, job_id).publish(encode_state(a0, "DONE", exit_code=0))
+    ingest_once(env.db, env.client, env.keys)
+    assert env.allocation(a0).state == AllocationState.FAILED
+    assert env.job(job_id).state == JobState.RUNNING
+
+
+def test_finished_jobs_leave_the_ingest_set_once_drained(env: Env) -> None:
+    job_id, (a0,) = make_job(env, workers=1)
+    stream = JobStream(env.client, env.keys, job_id)
+    publish_metrics(env, job_id, 10, values=1)
+    stream.publish(encode_state(a0, "DONE", exit_code=0))
+    ingest_once(env.db, env.client, env.keys)
+    assert env.job(job_id).state == JobState.SUCCEEDED
+    assert not env.client.sismember(env.keys.streams_with_data, str(job_id))
+    assert 0 < env.client.ttl(env.keys.job_stream(job_id)) <= 24 * 3600
+    # A straggler record puts the job back in the set and is not lost.
+    stream.publish(encode_log("late line"))
+    assert env.client.sismember(env.keys.streams_with_data, str(job_id))
+    ingest_once(env.db, env.client, env.keys)
+    assert env.count(LogLine) == 1
+    assert not env.client.sismember(env.keys.streams_with_data, str(job_id))
+
+
+def test_streams_of_deleted_jobs_are_dropped(env: Env) -> None:
+    publish_metrics(env, 987654, 5)
+    assert ingest_once(env.db, env.client, env.keys) == 0
+    assert env.count(Metric) == 0
+    assert not env.client.sismember(env.keys.streams_with_data, "987654")
+
+
+def test_with_the_machines_redis(tmp_path: Path) -> None:
+    """The same flow on the Redis at 127.0.0.1:6379, under a key prefix of its own."""
+    client = redis.Redis.from_url("redis://127.0.0.1:6379/0")
+    try:
+        client.ping()
+    except redis.ConnectionError:
+        pytest.skip("no Redis at 127.0.0.1:6379")
+    for env in _env(f"sqlite:///{tmp_path / 'db.sqlite'}", client):
+        job_id, (a0,) = make_job(env, workers=1)
+        points = publish_metrics(env, job_id, 2500, values=3)
+        JobStream(env.client, env.keys, job_id).publish(encode_state(a0, "DONE", exit_code=0))
+        assert env.drain() == points
+        assert env.count(Metric) == points
+        assert env.job(job_id).state == JobState.SUCCEEDED
+    client.close()

@@ -1,0 +1,214 @@
+"""The scheduler loop's steps on both SQL backends: node sync, lost nodes, placement, dispatch."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from sqlalchemy import select
+
+from scheduler import store
+from scheduler.cluster import node_capacities, queue_view
+from scheduler.db import Database, migrate
+from scheduler.loop import NodeTracker, mark_lost, schedule_once, sync_nodes, undispatched
+from scheduler.models import Allocation, AllocationState, Job, JobEvent, JobState, Node, NodeState
+from scheduler.settings import Settings
+from workers.allocation import DISPATCHED
+from workers.events import Keys
+
+TIMEOUT = 3.0
+
+
+@pytest.fixture
+def db(sql_url: str) -> Iterator[Database]:
+    migrate(sql_url)
+    database = Database(sql_url)
+    yield database
+    database.dispose()
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(data_dir=tmp_path, redis_prefix=f"t{uuid.uuid4().hex[:8]}")
+
+
+def registration(slots: int, beat: float = 1.0, gpus: int = 0, name: str = "n1") -> dict[str, str]:
+    return {"slots": str(slots), "gpus": str(gpus), "queue": f"q.{name}", "heartbeat": str(beat)}
+
+
+def add_job(db: Database, workers: int = 1, *, priority: int = 0) -> int:
+    topology = {
+        "framework": "local",
+        "nworker_groups": 1,
+        "nworkers_per_group": workers,
+        "nserver_groups": 0,
+        "nservers_per_group": 0,
+        "server_worker_separate": False,
+        "slots_per_worker": 1,
+        "gpus_per_worker": 0,
+    }
+    with db.session() as session:
+        owner = store.get_user(session, "bob") or store.create_user(session, "bob")
+        job = store.create_job(
+            session,
+            owner,
+            store.NewJob(
+                name=f"job-{workers}",
+                spec_yaml="",
+                overrides={},
+                spec={"name": f"job-{workers}", "train_steps": 5},
+                topology=topology,
+                framework="local",
+                train_steps=5,
+                priority=priority,
+            ),
+        )
+        return job.id
+
+
+def state(db: Database, job_id: int) -> str:
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        return job.state
+
+
+def test_nodes_join_go_silent_and_come_back(db: Database) -> None:
+    tracker = NodeTracker()
+    with db.session() as session:
+        assert sync_nodes(session, {"n1": registration(4)}, tracker, TIMEOUT, now=0.0) == []
+    with db.session() as session:
+        [node] = session.scalars(select(Node)).all()
+        assert (node.name, node.slots, node.queue, node.state) == ("n1", 4, "q.n1", "ALIVE")
+    with db.session() as session:  # the same heartbeat, but within the timeout
+        sync_nodes(session, {"n1": registration(4)}, tracker, TIMEOUT, now=2.5)
+        assert session.scalars(select(Node.state)).one() == NodeState.ALIVE
+    with db.session() as session:
+        sync_nodes(session, {"n1": registration(4)}, tracker, TIMEOUT, now=3.5)
+        assert session.scalars(select(Node.state)).one() == NodeState.LOST
+    with db.session() as session:  # a new heartbeat: alive again
+        sync_nodes(session, {"n1": registration(4, beat=9.0)}, tracker, TIMEOUT, now=4.0)
+        assert session.scalars(select(Node.state)).one() == NodeState.ALIVE
+    with db.session() as session:  # gone from Redis (deregistered or expired)
+        sync_nodes(session, {}, tracker, TIMEOUT, now=4.1)
+        assert session.scalars(select(Node.state)).one() == NodeState.LOST
+    with db.session() as session:
+        assert [n.alive for n in node_capacities(session)] == [False]
+
+
+def test_placement_is_whole_jobs_in_queue_order(db: Database, settings: Settings) -> None:
+    with db.session() as session:
+        sync_nodes(session, {"n1": registration(2)}, NodeTracker(), TIMEOUT, now=0.0)
+    small, pair, last = add_job(db, 1), add_job(db, 2), add_job(db, 1)
+    with db.session() as session:
+        [item] = schedule_once(session, settings)
+    assert state(db, small) == JobState.SCHEDULED
+    assert (state(db, pair), state(db, last)) == (JobState.QUEUED, JobState.QUEUED)
+    info = item.info
+    assert (item.queue, info.job_id, info.role, info.world, info.node) == (
+        "q.n1", small, "worker", 1, "n1",
+    )  # fmt: skip
+    assert info.run_dir == settings.artifacts() / "jobs" / str(small)
+    assert info.spec == {"name": "job-1", "train_steps": 5}  # the stored execution spec
+    with db.session() as session:
+        view = {entry.job_id: entry for entry in queue_view(session)}
+        assert view[pair].position == 1 and "waiting for free resources" in view[pair].reason
+        assert view[last].reason == f"waiting behind job {pair}"
+        assert node_capacities(session)[0].slots_used == 1
+        # The pair cannot start while the small job holds a slot, and the last job waits.
+        assert schedule_once(session, settings) == []
+    with db.session() as session:
+        alloc = session.scalars(select(Allocation).where(Allocation.job_id == small)).one()
+        alloc.state = AllocationState.DONE
+    with db.session() as session:
+        placed = schedule_once(session, settings)
+    assert sorted(i.info.rank for i in placed) == [0, 1]
+    assert state(db, pair) == JobState.SCHEDULED and state(db, last) == JobState.QUEUED
+
+
+def test_higher_priority_goes_first(db: Database, settings: Settings) -> None:
+    with db.session() as session:
+        sync_nodes(session, {"n1": registration(1)}, NodeTracker(), TIMEOUT, now=0.0)
+    first, urgent = add_job(db, 1), add_job(db, 1, priority=5)
+    with db.session() as session:
+        [item] = schedule_once(session, settings)
+    assert item.info.job_id == urgent
+    assert state(db, first) == JobState.QUEUED
+
+
+def test_a_cancelled_queued_job_is_not_placed(db: Database, settings: Settings) -> None:
+    with db.session() as session:
+        sync_nodes(session, {"n1": registration(1)}, NodeTracker(), TIMEOUT, now=0.0)
+    job_id = add_job(db, 1)
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        job.cancel_requested = True
+    with db.session() as session:
+        assert schedule_once(session, settings) == []
+    assert state(db, job_id) == JobState.CANCELLED
+
+
+def test_a_lost_node_requeues_its_job_once_then_fails_it(db: Database, settings: Settings) -> None:
+    tracker = NodeTracker()
+    with db.session() as session:
+        nodes = {"n1": registration(2), "n2": registration(2, name="n2")}
+        sync_nodes(session, nodes, tracker, TIMEOUT, now=0.0)
+    job_id = add_job(db, 2)
+    with db.session() as session:
+        schedule_once(session, settings)
+    with db.session() as session:
+        first = session.scalars(select(Allocation.id).where(Allocation.job_id == job_id)).all()
+        node = session.scalars(select(Node).where(Node.name == "n1")).one()
+        stops = mark_lost(session, node, "node lost: n1 sent no heartbeat for 3s")
+    assert sorted(stops) == sorted(first)
+    assert state(db, job_id) == JobState.QUEUED
+    with db.session() as session:
+        allocs = session.scalars(select(Allocation).where(Allocation.job_id == job_id)).all()
+        assert {a.state for a in allocs} == {AllocationState.FAILED}
+        assert len(schedule_once(session, settings)) == 2  # both workers, on n2
+    with db.session() as session:
+        live = session.scalars(
+            select(Allocation).where(
+                Allocation.job_id == job_id, Allocation.state == AllocationState.PENDING
+            )
+        ).all()
+        assert {a.node_id for a in live} == {
+            session.scalars(select(Node.id).where(Node.name == "n2")).one()
+        }
+        node = session.scalars(select(Node).where(Node.name == "n2")).one()
+        mark_lost(session, node, "node lost: n2 sent no heartbeat for 3s")
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        assert job is not None and job.state == JobState.FAILED
+        assert job.error == (
+            "node lost: n2 sent no heartbeat for 3s (the second time this job lost a node)"
+        )
+        events = session.scalars(
+            select(JobEvent.state).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+        ).all()
+    assert events == ["QUEUED", "SCHEDULED", "QUEUED", "SCHEDULED", "FAILED"]
+
+
+def test_allocations_not_dispatched_are_sent_again(
+    db: Database, settings: Settings, redis_url: str
+) -> None:
+    client = redis.Redis.from_url(redis_url)
+    keys = Keys(settings.redis_prefix)
+    with db.session() as session:
+        sync_nodes(session, {"n1": registration(1)}, NodeTracker(), TIMEOUT, now=0.0)
+    add_job(db, 1)
+    with db.session() as session:
+        [item] = schedule_once(session, settings)  # ... and the scheduler stopped here
+    with db.session() as session:
+        [again] = undispatched(session, settings, client)
+    assert again.allocation_id == item.allocation_id and again.info == item.info
+    client.hset(keys.allocation(item.allocation_id), mapping={"job_id": str(item.info.job_id)})
+    client.hset(keys.allocation(item.allocation_id), DISPATCHED, "1")
+    with db.session() as session:
+        assert undispatched(session, settings, client) == []
+    client.delete(keys.allocation(item.allocation_id))
+    client.close()

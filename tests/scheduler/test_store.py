@@ -1,0 +1,359 @@
+"""The job store's functions against real SQLite and PostgreSQL (and the session's real Redis)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import redis
+from sqlalchemy import func, insert, select, text
+from sqlalchemy.orm import Session
+
+from scheduler import store
+from scheduler.db import Database
+from scheduler.lifecycle import transition
+from scheduler.models import (
+    ApiToken,
+    CheckpointRecord,
+    Job,
+    JobEvent,
+    JobState,
+    LogLine,
+    Metric,
+    User,
+    utcnow,
+)
+from workers.events import JobStream, Keys, encode_log
+
+
+@pytest.fixture
+def db(migrated_sql_url: str) -> Iterator[Database]:
+    database = Database(migrated_sql_url)
+    yield database
+    database.dispose()
+
+
+@pytest.fixture
+def rclient(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def keys() -> Keys:
+    return Keys(f"store-{uuid.uuid4().hex[:8]}")
+
+
+def new_job(name: str = "job", priority: int = 0) -> store.NewJob:
+    return store.NewJob(
+        name=name,
+        spec_yaml=f"name: {name}\n",
+        overrides={"train_steps": 5},
+        spec={"name": name},
+        topology={"workers": 1},
+        framework="local",
+        train_steps=5,
+        priority=priority,
+    )
+
+
+def users(session: Session) -> tuple[User, User, User]:
+    return (
+        store.create_user(session, "root", is_admin=True),
+        store.create_user(session, "alice"),
+        store.create_user(session, "bob"),
+    )
+
+
+def test_tokens_are_random_stored_hashed_and_resolve_to_their_user(db: Database) -> None:
+    with db.session() as session:
+        _, alice, bob = users(session)
+        token = store.create_token(session, alice, "laptop")
+        other = store.create_token(session, alice)
+        assert token != other and len(token) >= 40
+        stored = session.scalars(select(ApiToken.token_hash)).all()
+        assert token not in stored and store.hash_token(token) in stored
+        found = store.user_for_token(session, token)
+        assert found is not None and found.id == alice.id
+        assert store.user_for_token(session, token + "x") is None
+        assert store.user_for_token(session, "") is None
+        with pytest.raises(store.Conflict, match="bob"):
+            store.create_user(session, "bob")
+        assert store.get_user(session, "bob") is not None and bob.is_admin is False
+
+
+def test_token_use_is_recorded_at_most_once_a_minute(db: Database) -> None:
+    with db.session() as session:
+        _, alice, _ = users(session)
+        token = store.create_token(session, alice)
+    with db.session() as session:
+        store.user_for_token(session, token)
+        first = session.scalar(select(ApiToken.last_used_at))
+        assert first is not None
+    with db.session() as session:
+        store.user_for_token(session, token)
+        assert not session.dirty  # within the minute: no write
+    with db.session() as session:
+        row = session.scalar(select(ApiToken))
+        assert row is not None
+        row.last_used_at = utcnow() - timedelta(minutes=5)
+    with db.session() as session:
+        store.user_for_token(session, token)
+        later = session.scalar(select(ApiToken.last_used_at))
+        assert later is not None and store.aware(later) > utcnow() - timedelta(minutes=1)
+
+
+def test_create_job_queues_it_with_an_event_and_only_its_owner_and_admins_see_it(
+    db: Database,
+) -> None:
+    with db.session() as session:
+        root, alice, bob = users(session)
+        job = store.create_job(session, alice, new_job("mine", priority=3))
+        job_id = job.id
+    with db.session() as session:
+        assert store.get_job(session, alice, job_id).priority == 3
+        assert store.get_job(session, root, job_id).state == JobState.QUEUED
+        with pytest.raises(store.NotFound, match=f"no job {job_id}"):
+            store.get_job(session, bob, job_id)
+        with pytest.raises(store.NotFound):
+            store.get_job(session, alice, job_id + 1000)
+        events = store.job_events(session, job_id)
+        assert [(e.state, e.reason) for e in events] == [("QUEUED", "submitted")]
+
+
+def test_list_jobs_filters_and_pages_newest_first_without_gaps(db: Database) -> None:
+    with db.session() as session:
+        root, alice, bob = users(session)
+        ids = [store.create_job(session, alice, new_job(f"run-{i % 3}")).id for i in range(7)]
+        store.create_job(session, bob, new_job("bobs"))
+        finished = store.get_job(session, alice, ids[2])
+        transition(session, finished, JobState.CANCELLED, "test")
+    with db.session() as session:
+        seen: list[int] = []
+        cursor = None
+        while True:
+            page, cursor = store.list_jobs(session, alice, limit=3, cursor=cursor)
+            seen += [job.id for job in page]
+            if cursor is None:
+                break
+        assert seen == sorted(ids, reverse=True)
+        everything, _ = store.list_jobs(session, root, limit=100)
+        assert len(everything) == 8
+        by_name, _ = store.list_jobs(session, alice, name="run-1")
+        assert sorted(job.id for job in by_name) == [ids[1], ids[4]]
+        cancelled, _ = store.list_jobs(session, alice, states=[JobState.CANCELLED])
+        assert [job.id for job in cancelled] == [ids[2]]
+        live, _ = store.list_jobs(session, alice, states=[JobState.QUEUED, JobState.RUNNING])
+        assert len(live) == 6
+        none, _ = store.list_jobs(session, alice, name="%")  # LIKE wildcards are literal
+        assert none == []
+        for bad in ("garbage", store.encode_cursor(5) + "!!", "am9iOng"):
+            with pytest.raises(store.InvalidRequest, match="cursor"):
+                store.list_jobs(session, alice, cursor=bad)
+
+
+def test_queue_positions_follow_priority_then_submission(db: Database) -> None:
+    with db.session() as session:
+        _, alice, _ = users(session)
+        low = store.create_job(session, alice, new_job("low", priority=0)).id
+        high = store.create_job(session, alice, new_job("high", priority=5)).id
+        low2 = store.create_job(session, alice, new_job("low2", priority=0)).id
+        gone = store.create_job(session, alice, new_job("gone", priority=9))
+        transition(session, gone, JobState.CANCELLED, "test")
+    with db.session() as session:
+        assert store.queue_positions(session) == {high: 1, low: 2, low2: 3}
+        counts = store.job_counts(session)
+        assert counts["QUEUED"] == 3 and counts["CANCELLED"] == 1 and counts["RUNNING"] == 0
+
+
+def test_cancel_ends_a_queued_job_at_once_and_flags_a_running_one(
+    db: Database, rclient: redis.Redis, keys: Keys
+) -> None:
+    with db.session() as session:
+        _, alice, _ = users(session)
+        queued = store.create_job(session, alice, new_job("q"))
+        running = store.create_job(session, alice, new_job("r"))
+        transition(session, running, JobState.SCHEDULED, "placed")
+        transition(session, running, JobState.RUNNING, "started")
+    with db.session() as session:
+        job = store.get_job(session, alice, queued.id, for_update=True)
+        store.request_cancel(session, job, rclient, keys)
+        assert job.state == JobState.CANCELLED and job.cancel_requested
+        job = store.get_job(session, alice, running.id)
+        store.request_cancel(session, job, rclient, keys)
+        assert job.state == JobState.RUNNING and job.cancel_requested
+    for job_id in (queued.id, running.id):
+        assert rclient.get(keys.cancel(job_id)) == b"1"
+        assert 0 < int(rclient.ttl(keys.cancel(job_id))) <= store.CANCEL_KEY_TTL_SECONDS
+    with db.session() as session:
+        job = store.get_job(session, alice, queued.id)
+        with pytest.raises(store.Conflict, match="already CANCELLED"):
+            store.request_cancel(session, job, rclient, keys)
+        reasons = [e.reason for e in store.job_events(session, queued.id)]
+        assert reasons[-1].startswith("cancelled by the user")
+
+
+def test_delete_removes_rows_files_and_redis_keys_of_finished_jobs_only(
+    db: Database, rclient: redis.Redis, keys: Keys, tmp_path: Path
+) -> None:
+    artifacts = tmp_path / "artifacts"
+    with db.session() as session:
+        _, alice, _ = users(session)
+        job = store.create_job(session, alice, new_job("done"))
+        live = store.create_job(session, alice, new_job("live"))
+        run_dir = store.job_run_dir(artifacts, job.id)
+        (run_dir / "checkpoints").mkdir(parents=True)
+        ckpt = run_dir / "checkpoints" / "step-5.safetensors"
+        ckpt.write_bytes(b"weights")
+        session.add(CheckpointRecord(job_id=job.id, step=5, path=str(ckpt), size=7))
+        session.add(Metric(job_id=job.id, name="loss", step=1, value=0.5, at=time.time()))
+        session.add(LogLine(job_id=job.id, at=time.time(), line="hello"))
+        transition(session, job, JobState.CANCELLED, "test")
+    JobStream(rclient, keys, job.id).publish(encode_log("hello"))
+    rclient.set(keys.cancel(job.id), "1")
+    with db.session() as session:
+        with pytest.raises(store.Conflict, match="QUEUED"):
+            store.delete_job(
+                session,
+                store.get_job(session, alice, live.id),
+                artifacts=artifacts,
+                client=rclient,
+                keys=keys,
+            )
+        store.delete_job(
+            session,
+            store.get_job(session, alice, job.id),
+            artifacts=artifacts,
+            client=rclient,
+            keys=keys,
+        )
+    with db.session() as session:
+        for model in (Job, JobEvent, Metric, LogLine, CheckpointRecord):
+            remaining = session.scalar(
+                select(func.count()).select_from(model).where(model.job_id == job.id)  # type: ignore[attr-defined]
+                if model is not Job
+                else select(func.count()).select_from(Job).where(Job.id == job.id)
+            )
+            assert remaining == 0, model
+        assert store.get_job(session, alice, live.id).state == JobState.QUEUED
+    assert not run_dir.exists() and not ckpt.exists()
+    assert not rclient.exists(keys.job_stream(job.id), keys.cancel(job.id))
+    assert not rclient.sismember(keys.streams_with_data, str(job.id))
+
+
+def test_log_lines_page_by_id(db: Database) -> None:
+    with db.session() as session:
+        _, alice, _ = users(session)
+        job = store.create_job(session, alice, new_job())
+        session.execute(
+            insert(LogLine),
+            [{"job_id": job.id, "at": float(i), "line": f"line {i}"} for i in range(12)],
+        )
+    with db.session() as session:
+        lines, after = store.log_lines(session, job.id, limit=5)
+        assert [ln.line for ln in lines] == [f"line {i}" for i in range(5)]
+        lines, after = store.log_lines(session, job.id, after=after, limit=100)
+        assert [ln.line for ln in lines] == [f"line {i}" for i in range(5, 12)]
+        assert store.log_lines(session, job.id, after=after) == ([], after)
+
+
+def test_checkpoints_list_only_files_still_on_disk(db: Database, tmp_path: Path) -> None:
+    with db.session() as session:
+        _, alice, _ = users(session)
+        job = store.create_job(session, alice, new_job())
+        for step in (10, 20):
+            path = tmp_path / f"step-{step}.safetensors"
+            path.write_bytes(b"x" * step)
+            session.add(CheckpointRecord(job_id=job.id, step=step, path=str(path), size=step))
+    (tmp_path / "step-10.safetensors").unlink()  # the trainer keeps the newest ones only
+    with db.session() as session:
+        assert [c.step for c in store.checkpoints(session, job.id)] == [20]
+        record, path = store.checkpoint_file(session, job.id, 20)
+        assert record.size == 20 and path.read_bytes() == b"x" * 20
+        with pytest.raises(store.NotFound, match="removed"):
+            store.checkpoint_file(session, job.id, 10)
+        with pytest.raises(store.NotFound, match="no checkpoint at step 30"):
+            store.checkpoint_file(session, job.id, 30)
+
+
+def add_points(session: Session, job_id: int, name: str, steps: range, group: int = 0) -> None:
+    # Core executemany on the table: the ORM's bulk path is several times slower for 100k rows.
+    session.connection().execute(
+        Metric.__table__.insert(),
+        [
+            {"job_id": job_id, "name": name, "step": s, "value": s / 10, "at": 0.0, "grp": group}
+            for s in steps
+        ],
+    )
+
+
+def test_metric_series_filter_and_keep_short_series_whole(db: Database) -> None:
+    with db.session() as session:
+        _, alice, _ = users(session)
+        job = store.create_job(session, alice, new_job())
+        add_points(session, job.id, "train/loss", range(0, 100, 10))
+        add_points(session, job.id, "train/loss", range(0, 100, 10), group=1)
+        add_points(session, job.id, "test/accuracy", range(50, 101, 50))
+    with db.session() as session:
+        series = store.metric_series(session, job.id)
+        assert [(s.name, s.group, len(s.points)) for s in series] == [
+            ("test/accuracy", 0, 2),
+            ("train/loss", 0, 10),
+            ("train/loss", 1, 10),
+        ]
+        assert series[1].points[:2] == [(0, 0.0), (10, 1.0)]
+        only = store.metric_series(
+            session, job.id, names=["train/loss"], start_step=20, end_step=50, group=1
+        )
+        assert [(s.group, [p[0] for p in s.points]) for s in only] == [(1, [20, 30, 40, 50])]
+        assert store.metric_names(session, job.id) == ["test/accuracy", "train/loss"]
+        assert store.metric_series(session, job.id, names=["nope"]) == []
+
+
+@pytest.mark.parametrize("max_points", [1, 7, 100])
+def test_downsampling_keeps_at_most_max_points_evenly_spread_ending_at_the_last(
+    db: Database, max_points: int
+) -> None:
+    with db.session() as session:
+        _, alice, _ = users(session)
+        job = store.create_job(session, alice, new_job())
+        add_points(session, job.id, "loss", range(1000))
+    with db.session() as session:
+        (series,) = store.metric_series(session, job.id, max_points=max_points)
+    steps = [step for step, _ in series.points]
+    assert len(steps) == max_points and steps[-1] == 999
+    assert steps == sorted(steps)
+    width = 1000 / max_points
+    # one point per bucket of equal width: the bucket's last step
+    assert all(abs((step + 1) - (i + 1) * width) < 1 for i, step in enumerate(steps))
+    assert series.points[-1][1] == pytest.approx(99.9)
+
+
+@pytest.mark.slow
+def test_downsampling_100k_points_is_fast(db: Database) -> None:
+    with db.session() as session:
+        _, alice, _ = users(session)
+        job = store.create_job(session, alice, new_job())
+        for name in ("train/loss", "train/accuracy"):
+            # Generated in the database: sending 100,000 rows from Python takes longer than
+            # the query under test.
+            session.execute(
+                text(
+                    "WITH RECURSIVE n(s) AS (SELECT 0 UNION ALL SELECT s + 1 FROM n "
+                    "WHERE s < 49999) "
+                    "INSERT INTO metrics (job_id, name, step, value, at, grp, rank) "
+                    "SELECT :job, :name, s, s / 10.0, 0.0, 0, 0 FROM n"
+                ),
+                {"job": job.id, "name": name},
+            )
+    with db.session() as session:
+        started = time.perf_counter()
+        series = store.metric_series(session, job.id, max_points=1000)
+        elapsed = time.perf_counter() - started
+    assert [len(s.points) for s in series] == [1000, 1000]
+    assert elapsed < 2.0, f"{elapsed:.2f}s for 100,000 points"

@@ -1,0 +1,142 @@
+"""docker-compose.yml and the Dockerfile name only things that exist, and start in a sane order."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer.main
+import yaml
+
+from scheduler.settings import Settings
+from sdk.cli import app
+from sdk.stack import HEALTH_PATH
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVICES = {"api", "scheduler", "worker", "redis", "redis-ps", "postgres"}
+HEALTH_CHECKED = {"api", "redis", "redis-ps", "postgres"}
+
+
+class _ComposeLoader(yaml.SafeLoader):
+    """Compose's own YAML tags (`!reset`) read as plain values."""
+
+
+_ComposeLoader.add_constructor("!reset", lambda loader, node: None)
+
+
+def _load(name: str) -> dict[str, Any]:
+    data = yaml.load((ROOT / name).read_text(), Loader=_ComposeLoader)
+    assert isinstance(data, dict)
+    return data
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return _load("docker-compose.yml")
+
+
+@pytest.fixture(scope="module")
+def cli() -> Any:
+    """The click command tree typer builds (typer ships its own click, so duck-typed here)."""
+    command = typer.main.get_command(app)
+    assert "up" in command.commands  # type: ignore[attr-defined]
+    return command
+
+
+def _resolve(group: Any, argv: list[str]) -> tuple[Any, list[str]]:
+    """Walk `trainyard a b --x` down the command tree; returns the command and its arguments."""
+    command = group
+    rest = list(argv)
+    while hasattr(command, "commands") and rest and not rest[0].startswith("-"):
+        sub = command.commands.get(rest[0])
+        assert sub is not None, f"`trainyard {' '.join(argv)}`: no command {rest[0]!r}"
+        command, rest = sub, rest[1:]
+    return command, rest
+
+
+def test_compose_has_every_service(compose: dict[str, Any]) -> None:
+    assert set(compose["services"]) == SERVICES
+
+
+def test_healthchecks_where_expected(compose: dict[str, Any]) -> None:
+    for name in HEALTH_CHECKED:
+        check = compose["services"][name].get("healthcheck")
+        assert check and check["test"], f"{name} has no healthcheck"
+    api_check = " ".join(compose["services"]["api"]["healthcheck"]["test"])
+    assert f":8000{HEALTH_PATH}'" in api_check
+
+
+def test_depends_on_waits_for_health(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    for name, service in services.items():
+        for dependency, rule in (service.get("depends_on") or {}).items():
+            assert dependency in services, f"{name} depends on unknown {dependency}"
+            assert rule["condition"] in ("service_healthy", "service_started")
+            if rule["condition"] == "service_healthy":
+                assert "healthcheck" in services[dependency], f"{dependency} has no healthcheck"
+            if "healthcheck" in services[dependency]:
+                assert rule["condition"] == "service_healthy", f"{name} -> {dependency}"
+    # The API migrates the schema; the scheduler must not start before it.
+    assert services["scheduler"]["depends_on"]["api"]["condition"] == "service_healthy"
+
+
+def test_every_trainyard_command_exists(compose: dict[str, Any], cli: Any) -> None:
+    commands = [s["command"] for s in compose["services"].values() if "command" in s]
+    ours = [c for c in commands if c[0] == "trainyard"]
+    assert len(ours) == 3
+    for argv in ours:
+        command, rest = _resolve(cli, argv[1:])
+        known = {opt for param in command.params for opt in param.opts}
+        for arg in rest:
+            if arg.startswith("-"):
+                assert arg in known, f"`{' '.join(argv)}`: {command.name} has no option {arg}"
+        context = command.make_context(command.name, list(rest), resilient_parsing=False)
+        assert context.command is command
+
+
+def test_environment_is_read_by_settings(compose: dict[str, Any]) -> None:
+    fields = Settings.model_fields
+    names = set()
+    for field_name, info in fields.items():
+        names.add(f"TRAINYARD_{field_name.upper()}")
+        alias = info.validation_alias
+        choices = getattr(alias, "choices", [])
+        names.update(str(choice).upper() for choice in choices)
+    for service in ("api", "scheduler", "worker"):
+        env = compose["services"][service]["environment"]
+        for key in env:
+            assert key in names, f"{service}: {key} is not a Settings field"
+    # Node agents need only Redis and the data directory, never the SQL store.
+    assert "DATABASE_URL" not in compose["services"]["worker"]["environment"]
+    assert "DATABASE_URL" in compose["services"]["scheduler"]["environment"]
+
+
+def test_worker_reserves_gpus_and_scales(compose: dict[str, Any]) -> None:
+    worker = compose["services"]["worker"]
+    devices = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
+    # A fixed name or host port would stop `--scale worker=N`.
+    assert "container_name" not in worker
+    assert "ports" not in worker
+
+
+def test_cpu_override_drops_the_gpu_reservation() -> None:
+    override = _load("docker-compose.cpu.yml")
+    assert set(override["services"]) == {"worker"}
+    assert override["services"]["worker"]["deploy"] is None
+
+
+def test_dockerfile_copies_existing_paths() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    sources = [
+        part
+        for line in re.findall(r"^COPY (.+)$", text, flags=re.MULTILINE)
+        for part in line.split()[:-1]
+    ]
+    assert "sdk" in sources and "scheduler" in sources
+    for source in sources:
+        assert (ROOT / source).exists(), f"Dockerfile copies missing {source}"
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert ".venv" in ignored

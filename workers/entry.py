@@ -1,0 +1,267 @@
+"""The worker process: trains one allocation of a job (`python -m workers.entry`).
+
+The node agent starts it in its own process group and supervises it. With `--standby` the
+process imports torch and the trainer first and then waits for an allocation id on stdin, so
+a job starts without paying for the imports (seconds on a small machine).
+
+Exit codes: 0 trained to the end, 1 failed, 2 the job cannot run here, 3 cancelled. What the
+process prints (stderr) is the agent's reason when it fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import redis
+
+from workers.allocation import AllocationInfo, stop_requested
+from workers.events import JobStream, Keys, RedisSink, decode
+
+if TYPE_CHECKING:
+    from dsl.compiler import CompiledJob
+    from dsl.schema import JobSpec
+    from workers.data import Dataset
+    from workers.trainer import Summary
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_INVALID = 2
+EXIT_CANCELLED = 3
+
+
+class StopPoll:
+    """The trainer's `should_stop`: asks Redis at most every `every` seconds."""
+
+    def __init__(
+        self, client: redis.Redis, keys: Keys, info: AllocationInfo, every: float = 0.5
+    ) -> None:
+        self.client, self.keys, self.info, self.every = client, keys, info, every
+        self.last = -float("inf")
+        self.stopped = False
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if not self.stopped and now - self.last >= self.every:
+            self.last = now
+            self.stopped = stop_requested(
+                self.client, self.keys, self.info.job_id, self.info.allocation_id
+            )
+        return self.stopped
+
+
+class StderrLog:
+    """Echoes the trainer's log lines to stderr, where the agent looks for failure reasons."""
+
+    def emit(self, record: object) -> None:
+        return None
+
+    def log(self, line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    def checkpoint(self, step: int, path: Path) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def warm_up() -> None:
+    """Import what training needs, before an allocation arrives."""
+    import sklearn.datasets  # noqa: F401  (the digits source imports it lazily: ~1 s)
+    import torch
+
+    import workers.jobs
+    import workers.trainer  # noqa: F401
+
+    # torch imports more on first use: the first optimizer pulls in torch._dynamo (seconds),
+    # the first backward pass starts autograd's machinery. Pay for both now.
+    param = torch.zeros(1, requires_grad=True)
+    optimizer = torch.optim.SGD([param], lr=0.1)
+    (param * 2.0).sum().backward()
+    optimizer.step()
+
+
+def train(
+    info: AllocationInfo,
+    client: redis.Redis,
+    keys: Keys,
+    cache_dir: Path,
+    *,
+    redis_url: str,
+    ps_urls: list[str],
+) -> int:
+    import torch
+
+    from dsl.errors import JobSpecError
+    from workers.jobs import prepare_job
+
+    torch.set_num_threads(max(info.slots, 1))
+    try:
+        compiled, dataset = prepare_job(
+            info.spec, cache_dir=cache_dir, filename=f"job {info.job_id}"
+        )
+    except JobSpecError as exc:
+        print(f"the job cannot be built here: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    device = "cuda" if info.gpus and torch.cuda.is_available() else "cpu"
+    stop = StopPoll(client, keys, info)
+    if info.framework == "local":
+        summary = _train_local(info, client, keys, compiled, dataset, device, stop)
+    elif info.role == "server":
+        return _serve(info, compiled.spec, redis_url, keys, ps_urls, stop)
+    else:
+        summary = _train_distributed(
+            info, client, keys, compiled, dataset, device, stop, redis_url, ps_urls
+        )
+    if summary.status == "succeeded":
+        return EXIT_OK
+    if summary.status == "cancelled":
+        return EXIT_CANCELLED
+    print(f"training {summary.status} at step {summary.steps}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+def _train_local(
+    info: AllocationInfo,
+    client: redis.Redis,
+    keys: Keys,
+    compiled: CompiledJob,
+    dataset: Dataset,
+    device: str,
+    stop: StopPoll,
+) -> Summary:
+    from workers.checkpoint import list_checkpoints
+    from workers.metrics import JsonlSink
+    from workers.trainer import Trainer, TrainOptions
+
+    # A job placed again after its node was lost continues from its last checkpoint.
+    resume = bool(list_checkpoints(info.run_dir / "checkpoints"))
+    stream = JobStream(client, keys, info.job_id)
+    jsonl = JsonlSink(info.run_dir)
+    trainer = Trainer(
+        compiled,
+        dataset,
+        TrainOptions(
+            run_dir=info.run_dir,
+            device=device,
+            resume=resume,
+            rank=info.rank,
+            world=info.world,
+            group=info.group,
+            should_stop=stop,
+        ),
+        sinks=[RedisSink(stream, group=info.group, rank=info.rank), jsonl, StderrLog()],
+    )
+    try:
+        return trainer.run()
+    finally:
+        jsonl.close()
+
+
+def _train_distributed(
+    info: AllocationInfo,
+    client: redis.Redis,
+    keys: Keys,
+    compiled: CompiledJob,
+    dataset: Dataset,
+    device: str,
+    stop: StopPoll,
+    redis_url: str,
+    ps_urls: list[str],
+) -> Summary:
+    """A worker of a distributed topology: rank 0 of group 0 writes the job's run directory."""
+    from workers.distributed.launch import run_worker, topology_from_dict, worker_dir
+    from workers.metrics import JsonlSink
+
+    lead = info.group == 0 and info.rank == 0
+    run_dir = info.run_dir if lead else worker_dir(info.run_dir, info.group, info.rank)
+    stream = JobStream(client, keys, info.job_id)
+    jsonl = JsonlSink(run_dir)
+    try:
+        return run_worker(
+            compiled,
+            dataset,
+            topology=topology_from_dict(info.topology),
+            group=info.group,
+            rank=info.rank,
+            redis_url=redis_url,
+            scope=keys.job_scope(info.job_id),
+            run_dir=run_dir,
+            ps_urls=ps_urls,
+            sinks=[RedisSink(stream, group=info.group, rank=info.rank), jsonl, StderrLog()],
+            should_stop=stop,
+            device=device,
+        )
+    finally:
+        jsonl.close()
+
+
+def _serve(
+    info: AllocationInfo,
+    spec: JobSpec,
+    redis_url: str,
+    keys: Keys,
+    ps_urls: list[str],
+    stop: StopPoll,
+) -> int:
+    """A parameter-server shard: serves until the workers of its group finish."""
+    from workers.distributed.launch import run_server, topology_from_dict
+
+    run_server(
+        spec,
+        topology=topology_from_dict(info.topology),
+        group=info.group,
+        rank=info.rank,
+        redis_url=redis_url,
+        scope=keys.job_scope(info.job_id),
+        ps_urls=ps_urls,
+        should_stop=stop,
+    )
+    return EXIT_CANCELLED if stop() else EXIT_OK
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m workers.entry", description=__doc__)
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--allocation", type=int, help="the allocation id to run")
+    which.add_argument(
+        "--standby", action="store_true", help="import first, then read the id from stdin"
+    )
+    parser.add_argument("--redis-url", required=True)
+    parser.add_argument("--prefix", default="trainyard", help="prefix of the Redis keys")
+    parser.add_argument(
+        "--cache-dir", type=Path, required=True, help="where generated datasets are cached"
+    )
+    parser.add_argument(
+        "--ps-urls", default="", help="comma-separated Redis URLs of parameter-server shards"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.standby:
+        warm_up()
+        line = sys.stdin.readline()
+        if not line.strip():  # the agent went away before handing us work
+            return EXIT_OK
+        allocation_id = int(line)
+    else:
+        allocation_id = args.allocation
+    client = redis.Redis.from_url(args.redis_url)
+    keys = Keys(args.prefix)
+    fields = decode(client.hgetall(keys.allocation(allocation_id)))
+    if not fields:
+        print(f"allocation {allocation_id} is not in Redis", file=sys.stderr)
+        return EXIT_INVALID
+    info = AllocationInfo.from_hash(allocation_id, fields)
+    ps_urls = [url for url in args.ps_urls.split(",") if url] or [args.redis_url]
+    return train(info, client, keys, args.cache_dir, redis_url=args.redis_url, ps_urls=ps_urls)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
