@@ -1,0 +1,135 @@
+"""The allreduce framework against torch DistributedDataParallel, two worker processes each.
+
+Both train the MLP of bench/overhead.py (784-1000-500-10, 1.3M parameters, SGD with momentum
+0.9) on the same synthetic data with the same global batch (64: 32 rows per worker), in the
+same two processes over one gloo process group. They alternate in blocks of steps inside one
+run: every `--block` steps of the trainyard trainer (`group_trainer`: all-reduce in buckets
+overlapping backward, then the local updater), a callback runs the same number of steps of a
+hand-written DDP loop, so noise from other work on the machine falls on both alike. The
+trainyard time is everything between callbacks: batching, the net, the all-reduce, the updater
+and metric reporting. Target: ratio >= 0.9.
+
+    .venv/bin/python bench/allreduce_vs_ddp.py [--steps 1000] [--block 50] [--compression none]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+
+from overhead import BATCH, JOB
+
+from workers.distributed.group import group_trainer
+from workers.distributed.rendezvous import GroupMember, file_store, join_group
+from workers.jobs import prepare_job
+from workers.trainer import TrainOptions
+
+WORLD = 2
+
+
+class DDPLoop:
+    """What a person would write with DistributedDataParallel for the same model and data."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, rank: int) -> None:
+        self.x, self.y, self.rank = x, y, rank
+        model = nn.Sequential(
+            nn.Linear(784, 1000), nn.ReLU(), nn.Linear(1000, 500), nn.ReLU(), nn.Linear(500, 10)
+        )
+        self.model = DistributedDataParallel(model)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.gen = torch.Generator().manual_seed(0)  # the same order on both workers
+        self.perm = torch.randperm(len(x), generator=self.gen)
+        self.pos = 0
+
+    def steps(self, count: int) -> None:
+        part = BATCH // WORLD
+        for _ in range(count):
+            if self.pos + BATCH > len(self.x):
+                self.perm, self.pos = torch.randperm(len(self.x), generator=self.gen), 0
+            start = self.pos + self.rank * part
+            idx = self.perm[start : start + part]
+            self.pos += BATCH
+            self.opt.zero_grad(set_to_none=True)
+            loss = self.loss_fn(self.model(self.x[idx]), self.y[idx])
+            loss.backward()
+            self.opt.step()
+
+
+def worker(rank: int, steps: int, block: int, compression: str, tmp: Path) -> None:
+    torch.set_num_threads(1)
+    member = GroupMember(rank, WORLD)
+    join_group(file_store(tmp / "store", member), member)
+    job = {**JOB, "train_steps": steps, "cluster": {"compression": compression}}
+    compiled, data = prepare_job(job, cache_dir=tmp)
+    ddp = DDPLoop(data.x_train, data.y_train, rank)
+    ddp.steps(20)  # warm-up
+    options = TrainOptions(run_dir=tmp / "run", rank=rank, world=WORLD)
+    trainer, sync = group_trainer(compiled, data, options)
+    ours: list[float] = []
+    theirs: list[float] = []
+    mark = time.perf_counter()
+
+    def alternate(step: int) -> None:
+        nonlocal mark
+        if step % block:
+            return
+        now = time.perf_counter()
+        ours.append(now - mark)
+        ddp.steps(block)
+        theirs.append(time.perf_counter() - now)
+        mark = time.perf_counter()
+
+    trainer.run(on_step=alternate)
+    if rank == 0:
+        result = {
+            "ours": ours[1:],  # the first block warms up
+            "theirs": theirs[1:],
+            "buckets": len(sync.buckets),
+            "wire_bytes_per_step": sync.wire_bytes / steps,
+        }
+        (tmp / "result.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--block", type=int, default=50)
+    parser.add_argument("--compression", choices=["none", "fp16", "bf16"], default="none")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(
+            worker,
+            args=(args.steps, args.block, args.compression, Path(tmp)),
+            nprocs=WORLD,
+            start_method="spawn",
+        )
+        result = json.loads((Path(tmp) / "result.json").read_text())
+    ours, theirs = result["ours"], result["theirs"]
+    samples = args.block * BATCH
+    ratios = [t / o for o, t in zip(ours, theirs, strict=True)]
+    print(f"blocks: {len(ratios)} of {args.block} steps, global batch {BATCH} over {WORLD} workers")
+    print(f"gradient compression: {args.compression}, buckets: {result['buckets']}, ", end="")
+    print(f"all-reduce bytes per worker and step: {result['wire_bytes_per_step']:.0f}")
+    print(f"trainyard allreduce {samples * len(ours) / sum(ours):8.0f} samples/s")
+    print(f"torch DDP           {samples * len(theirs) / sum(theirs):8.0f} samples/s")
+    print(f"ratio of totals trainyard/DDP: {sum(theirs) / sum(ours):.3f} (target >= 0.9)")
+    print(f"median block ratio: {statistics.median(ratios):.3f}")
+
+
+if __name__ == "__main__":
+    main()

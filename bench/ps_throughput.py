@@ -1,0 +1,207 @@
+"""Parameter-server throughput: push gradients + pull parameters through the shards, against
+raw redis-py SET + GET of the same bytes.
+
+The model is the 1.3M-parameter MLP of bench/overhead.py (784-1000-500-10, 5.2 MB of fp32); the
+shards are separate processes started here (`python -m workers.distributed.launch ... server`)
+applying the job's updater (SGD, momentum 0.9). Three kinds of step alternate in blocks inside
+one run against the same Redis, so machine noise falls on all alike:
+
+- raw: one pipelined SET of the gradient bytes and GET of as many bytes, prepared in advance;
+- wire: `PSClient.push` + `PSClient.pull`: encode the gradients into frames and XADD them to
+  the shard streams, GET the shards' parameter blobs and copy them into the net. The shards
+  apply the updates meanwhile; after each block the run waits, untimed, until they caught up.
+  Target: >= 0.7 of raw.
+- round trip: `PSClient.step`, the synchronous (sandblaster) step: push, wait until the shards
+  applied and committed the update (parameters, version and updater state in one MULTI), pull.
+
+    .venv/bin/python bench/ps_throughput.py [--steps 200] [--block 10] [--shards 1]
+        [--redis-servers 1] [--compression none|fp16|bf16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from overhead import JOB
+
+from dsl.topology import Topology
+from scheduler.redis_server import RedisServer
+from workers.distributed.launch import LaunchConfig, LocalCluster
+from workers.distributed.ps.client import PSClient
+from workers.distributed.ps.plan import Connections, PSKeys, PSPlan, clear_ps_keys
+from workers.jobs import prepare_job
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200, help="steps of each kind")
+    parser.add_argument("--block", type=int, default=10)
+    parser.add_argument("--shards", type=int, default=1)
+    parser.add_argument("--redis-servers", type=int, default=1, help="REDIS_PS_URLS count")
+    parser.add_argument("--compression", default="none", choices=["none", "fp16", "bf16"])
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    steps = args.steps - args.steps % args.block
+    job_doc = {
+        **JOB,
+        "train_steps": 10 * steps,
+        "cluster": {"framework": "sandblaster", "compression": args.compression},
+    }
+    topology = Topology("sandblaster", 1, 1, 1, args.shards, True, 1, 0)
+    with tempfile.TemporaryDirectory() as tmp:
+        servers = [
+            RedisServer(Path(tmp) / f"redis{i}", persist=False) for i in range(args.redis_servers)
+        ]
+        urls = [server.start() for server in servers]
+        try:
+            run(args, steps, job_doc, topology, urls, Path(tmp))
+        finally:
+            for server in servers:
+                server.stop()
+
+
+def run(
+    args: argparse.Namespace,
+    steps: int,
+    job_doc: dict[str, object],
+    topology: Topology,
+    urls: list[str],
+    tmp: Path,
+) -> None:
+    job, _ = prepare_job(job_doc, cache_dir=tmp / "cache")
+    net = job.net
+    gen = torch.Generator().manual_seed(0)
+    for p in net.named_params().values():
+        p.grad = torch.randn(p.shape, generator=gen) * 1e-3
+    grads = [p.grad for p in net.named_params().values() if p.grad is not None]
+    grad_bytes = b"".join(g.numpy().tobytes() for g in grads)
+    raw_bytes = grad_bytes if args.compression == "none" else grad_bytes[: len(grad_bytes) // 2]
+
+    config = LaunchConfig(
+        job=json.dumps(job_doc),
+        overrides={},
+        topology=topology.to_dict(),
+        redis_url=urls[0],
+        scope="bench:ps",
+        run_dir=str(tmp / "run"),
+        cache_dir=str(tmp / "cache"),
+        base_dir=str(Path.cwd()),
+        ps_urls=urls,
+    )
+    cluster = LocalCluster(config)
+    cluster.start([("server", 0, s) for s in range(args.shards)])
+    connections = Connections(urls[0], urls)
+    keys = PSKeys(config.scope)
+    client = PSClient(
+        net,
+        plan=PSPlan.from_topology(topology),
+        connections=connections,
+        keys=keys,
+        group=0,
+        rank=0,
+        compression=args.compression,
+    )
+    client.connect()
+    raw = connections.client(urls[0])
+    raw_key = f"{config.scope}:raw"
+
+    state_key = keys.state(0, 0)
+    updates = 0
+
+    def drain() -> None:
+        """Wait, untimed, until the shards applied every gradient pushed so far."""
+        while int(raw.hget(state_key, "version") or 0) < updates:
+            time.sleep(0.001)
+
+    def round_trip_block() -> float:
+        nonlocal updates
+        started = time.perf_counter()
+        for _ in range(args.block):
+            client.step(updates)
+            updates += 1
+        return time.perf_counter() - started
+
+    def wire_block() -> float:
+        nonlocal updates
+        started = time.perf_counter()
+        for _ in range(args.block):
+            client.push(updates)
+            client.pull()
+            updates += 1
+        elapsed = time.perf_counter() - started
+        drain()
+        return elapsed
+
+    def raw_block() -> float:
+        started = time.perf_counter()
+        for _ in range(args.block):
+            pipe = raw.pipeline(transaction=False)
+            pipe.set(raw_key, raw_bytes)
+            pipe.get(raw_key)
+            pipe.execute()
+        return time.perf_counter() - started
+
+    times: dict[str, list[float]] = {"raw": [], "wire": [], "round trip": []}
+    try:
+        round_trip_block()  # the shards load and warm up
+        wire_block()
+        raw_block()
+        for _ in range(steps // args.block):
+            times["raw"].append(raw_block())
+            times["wire"].append(wire_block())
+            times["round trip"].append(round_trip_block())
+        client.finish()
+        for role, process in cluster.processes.items():
+            process.wait(timeout=60)
+            if process.returncode:
+                raise SystemExit(f"{role} exited with {process.returncode}")
+    finally:
+        cluster.stop()
+        clear_ps_keys(connections, keys)
+        client.close()
+        connections.close()
+    report(args, steps, times, len(raw_bytes), len(grad_bytes), sum(g.numel() for g in grads))
+
+
+def report(
+    args: argparse.Namespace,
+    steps: int,
+    times: dict[str, list[float]],
+    push_bytes: int,
+    pull_bytes: int,
+    nparams: int,
+) -> None:
+    push_mb, pull_mb = push_bytes / 1e6, pull_bytes / 1e6
+    print(
+        f"model: {nparams:,} parameters; push {push_mb:.2f} MB ({args.compression}), "
+        f"pull {pull_mb:.2f} MB per step"
+    )
+    print(
+        f"shards: {args.shards}, redis servers: {args.redis_servers}, "
+        f"{steps} steps of each kind in blocks of {args.block}"
+    )
+    raw_total = sum(times["raw"])
+    for name, blocks in times.items():
+        rate = steps / sum(blocks)
+        line = f"{name:>10}: {rate:7.1f} steps/s ({rate * (push_mb + pull_mb):6.0f} MB/s)"
+        if name != "raw":
+            ratios = [r / b for b, r in zip(blocks, times["raw"], strict=True)]
+            line += (
+                f"  ratio to raw: {raw_total / sum(blocks):.3f}"
+                f" (median block {statistics.median(ratios):.3f})"
+            )
+        print(line)
+    print("target: wire (push + pull) >= 0.7 of raw")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""Time to 85% test accuracy on mnist1d_cnn for every framework: SINGA's synchronous against
+asynchronous comparison, on this machine.
+
+Each framework trains the 1-D CNN of examples/mnist1d_cnn.yaml for --steps steps with a test
+pass every --test-freq steps; its time to accuracy is the training time of worker 0 (from the
+end of its first step, when every process is up) until its first test pass at or above the
+target. All distributed processes run here, one torch thread each, talking through one private
+Redis. A table goes to stdout and a plot of test accuracy against time to
+docs/img/time_to_accuracy.png.
+
+    .venv/bin/python bench/time_to_accuracy.py [--steps 400] [--test-freq 25]
+        [--only local,sandblaster,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from scheduler.redis_server import RedisServer
+from workers.distributed.launch import LaunchError, launch_local, worker_dir
+from workers.jobs import prepare_job
+from workers.metrics import JsonlSink, read_metrics
+from workers.trainer import Trainer, TrainOptions
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+TARGET = 0.85
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    job: str  # example file
+    overrides: dict[str, object]
+    note: str
+
+
+CASES = [
+    Case("local", "mnist1d_cnn.yaml", {}, "1 process"),
+    Case("sandblaster", "mnist1d_sandblaster.yaml", {}, "1 group x 2 workers, 2 shards"),
+    Case(
+        "sandblaster-bf16",
+        "mnist1d_sandblaster.yaml",
+        {"cluster.compression": "bf16"},
+        "as above, bf16 gradients",
+    ),
+    Case("allreduce", "mnist1d_cnn.yaml", {"cluster.framework": "allreduce"}, "1 group x 2"),
+    Case("downpour", "mnist1d_downpour.yaml", {}, "2 groups x 1 worker, 1 shard"),
+    Case(
+        "downpour-fp16",
+        "mnist1d_downpour.yaml",
+        {"cluster.compression": "fp16"},
+        "as above, fp16 gradients",
+    ),
+    Case("hogwild", "mnist1d_hogwild.yaml", {}, "2 server groups, each 1 worker"),
+    Case(
+        "hybrid",
+        "mnist1d_downpour.yaml",
+        {"cluster.nworkers_per_group": 2, "cluster.nservers_per_group": 2},
+        "2 groups x 2 workers, 2 shards",
+    ),
+]
+
+
+@dataclass
+class Result:
+    case: Case
+    curve: list[tuple[float, float]]  # (seconds since training started, test accuracy)
+    seconds: float | None  # time to TARGET
+    wall: float  # the whole run, start-up included
+    error: str = ""
+
+
+def _curve(records: list[dict[str, float]]) -> list[tuple[float, float]]:
+    """Test accuracy against time since the end of the first step (training metrics are
+    reported every step here): by then every process of the run is up, so the start-up of
+    server shards does not count as training time."""
+    first = next((r["time"] for r in records if "train/loss" in r), None)
+    if first is None:
+        return []
+    return [(r["time"] - first, r["test/accuracy"]) for r in records if "test/accuracy" in r]
+
+
+def _time_to(curve: list[tuple[float, float]]) -> float | None:
+    return next((t for t, acc in curve if acc >= TARGET), None)
+
+
+def run_local(case: Case, overrides: dict[str, object], run_dir: Path, cache: Path) -> Result:
+    started = time.perf_counter()
+    text = (EXAMPLES / case.job).read_text()
+    job, data = prepare_job(text, cache_dir=cache, overrides={**case.overrides, **overrides})
+    sink = JsonlSink(run_dir)
+    Trainer(job, data, TrainOptions(run_dir=run_dir), [sink]).run()
+    sink.close()
+    curve = _curve(read_metrics(run_dir))
+    return Result(case, curve, _time_to(curve), time.perf_counter() - started)
+
+
+def run_distributed(
+    case: Case, overrides: dict[str, object], run_dir: Path, cache: Path, redis_url: str
+) -> Result:
+    started = time.perf_counter()
+    try:
+        launch_local(
+            EXAMPLES / case.job,
+            None,
+            redis_url,
+            run_dir,
+            cache_dir=cache,
+            overrides={**case.overrides, **overrides},
+            timeout=900,
+        )
+    except LaunchError as exc:
+        last = str(exc).strip().splitlines()[-1]
+        return Result(case, [], None, time.perf_counter() - started, error=last)
+    curve = _curve(read_metrics(worker_dir(run_dir, 0, 0)))
+    return Result(case, curve, _time_to(curve), time.perf_counter() - started)
+
+
+def plot(results: list[Result], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for result in results:
+        if result.curve:
+            xs, ys = zip(*result.curve, strict=True)
+            ax.plot(xs, ys, marker=".", label=result.case.name)
+    ax.axhline(TARGET, color="grey", linestyle="--", linewidth=1)
+    ax.set_xlabel("training time (s), worker 0")
+    ax.set_ylabel("test accuracy")
+    ax.set_ylim(0, 1)
+    ax.set_title("mnist1d CNN: test accuracy against time, 2-core machine")
+    ax.legend(loc="lower right", fontsize="small")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--test-freq", type=int, default=25)
+    parser.add_argument("--only", default="", help="comma-separated case names")
+    parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "time_to_accuracy.png")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    wanted = {name for name in args.only.split(",") if name}
+    cases = [case for case in CASES if not wanted or case.name in wanted]
+    overrides: dict[str, object] = {
+        "train_steps": args.steps,
+        "test.freq": args.test_freq,
+        "disp_freq": 1,
+        "checkpoint.freq": 0,
+    }
+    results: list[Result] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = Path(tmp) / "cache"
+        server = RedisServer(Path(tmp) / "redis", persist=False)
+        redis_url = server.start()
+        try:
+            for case in cases:
+                run_dir = Path(tmp) / case.name
+                if case.name == "local":
+                    result = run_local(case, overrides, run_dir, cache)
+                else:
+                    result = run_distributed(case, overrides, run_dir, cache, redis_url)
+                results.append(result)
+                shown = f"{result.seconds:.1f} s" if result.seconds is not None else "not reached"
+                print(f"{case.name}: {shown} {result.error}", flush=True)
+        finally:
+            server.stop()
+    print()
+    print(f"| framework | topology | time to {TARGET:.0%} | final accuracy | run wall time |")
+    print("| --- | --- | --- | --- | --- |")
+    for r in results:
+        reached = f"{r.seconds:.1f} s" if r.seconds is not None else "not reached"
+        final = f"{r.curve[-1][1]:.3f}" if r.curve else "-"
+        note = f"{r.case.note}" + (f" ({r.error})" if r.error else "")
+        print(f"| {r.case.name} | {note} | {reached} | {final} | {r.wall:.0f} s |")
+    plot(results, args.plot)
+    print(f"\nplot: {args.plot}")
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                [
+                    {"name": r.case.name, "seconds": r.seconds, "curve": r.curve, "error": r.error}
+                    for r in results
+                ],
+                indent=1,
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()

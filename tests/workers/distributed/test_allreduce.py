@@ -1,0 +1,267 @@
+"""The allreduce framework with two real worker processes that meet through a real Redis:
+it ends where the local trainer on the combined batch ends, the replicas stay equal, and
+half-precision compression halves the bytes on the wire."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import yaml
+from safetensors.torch import load_file, save_file
+
+from dsl.schema import ClusterConfig
+from dsl.topology import resolve_topology
+from workers.checkpoint import load_checkpoint, resolve_checkpoint
+from workers.distributed.allreduce import GradientSync, attach_allreduce
+from workers.distributed.group import group_trainer
+from workers.distributed.hybrid import HybridError, check_topology, group_pushers
+from workers.distributed.launch import launch_local, worker_dir
+from workers.distributed.rendezvous import (
+    GroupMember,
+    RendezvousError,
+    address_key,
+    join_group,
+    leave_group,
+    reachable_address,
+    redis_store,
+)
+from workers.jobs import prepare_job
+from workers.metrics import read_metrics
+from workers.trainer import Trainer, TrainOptions
+
+torch.set_num_threads(1)
+
+WORLD = 2
+TOL = {"atol": 2e-5, "rtol": 1e-4}
+
+MLP: dict[str, Any] = {
+    "name": "allreduce-mlp",
+    "seed": 5,
+    "data": {"source": "synthetic", "task": "classification", "num_samples": 400,
+             "num_features": 24, "num_classes": 4, "batch_size": 16, "test_fraction": 0.25},
+    "neuralnet": {"layers": [
+        {"name": "data", "type": "input"},
+        {"name": "fc1", "type": "dense", "srclayers": ["data"], "units": 64,
+         "param": {"b": {"init": "constant", "value": 0.1, "lr_scale": 2, "wd_scale": 0}}},
+        {"name": "act1", "type": "relu", "srclayers": ["fc1"]},
+        {"name": "fc2", "type": "dense", "srclayers": ["act1"], "units": 48},
+        {"name": "act2", "type": "tanh", "srclayers": ["fc2"]},
+        {"name": "fc3", "type": "dense", "srclayers": ["act2"]},
+        {"name": "loss", "type": "softmax_loss", "srclayers": ["fc3"]},
+    ]},
+    "updater": {"type": "sgd", "momentum": 0.9, "weight_decay": 0.001,
+                "clip": {"grad_norm": 1.0}, "lr": {"base": 0.05, "warmup_steps": 3}},
+    "train_steps": 12,
+    "disp_freq": 4,
+    "checkpoint": {"freq": 0, "keep": 1},
+}  # fmt: skip
+
+# Truncated BPTT runs backward once per chunk, so the all-reduce waits for the last one.
+GRU: dict[str, Any] = {
+    "name": "allreduce-gru",
+    "seed": 2,
+    "data": {"source": "synthetic", "task": "sequence", "num_samples": 200, "seq_len": 8,
+             "batch_size": 8, "test_fraction": 0.2},
+    "neuralnet": {"layers": [
+        {"name": "data", "type": "input"},
+        {"name": "gru", "type": "gru", "srclayers": ["data"], "hidden": 12, "output": "last"},
+        {"name": "fc", "type": "dense", "srclayers": ["gru"], "units": 1},
+        {"name": "loss", "type": "euclidean_loss", "srclayers": ["fc"]},
+    ]},
+    "train_one_batch": {"alg": "bptt", "unroll_len": 4},
+    "updater": {"type": "adam", "lr": {"base": 0.01}},
+    "train_steps": 6,
+    "disp_freq": 3,
+}  # fmt: skip
+
+
+def _worker(rank: int, redis_url: str, scope: str, tmp: Path) -> None:
+    torch.set_num_threads(1)
+    client = redis.Redis.from_url(redis_url)
+    member = GroupMember(rank, WORLD)
+    store = redis_store(client, scope, member, advertise=reachable_address(redis_url), timeout=120)
+    join_group(store, member)
+    results: dict[str, Any] = {}
+
+    # Buckets of a few kilobytes, so several all-reduces overlap the backward pass.
+    compiled, data = prepare_job(MLP, cache_dir=tmp)
+    trainer = Trainer(compiled, data, TrainOptions(tmp / "mlp", rank=rank, world=WORLD))
+    sync = attach_allreduce(trainer, bucket_mb=0.01)
+    results["buckets"] = len(sync.buckets)
+    results["fp32_loss"] = trainer.run().metrics["train/loss"]
+    results["fp32_bytes"] = sync.wire_bytes
+    params = {n: p.detach().contiguous() for n, p in trainer.net.named_params().items()}
+    save_file(params, str(tmp / f"mlp-rank{rank}.safetensors"))
+
+    compiled, data = prepare_job({**MLP, "cluster": {"compression": "bf16"}}, cache_dir=tmp)
+    trainer, sync = group_trainer(
+        compiled, data, TrainOptions(tmp / "bf16", rank=rank, world=WORLD)
+    )
+    results["bf16_loss"] = trainer.run().metrics["train/loss"]
+    results["bf16_bytes"] = sync.wire_bytes
+
+    compiled, data = prepare_job(GRU, cache_dir=tmp)
+    trainer, sync = group_trainer(compiled, data, TrainOptions(tmp / "gru", rank=rank, world=WORLD))
+    results["gru_overlap"] = sync.overlap
+    trainer.run()
+
+    (tmp / f"results-rank{rank}.json").write_text(json.dumps(results))
+    dist.barrier()
+    leave_group(client, scope, 0)
+
+
+@pytest.fixture(scope="module")
+def group_run(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two workers train three jobs, one after the other, in one process group."""
+    tmp = tmp_path_factory.mktemp("allreduce")
+    scope = f"test-{uuid.uuid4().hex[:8]}:job:1"
+    mp.start_processes(_worker, args=(redis_url, scope, tmp), nprocs=WORLD, start_method="spawn")
+    # Rank 0 withdrew its address when the group was done.
+    assert redis.Redis.from_url(redis_url).get(address_key(scope, 0)) is None
+    return tmp
+
+
+def _results(tmp: Path, rank: int) -> dict[str, Any]:
+    return dict(json.loads((tmp / f"results-rank{rank}.json").read_text()))
+
+
+def _local(tmp: Path, job: dict[str, Any], name: str) -> Path:
+    compiled, data = prepare_job(job, cache_dir=tmp)
+    Trainer(compiled, data, TrainOptions(tmp / name)).run()
+    return resolve_checkpoint(tmp / name)
+
+
+def _assert_same_checkpoint(group: Path, local: Path) -> None:
+    ours, theirs = load_checkpoint(group), load_checkpoint(local)
+    assert ours.step == theirs.step
+    assert ours.params.keys() == theirs.params.keys()
+    assert ours.updater.keys() == theirs.updater.keys()
+    for name, tensor in theirs.params.items():
+        torch.testing.assert_close(ours.params[name], tensor, **TOL, msg=name)
+    for name, tensor in theirs.updater.items():
+        torch.testing.assert_close(ours.updater[name], tensor, **TOL, msg=name)
+
+
+@pytest.mark.slow
+def test_two_workers_end_where_the_local_trainer_on_the_combined_batch_ends(
+    group_run: Path,
+) -> None:
+    assert _results(group_run, 0)["buckets"] >= 2
+    _assert_same_checkpoint(
+        resolve_checkpoint(group_run / "mlp"), _local(group_run, MLP, "mlp-local")
+    )
+
+
+@pytest.mark.slow
+def test_bptt_reduces_after_the_last_chunk_and_matches_the_local_trainer(
+    group_run: Path,
+) -> None:
+    assert _results(group_run, 0)["gru_overlap"] is False
+    _assert_same_checkpoint(
+        resolve_checkpoint(group_run / "gru"), _local(group_run, GRU, "gru-local")
+    )
+
+
+@pytest.mark.slow
+def test_replicas_stay_identical(group_run: Path) -> None:
+    zero = load_file(str(group_run / "mlp-rank0.safetensors"))
+    one = load_file(str(group_run / "mlp-rank1.safetensors"))
+    assert zero.keys() == one.keys()
+    for name, tensor in zero.items():
+        assert torch.equal(tensor, one[name]), name
+
+
+@pytest.mark.slow
+def test_bf16_compression_halves_the_bytes_and_still_trains(group_run: Path) -> None:
+    results = _results(group_run, 0)
+    assert results["bf16_bytes"] * 2 == results["fp32_bytes"]
+    full = load_checkpoint(resolve_checkpoint(group_run / "mlp"))
+    half = load_checkpoint(resolve_checkpoint(group_run / "bf16"))
+    for name, tensor in full.params.items():
+        # bf16 keeps 8 bits of mantissa: close to full precision, not equal to it
+        assert (half.params[name] - tensor).abs().max() < 0.02, name
+    assert results["bf16_loss"] == pytest.approx(results["fp32_loss"], abs=0.02)
+
+
+def test_a_worker_without_rank_zero_gives_up_with_the_key_it_watched(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    scope = f"test-{uuid.uuid4().hex[:8]}:job:7"
+    with pytest.raises(
+        RendezvousError, match=rf"worker 1 of group 3 .* within 0.5 s \(key {scope}:rendezvous"
+    ):
+        redis_store(client, scope, GroupMember(1, 2, group=3), advertise="127.0.0.1", timeout=0.5)
+
+
+def test_the_advertised_address_is_the_route_to_redis() -> None:
+    assert reachable_address("redis://127.0.0.1:6399/0") == "127.0.0.1"
+
+
+def test_unknown_compression_and_bad_ranks_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown gradient compression 'int8'"):
+        GradientSync([], compression="int8")
+    with pytest.raises(ValueError, match="rank 2 is not in a group of 2"):
+        GroupMember(2, 2)
+
+
+HYBRID = {
+    "cluster.framework": "allreduce",
+    "cluster.nworker_groups": 2,
+    "cluster.nworkers_per_group": 2,
+    "cluster.nserver_groups": 1,
+    "cluster.nservers_per_group": 1,
+    "cluster.server_worker_separate": True,
+    "train_steps": 30,
+    "disp_freq": 10,
+    "data.batch_size": 32,
+}
+
+
+@pytest.mark.slow
+def test_hybrid_groups_all_reduce_inside_and_share_shards_between(
+    redis_url: str, cache_dir: Path, tmp_path: Path
+) -> None:
+    """2 groups x 2 workers and one shard: one update per group and step reaches the shard,
+    and the two workers of a group end with identical replicas."""
+    run = launch_local(
+        yaml.safe_dump(MLP), None, redis_url, tmp_path, cache_dir=cache_dir, overrides=HYBRID
+    )
+    assert run.summary["status"] == "succeeded" and run.summary["steps"] == 30
+    assert set(run.workers) == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    for group in (0, 1):
+        zero, one = run.workers[(group, 0)]["metrics"], run.workers[(group, 1)]["metrics"]
+        assert zero["test/loss"] == one["test/loss"]
+        assert zero["test/accuracy"] > 0.6
+    # Only rank 0 of a group pushes, so the shard ends at version groups x steps.
+    versions = [
+        record["ps/version"]
+        for g, r in run.workers
+        for record in read_metrics(worker_dir(tmp_path, g, r))
+        if "ps/version" in record
+    ]
+    assert max(versions) == 2 * 30
+
+
+def test_allreduce_topologies_without_the_shards_they_need_are_refused() -> None:
+    base = ClusterConfig(framework="allreduce")
+    check_topology(resolve_topology(base))
+    with pytest.raises(HybridError, match="set nserver_groups >= 1"):
+        check_topology(resolve_topology(base.model_copy(update={"nworker_groups": 2})))
+    with pytest.raises(HybridError, match="no use for server shards"):
+        check_topology(
+            resolve_topology(
+                base.model_copy(
+                    update={"nserver_groups": 1, "nservers_per_group": 1,
+                            "server_worker_separate": True}
+                )
+            )
+        )  # fmt: skip
+    assert group_pushers(resolve_topology(base)) == 1
+    assert group_pushers(resolve_topology(ClusterConfig(framework="downpour"))) is None

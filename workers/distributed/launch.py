@@ -1,0 +1,447 @@
+"""Entry points of distributed processes, and a launcher that runs a whole topology here.
+
+`run_worker` and `run_server` are what one placed process runs (workers/entry.py calls them
+for the non-local frameworks): a worker trains its replica and exchanges updates with the
+parameter-server shards of its server group; a server serves one shard until its workers finish.
+
+`launch_local` starts every process of a topology on this machine as separate OS processes
+(`python -m workers.distributed.launch`), talking only through Redis, and supervises them the
+way the service does: a server shard that dies is started again (it continues from its state in
+Redis); a worker that fails fails the run. Tests and benchmarks use it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from dsl.compiler import CompiledJob
+from dsl.schema import JobSpec
+from dsl.topology import Topology
+from workers.data import Dataset
+from workers.distributed.hybrid import group_pushers, run_allreduce_worker
+from workers.distributed.ps.client import PSClient, attach_ps
+from workers.distributed.ps.plan import Connections, PSKeys, PSPlan, clear_ps_keys
+from workers.distributed.ps.shard import ShardReport, run_shard
+from workers.metrics import MetricSink
+from workers.trainer import Summary, Trainer, TrainOptions
+
+
+class LaunchError(RuntimeError):
+    """A distributed run that could not finish (a worker failed, or it ran out of time)."""
+
+
+def topology_from_dict(raw: Mapping[str, Any]) -> Topology:
+    """A Topology from `Topology.to_dict()` (which adds derived counts) or stored JSON."""
+    return Topology(**{f.name: raw[f.name] for f in fields(Topology)})
+
+
+def run_worker(
+    job: CompiledJob,
+    dataset: Dataset,
+    *,
+    topology: Topology,
+    group: int,
+    rank: int,
+    redis_url: str,
+    scope: str,
+    run_dir: Path,
+    ps_urls: Sequence[str] = (),
+    sinks: Sequence[MetricSink] = (),
+    should_stop: Callable[[], bool] = lambda: False,
+    device: str = "cpu",
+    base_dir: Path | None = None,
+) -> Summary:
+    """Train worker `rank` of worker group `group` to the end of the job.
+
+    With separate server shards (sandblaster, downpour, hogwild and their hybrids) the worker
+    takes part `worker_id` of `nworkers` of every global batch, pushes its gradients to the
+    shards of its server group and pulls the parameters back each step.
+    The allreduce framework (one group, or groups joined by shards) runs in hybrid.py.
+    """
+    if topology.framework == "allreduce":
+        return run_allreduce_worker(
+            job,
+            dataset,
+            topology=topology,
+            group=group,
+            rank=rank,
+            redis_url=redis_url,
+            scope=scope,
+            run_dir=run_dir,
+            ps_urls=ps_urls,
+            sinks=sinks,
+            should_stop=should_stop,
+            device=device,
+            base_dir=base_dir,
+        )
+    if not topology.server_worker_separate:
+        raise LaunchError(
+            f"cluster.framework '{topology.framework}' without separate server shards is not "
+            "run by the parameter server (server_worker_separate: false)"
+        )
+    plan = PSPlan.from_topology(topology)
+    spec = job.spec
+    options = TrainOptions(
+        run_dir=run_dir,
+        device=device,
+        rank=plan.worker_id(group, rank),
+        world=plan.nworkers,
+        group=group,
+        base_dir=base_dir or Path.cwd(),
+        should_stop=should_stop,
+    )
+    trainer = Trainer(job, dataset, options, sinks)
+    connections = Connections(redis_url, ps_urls)
+    clip = spec.updater.clip
+    client = PSClient(
+        trainer.net,
+        plan=plan,
+        connections=connections,
+        keys=PSKeys(scope),
+        group=group,
+        rank=rank,
+        compression=spec.cluster.compression,
+        clip_norm=clip.grad_norm if clip is not None else None,
+        staleness=spec.cluster.staleness,
+    )
+    attach_ps(trainer, client)
+    try:
+        summary = trainer.run()
+        client.finish()
+        return summary
+    finally:
+        client.close()
+        connections.close()
+
+
+def run_server(
+    spec: JobSpec,
+    *,
+    topology: Topology,
+    group: int,
+    rank: int,
+    redis_url: str,
+    scope: str,
+    ps_urls: Sequence[str] = (),
+    should_stop: Callable[[], bool] = lambda: False,
+) -> ShardReport:
+    """Serve shard `rank` of server group `group` until the workers of that group finish."""
+    return run_shard(
+        redis_url,
+        scope,
+        group,
+        rank,
+        spec,
+        topology,
+        ps_urls=ps_urls,
+        pushers_per_group=group_pushers(topology),
+        should_stop=should_stop,
+    )
+
+
+# -- running a topology on this machine ------------------------------------------------------
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Everything a launched process needs, written once as JSON next to the run."""
+
+    job: str  # the job document (YAML)
+    overrides: dict[str, Any]
+    topology: dict[str, Any]
+    redis_url: str
+    scope: str
+    run_dir: str
+    cache_dir: str
+    base_dir: str
+    ps_urls: list[str] = field(default_factory=list)
+    threads: int = 1
+
+
+@dataclass
+class LocalRun:
+    summary: dict[str, Any]  # worker 0's summary.json
+    workers: dict[tuple[int, int], dict[str, Any]]  # (group, rank) -> that worker's summary
+    restarts: int
+    seconds: float
+
+
+Role = tuple[str, int, int]  # ("worker" | "server", group, rank)
+
+
+def worker_dir(run_dir: Path, group: int, rank: int) -> Path:
+    """Where worker (group, rank) of a local launch writes metrics.jsonl and summary.json."""
+    return run_dir / "workers" / f"g{group}r{rank}"
+
+
+class LocalCluster:
+    """The processes of one topology on this machine, supervised like the service does."""
+
+    def __init__(self, config: LaunchConfig, *, max_restarts: int = 3) -> None:
+        self.config = config
+        self.topology = topology_from_dict(config.topology)
+        self.run_dir = Path(config.run_dir)
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        self.processes: dict[Role, subprocess.Popen[bytes]] = {}
+        self._config_path = self.run_dir / "launch.json"
+
+    @property
+    def roles(self) -> list[Role]:
+        t = self.topology
+        servers = [
+            ("server", sg, s)
+            for sg in range(t.nserver_groups)
+            for s in range(t.nservers_per_group)
+            if t.server_worker_separate
+        ]
+        workers = [
+            ("worker", g, r) for g in range(t.nworker_groups) for r in range(t.nworkers_per_group)
+        ]
+        return servers + workers
+
+    def start(self, roles: Sequence[Role] | None = None) -> None:
+        """Start every process of the topology (or only `roles`: a benchmark that drives the
+        workers itself starts the servers alone)."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "logs").mkdir(exist_ok=True)
+        self._config_path.write_text(json.dumps(self.config.__dict__))
+        for role in self.roles if roles is None else roles:
+            self._spawn(role)
+
+    def _spawn(self, role: Role) -> None:
+        kind, group, rank = role
+        log = (self.run_dir / "logs" / f"{kind}-g{group}r{rank}.log").open("ab")
+        self.processes[role] = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "workers.distributed.launch",
+                str(self._config_path),
+                kind,
+                str(group),
+                str(rank),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.config.base_dir,
+        )
+        log.close()
+
+    def kill(self, role: Role, sig: int = signal.SIGKILL) -> None:
+        os.kill(self.processes[role].pid, sig)
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.kill()
+        for process in self.processes.values():
+            process.wait()
+
+    def _log_tail(self, role: Role, lines: int = 30) -> str:
+        kind, group, rank = role
+        path = self.run_dir / "logs" / f"{kind}-g{group}r{rank}.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def wait(self, timeout: float = 600.0) -> LocalRun:
+        """Supervise until every worker finished; start dead shards again."""
+        started = time.monotonic()
+        try:
+            while True:
+                if time.monotonic() - started > timeout:
+                    raise LaunchError(f"the run did not finish within {timeout:.0f} s")
+                workers_running = False
+                for role, process in list(self.processes.items()):
+                    code = process.poll()
+                    if role[0] == "worker":
+                        if code is None:
+                            workers_running = True
+                        elif code != 0:
+                            raise LaunchError(
+                                f"worker {role[1]}/{role[2]} exited with {code}:\n"
+                                + self._log_tail(role)
+                            )
+                    elif code not in (None, 0):
+                        if self.restarts >= self.max_restarts:
+                            raise LaunchError(
+                                f"server {role[1]}/{role[2]} died {self.restarts + 1} times:\n"
+                                + self._log_tail(role)
+                            )
+                        self.restarts += 1
+                        self._spawn(role)
+                if not workers_running:
+                    break
+                time.sleep(0.1)
+            for role, process in self.processes.items():
+                if role[0] == "server":
+                    process.wait(timeout=max(5.0, timeout - (time.monotonic() - started)))
+        finally:
+            self.stop()
+        run_dir = self.run_dir
+        return LocalRun(
+            summary=json.loads((run_dir / "summary.json").read_text()),
+            workers={
+                (g, r): json.loads((worker_dir(run_dir, g, r) / "summary.json").read_text())
+                for kind, g, r in self.roles
+                if kind == "worker"
+            },
+            restarts=self.restarts,
+            seconds=time.monotonic() - started,
+        )
+
+
+def prepare_launch(
+    job_yaml: str | Path,
+    topology: Topology | None,
+    redis_url: str,
+    run_dir: Path,
+    *,
+    cache_dir: Path,
+    overrides: Mapping[str, Any] | None = None,
+    ps_urls: Sequence[str] = (),
+    scope: str | None = None,
+) -> LaunchConfig:
+    """Validate the job and describe its local launch (`topology` default: the job's own).
+
+    `job_yaml` is a path or the YAML text; the run's Redis keys live under `scope` (default a
+    fresh one).
+    """
+    from dsl.compiler import load_spec
+    from dsl.topology import resolve_topology
+    from workers.data import load_dataset
+
+    text = Path(job_yaml).read_text() if isinstance(job_yaml, Path) else job_yaml
+    base_dir = job_yaml.parent if isinstance(job_yaml, Path) else Path.cwd()
+    spec, _ = load_spec(text, overrides=overrides)
+    topology = topology or resolve_topology(spec.cluster)
+    # Generated data is made once here rather than by every process at the same time.
+    load_dataset(spec.data, seed=spec.seed, cache_dir=cache_dir, base_dir=base_dir)
+    return LaunchConfig(
+        job=text,
+        overrides=dict(overrides or {}),
+        topology=topology.to_dict(),
+        redis_url=redis_url,
+        scope=scope or f"local:{uuid.uuid4().hex[:12]}",
+        run_dir=str(run_dir),
+        cache_dir=str(cache_dir),
+        base_dir=str(base_dir),
+        ps_urls=list(ps_urls),
+    )
+
+
+def launch_local(
+    job_yaml: str | Path,
+    topology: Topology | None,
+    redis_url: str,
+    run_dir: Path,
+    *,
+    cache_dir: Path,
+    overrides: Mapping[str, Any] | None = None,
+    ps_urls: Sequence[str] = (),
+    timeout: float = 600.0,
+    keep_keys: bool = False,
+) -> LocalRun:
+    """Run every process of `topology` (default: the job's own) here and wait for the end.
+
+    The run's parameter-server keys are deleted at the end unless `keep_keys`.
+    """
+    config = prepare_launch(
+        job_yaml,
+        topology,
+        redis_url,
+        run_dir,
+        cache_dir=cache_dir,
+        overrides=overrides,
+        ps_urls=ps_urls,
+    )
+    cluster = LocalCluster(config)
+    cluster.start()
+    try:
+        return cluster.wait(timeout)
+    finally:
+        if not keep_keys:
+            connections = Connections(redis_url, ps_urls)
+            clear_ps_keys(connections, PSKeys(config.scope))
+            connections.close()
+
+
+def _run_process(config: LaunchConfig, kind: str, group: int, rank: int) -> int:
+    import torch
+
+    from dsl.compiler import load_spec
+    from workers.checkpoint import write_json_atomic
+    from workers.jobs import prepare_job
+    from workers.metrics import JsonlSink
+
+    torch.set_num_threads(config.threads)
+    topology = topology_from_dict(config.topology)
+    run_dir = Path(config.run_dir)
+    if kind == "server":
+        spec, _ = load_spec(config.job, overrides=config.overrides)
+        report = run_server(
+            spec,
+            topology=topology,
+            group=group,
+            rank=rank,
+            redis_url=config.redis_url,
+            scope=config.scope,
+            ps_urls=config.ps_urls,
+        )
+        logging.getLogger(__name__).info("server %d/%d done: %s", group, rank, report)
+        return 0
+    job, dataset = prepare_job(
+        config.job,
+        cache_dir=Path(config.cache_dir),
+        base_dir=Path(config.base_dir),
+        overrides=config.overrides,
+    )
+    own_dir = worker_dir(run_dir, group, rank)
+    sink = JsonlSink(own_dir)
+    try:
+        summary = run_worker(
+            job,
+            dataset,
+            topology=topology,
+            group=group,
+            rank=rank,
+            redis_url=config.redis_url,
+            scope=config.scope,
+            run_dir=run_dir,
+            ps_urls=config.ps_urls,
+            sinks=[sink],
+            base_dir=Path(config.base_dir),
+        )
+    finally:
+        sink.close()
+    write_json_atomic(own_dir / "summary.json", summary.to_json())
+    return 0 if summary.status == "succeeded" else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m workers.distributed.launch",
+        description="Run one process of a local distributed launch (see launch_local).",
+    )
+    parser.add_argument("config", type=Path, help="launch.json written by LocalCluster")
+    parser.add_argument("role", choices=["worker", "server"])
+    parser.add_argument("group", type=int)
+    parser.add_argument("rank", type=int)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    config = LaunchConfig(**json.loads(args.config.read_text()))
+    return _run_process(config, args.role, args.group, args.rank)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Parameter-server shards on Redis: slicing, wire format, shard processes and the worker client."""

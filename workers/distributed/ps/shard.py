@@ -1,0 +1,390 @@
+"""A parameter-server shard: the process that owns some slices of the model and updates them.
+
+Everything a shard knows lives in Redis, so a replacement continues exactly where a killed one
+stopped: the parameters (one blob, see wire.py), the version and the updater state (safetensors
+bytes) are written together in one MULTI/EXEC, which also acknowledges the gradient messages
+the update consumed and tells the waiting workers. Gradients arrive on a Redis stream read
+through a consumer group; a message read but not yet acknowledged when the shard dies is read
+again by its successor.
+
+An update is the average of one worker group's gradients for one step (`pushers_per_group`
+messages), clipped by the global gradient norm when the job clips, then the job's `Updater`
+with each parameter's lr_scale / wd_scale and the learning rate of that step. Server groups
+(hogwild) average their parameters with each other every `sync_freq` updates.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+import safetensors.torch
+import torch
+
+from dsl.schema import JobSpec
+from dsl.topology import Topology
+from dsl.updater_config import UpdaterConfig
+from workers.distributed.ps.plan import (
+    CONSUMER,
+    CONSUMER_GROUP,
+    Connections,
+    PSKeys,
+    PSPlan,
+)
+from workers.distributed.ps.slicing import SliceMap
+from workers.distributed.ps.wire import Frame, GradHeader, decode_frames, decode_grad_message
+from workers.distributed.ps.wire import encode_frames as encode_param_frames
+from workers.updaters import ParamEntry, Updater
+
+log = logging.getLogger(__name__)
+
+READ_BLOCK_MS = 200
+NORM_POLL_MS = 1  # while an update waits for the other shards' parts of its gradient norm
+POLL_SECONDS = 0.05
+NOTICES_KEPT = 8
+
+
+class ShardError(RuntimeError):
+    """A shard cannot start or go on (no parameters to start from, inconsistent messages)."""
+
+
+@dataclass(frozen=True)
+class ShardReport:
+    version: int
+    updates: int
+    peer_syncs: int
+    seconds: float
+
+
+@dataclass
+class _Update:
+    """One worker group's averaged gradients for one step, waiting to be applied."""
+
+    group: int
+    step: int
+    grads: dict[int, torch.Tensor]
+    entry_ids: list[bytes]
+    norm: float | None = None  # of the whole gradient; None until every shard's part is in
+
+
+def wait_for_slice_map(client: redis.Redis, keys: PSKeys, timeout: float) -> SliceMap:
+    """The job's slice map, which the first worker stores; waits for it up to `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        raw = client.get(keys.slice_map)
+        if raw is not None:
+            return SliceMap.from_json(raw)
+        if time.monotonic() > deadline:
+            raise ShardError(f"no slice map at {keys.slice_map} after {timeout:.0f} s")
+        time.sleep(POLL_SECONDS)
+
+
+def _shard_updater_config(config: UpdaterConfig) -> UpdaterConfig:
+    """The job's updater without norm clipping: the shard clips by the norm of the whole
+    gradient, which it gets from the workers or the other shards, not of its own slices."""
+    if config.clip is None or config.clip.grad_norm is None:
+        return config
+    return config.model_copy(update={"clip": None})
+
+
+class ShardServer:
+    def __init__(
+        self,
+        connections: Connections,
+        keys: PSKeys,
+        plan: PSPlan,
+        server_group: int,
+        shard: int,
+        slice_map: SliceMap,
+        spec: JobSpec,
+    ) -> None:
+        self.connections, self.keys, self.plan = connections, keys, plan
+        self.server_group, self.shard = server_group, shard
+        self.client = connections.shard_client(plan, server_group, shard)
+        self.slices = slice_map.shard_slices(shard)
+        self.tensors = {s.id: torch.zeros(s.shape) for s in self.slices}
+        entries = [
+            ParamEntry(
+                f"{s.param}@{s.id}",
+                self.tensors[s.id],
+                slice_map.param(s.param).lr_scale,
+                slice_map.param(s.param).wd_scale,
+            )
+            for s in self.slices
+        ]
+        self.updater = Updater(entries, _shard_updater_config(spec.updater), spec.train_steps)
+        clip = spec.updater.clip
+        self.clip_norm = clip.grad_norm if clip is not None else None
+        self.sync_freq = spec.cluster.sync_freq
+        self.workers = plan.workers_of(server_group)
+        self.version = 0
+        self.updates = 0
+        self.peer_syncs = 0
+        self._since_sync = 0
+        # (worker group, step) -> worker -> (stream entry id, header, frames)
+        self._pending: dict[tuple[int, int], dict[int, tuple[bytes, GradHeader, list[Frame]]]] = {}
+        self._queue: list[_Update] = []  # complete, in arrival order, maybe awaiting norms
+
+    # -- state in Redis ------------------------------------------------------------------------
+    def load(self, timeout: float) -> None:
+        """Continue from the committed state, or start from the parameters a worker wrote."""
+        params_key = self.keys.params(self.server_group, self.shard)
+        deadline = time.monotonic() + timeout
+        while True:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.get(params_key)
+            pipe.hgetall(self.keys.state(self.server_group, self.shard))
+            blob, state = pipe.execute()
+            if blob is not None:
+                break
+            if time.monotonic() > deadline:
+                raise ShardError(f"no initial parameters at {params_key} after {timeout:.0f} s")
+            time.sleep(POLL_SECONDS)
+        frames = decode_frames(blob)
+        missing = set(self.tensors) - {f.slice_id for f in frames}
+        if missing:
+            raise ShardError(f"{params_key} lacks slices {sorted(missing)[:5]}")
+        for frame in frames:
+            self.tensors[frame.slice_id].copy_(frame.tensor)
+        self.version = frames[0].version if frames else 0
+        if state.get(b"updater"):
+            self.updater.load_state_tensors(safetensors.torch.load(state[b"updater"]))
+        try:
+            self.client.xgroup_create(
+                self.keys.grads(self.server_group, self.shard),
+                CONSUMER_GROUP,
+                id="0",
+                mkstream=True,
+            )
+        except redis.ResponseError as exc:  # BUSYGROUP: a predecessor created it
+            if "BUSYGROUP" not in str(exc):
+                raise
+        resumed = "resumed" if state else "started"
+        log.info(
+            "shard %d/%d %s at version %d", self.server_group, self.shard, resumed, self.version
+        )
+
+    def _params_blob(self) -> bytes:
+        return encode_param_frames(((s.id, self.tensors[s.id]) for s in self.slices), self.version)
+
+    def commit(self, entry_ids: Sequence[bytes], notify: Sequence[int]) -> None:
+        """Publish the new version with the updater state, acknowledge the consumed messages and
+        wake the workers waiting for this version, all or nothing."""
+        sg, shard = self.server_group, self.shard
+        pipe = self.client.pipeline(transaction=True)
+        pipe.set(self.keys.params(sg, shard), self._params_blob())
+        pipe.hset(
+            self.keys.state(sg, shard),
+            mapping={
+                "version": self.version,
+                "updater": safetensors.torch.save(self.updater.state_tensors()),
+            },
+        )
+        if entry_ids:
+            grads = self.keys.grads(sg, shard)
+            pipe.xack(grads, CONSUMER_GROUP, *entry_ids)
+            pipe.xdel(grads, *entry_ids)
+        for worker in notify:
+            key = self.keys.notify(sg, shard, worker)
+            pipe.rpush(key, self.version)
+            pipe.ltrim(key, -NOTICES_KEPT, -1)  # a worker that only pushes never reads them
+        pipe.execute()
+
+    # -- updates -------------------------------------------------------------------------------
+    def _average(self, messages: list[tuple[GradHeader, list[Frame]]]) -> dict[int, torch.Tensor]:
+        """The mean of one group's gradients for one step, slice id -> fp32 tensor."""
+        messages.sort(key=lambda m: m[0].worker)  # a fixed summation order: exact replays
+        grads: dict[int, torch.Tensor] = {}
+        for header, frames in messages:
+            for frame in frames:
+                target = self.tensors.get(frame.slice_id)
+                if target is None or target.shape != frame.tensor.shape:
+                    raise ShardError(
+                        f"worker {header.worker} sent slice {frame.slice_id} "
+                        f"{tuple(frame.tensor.shape)}, which shard {self.shard} does not hold"
+                    )
+                if frame.slice_id in grads:
+                    grads[frame.slice_id].add_(frame.tensor)
+                else:  # a copy: the frame views the message's immutable bytes
+                    grads[frame.slice_id] = frame.tensor.to(torch.float32, copy=True)
+        if len(messages) > 1:
+            for g in grads.values():
+                g.div_(len(messages))
+        return grads
+
+    def _publish_norm(self, update: _Update) -> None:
+        """Add this shard's part of the squared norm of a group's averaged gradient to the
+        job-wide hash where every shard of the server group adds its own."""
+        norms = [torch.linalg.vector_norm(g) for g in update.grads.values()]
+        mine = float(torch.linalg.vector_norm(torch.stack(norms))) ** 2 if norms else 0.0
+        if self.plan.nshards == 1:
+            update.norm = math.sqrt(mine)
+            return
+        key = self.keys.norms(self.server_group, update.group, update.step)
+        pipe = self.connections.main.pipeline(transaction=False)
+        pipe.hset(key, str(self.shard), repr(mine))
+        pipe.expire(key, 3600)
+        pipe.execute()
+
+    def _collect_norms(self) -> None:
+        """Fill in the norms every shard has published for. Never waits: a shard waiting for
+        another while holding an update the other waits for would deadlock them both."""
+        waiting = [u for u in self._queue if u.norm is None]
+        if not waiting:
+            return
+        pipe = self.connections.main.pipeline(transaction=False)
+        for update in waiting:
+            pipe.hvals(self.keys.norms(self.server_group, update.group, update.step))
+        for update, values in zip(waiting, pipe.execute(), strict=True):
+            if len(values) >= self.plan.nshards:
+                update.norm = math.sqrt(sum(float(v) for v in values))
+
+    def apply(self, update: _Update) -> None:
+        """One update from the averaged gradients of one worker group for one step."""
+        if self.clip_norm is not None:
+            assert update.norm is not None
+            # torch.nn.utils.clip_grad_norm_'s rule, with the norm of the whole gradient
+            coef = min(self.clip_norm / (update.norm + 1e-6), 1.0)
+            for g in update.grads.values():
+                g.mul_(coef)
+        for slice_id, tensor in self.tensors.items():
+            tensor.grad = update.grads.get(slice_id)
+        self.updater.step(update.step)
+        self.updater.zero_grad()
+        self.version += 1
+        self.updates += 1
+        self._since_sync += 1
+
+    @property
+    def waiting_for_norms(self) -> bool:
+        return bool(self._queue)
+
+    def handle(self, entries: list[tuple[bytes, dict[bytes, bytes] | None]]) -> None:
+        """Apply, in order, every update the messages complete (once its norm is known, when
+        the job clips); commit them together."""
+        done_ids: list[bytes] = []
+        for entry_id, fields in entries:
+            if not fields:  # deleted while pending: nothing left to apply
+                done_ids.append(entry_id)
+                continue
+            header, frames = decode_grad_message(fields[b"m"])
+            key = (header.group, header.step)
+            waiting = self._pending.setdefault(key, {})
+            waiting[header.worker] = (entry_id, header, frames)
+            if len(waiting) < self.plan.pushers_per_group:
+                continue
+            del self._pending[key]
+            update = _Update(
+                group=header.group,
+                step=header.step,
+                grads=self._average([(h, f) for _, h, f in waiting.values()]),
+                entry_ids=[eid for eid, _, _ in waiting.values()],
+            )
+            if self.clip_norm is not None:
+                if len(waiting) == 1:
+                    update.norm = header.norm  # the worker's own: the whole gradient
+                else:
+                    self._publish_norm(update)
+            self._queue.append(update)
+        self._collect_norms()
+        notify: list[int] = []
+        while self._queue and (self.clip_norm is None or self._queue[0].norm is not None):
+            update = self._queue.pop(0)
+            self.apply(update)
+            done_ids.extend(update.entry_ids)
+            notify.extend(self.plan.group_workers(update.group))
+        if done_ids or notify:
+            self.commit(done_ids, notify)
+        if self.plan.nserver_groups > 1 and self._since_sync >= self.sync_freq:
+            self.average_with_peers()
+
+    def average_with_peers(self) -> None:
+        """Hogwild: replace this shard's slices by their mean over all server groups' copies."""
+        peers = [sg for sg in range(self.plan.nserver_groups) if sg != self.server_group]
+        blobs: list[Any] = [
+            self.connections.shard_client(self.plan, sg, self.shard).get(
+                self.keys.params(sg, self.shard)
+            )
+            for sg in peers
+        ]
+        copies = [decode_frames(blob) for blob in blobs if blob is not None]
+        for frames in copies:
+            for frame in frames:
+                self.tensors[frame.slice_id].add_(frame.tensor)
+        for tensor in self.tensors.values():
+            tensor.div_(len(copies) + 1)
+        self._since_sync = 0
+        self.peer_syncs += 1
+        self.commit((), ())
+
+    # -- the loop ------------------------------------------------------------------------------
+    def finished(self) -> bool:
+        done = self.connections.main.scard(self.keys.done(self.server_group))
+        return int(done) >= len(self.workers)
+
+    def serve(self, should_stop: Callable[[], bool] = lambda: False) -> None:
+        stream = self.keys.grads(self.server_group, self.shard)
+        count = max(2 * len(self.workers), 4)
+        # First what a predecessor read but never acknowledged (ids after `cursor`), then new
+        # messages (">").
+        cursor = "0"
+        while not should_stop():
+            history = cursor != ">"
+            block = None if history else NORM_POLL_MS if self.waiting_for_norms else READ_BLOCK_MS
+            reply: Any = self.client.xreadgroup(
+                CONSUMER_GROUP, CONSUMER, {stream: cursor}, count=count, block=block
+            )
+            entries = reply[0][1] if reply else []
+            if not entries:
+                if history:
+                    cursor = ">"
+                elif self.waiting_for_norms:
+                    self.handle([])
+                elif self.finished():
+                    return
+                continue
+            if history:
+                cursor = entries[-1][0].decode()
+            self.handle(entries)
+
+
+def run_shard(
+    redis_url: str,
+    scope: str,
+    server_group: int,
+    shard: int,
+    spec: JobSpec,
+    topology: Topology,
+    *,
+    ps_urls: Sequence[str] = (),
+    pushers_per_group: int | None = None,
+    slice_map: SliceMap | None = None,
+    start_timeout: float = 600.0,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> ShardReport:
+    """Serve shard `shard` of server group `server_group` until its workers finish."""
+    started = time.perf_counter()
+    plan = PSPlan.from_topology(topology, pushers_per_group)
+    if not (0 <= server_group < plan.nserver_groups and 0 <= shard < plan.nshards):
+        raise ShardError(
+            f"shard {server_group}/{shard} is outside {plan.nserver_groups} server groups x "
+            f"{plan.nshards} shards"
+        )
+    keys = PSKeys(scope)
+    connections = Connections(redis_url, ps_urls)
+    try:
+        if slice_map is None:
+            slice_map = wait_for_slice_map(connections.main, keys, start_timeout)
+        server = ShardServer(connections, keys, plan, server_group, shard, slice_map, spec)
+        server.load(start_timeout)
+        server.serve(should_stop)
+        return ShardReport(
+            server.version, server.updates, server.peer_syncs, time.perf_counter() - started
+        )
+    finally:
+        connections.close()

@@ -1,0 +1,170 @@
+"""The parameter server's wire format: raw tensor bytes behind small fixed headers, no pickle.
+
+A blob is a sequence of frames, one per slice:
+
+    frame   = header (48 bytes) + payload (the slice's elements, padded to 8 bytes)
+    header  = magic "TY", dtype code (u8), ndim (u8), slice id (u32), version (u64), 8 x dim (u32)
+
+A gradient message (worker -> shard) puts a 40-byte message header in front of its frames:
+magic "TG", worker (u32), group (u32), frame count (u32), step (u64), global gradient norm
+(f64) and the parameter version the gradients were computed on (u64).
+
+All integers are little-endian. Gradients may travel as fp16 or bf16 (half the bytes); the shard
+widens them back to fp32 before the update. Parameters always travel as fp32.
+"""
+
+from __future__ import annotations
+
+import struct
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+Compression = Literal["none", "fp16", "bf16"]
+
+WIRE_DTYPES: dict[str, torch.dtype] = {
+    "none": torch.float32,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+}
+_DTYPE_CODES: dict[torch.dtype, int] = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+_CODE_DTYPES = {code: dtype for dtype, code in _DTYPE_CODES.items()}
+
+FRAME = struct.Struct("<2sBBIQ8I")
+MESSAGE = struct.Struct("<2s2xIIIQdQ")
+MAX_DIMS = 8
+_ALIGN = 8
+_PADDING = bytes(_ALIGN)
+
+
+class WireError(ValueError):
+    """A blob that is not in the wire format (truncated, wrong magic, unknown dtype)."""
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One decoded slice. `tensor` views the blob's memory: copy it before the blob goes away."""
+
+    slice_id: int
+    version: int
+    tensor: torch.Tensor
+
+
+@dataclass(frozen=True)
+class GradHeader:
+    worker: int
+    group: int
+    step: int
+    version: int  # the parameter version the gradients were computed on
+    norm: float  # global L2 norm of the worker's whole gradient (for clipping at the shards)
+
+
+def wire_dtype(compression: str) -> torch.dtype:
+    try:
+        return WIRE_DTYPES[compression]
+    except KeyError:
+        raise WireError(
+            f"unknown compression '{compression}'; known: {', '.join(WIRE_DTYPES)}"
+        ) from None
+
+
+def _payload(tensor: torch.Tensor) -> memoryview:
+    """The tensor's bytes without a copy (numpy has no bf16: those go through int16)."""
+    flat = tensor.detach().to("cpu").contiguous()
+    if flat.dtype == torch.bfloat16:
+        flat = flat.view(torch.int16)
+    return flat.numpy().data.cast("B")
+
+
+def frame_pieces(
+    tensors: Iterable[tuple[int, torch.Tensor]], version: int, dtype: torch.dtype = torch.float32
+) -> list[bytes | memoryview]:
+    """Header and payload buffers of one frame per (slice id, tensor), converted to `dtype`.
+
+    Returned as pieces so the caller joins everything it sends with a single copy.
+    """
+    code = _DTYPE_CODES.get(dtype)
+    if code is None:
+        raise WireError(f"dtype {dtype} cannot travel on the wire")
+    pieces: list[bytes | memoryview] = []
+    for slice_id, tensor in tensors:
+        shape = tuple(tensor.shape)
+        if len(shape) > MAX_DIMS:
+            raise WireError(f"slice {slice_id} has {len(shape)} dims; at most {MAX_DIMS} travel")
+        dims = (*shape, *([0] * (MAX_DIMS - len(shape))))
+        pieces.append(FRAME.pack(b"TY", code, len(shape), slice_id, version, *dims))
+        payload = _payload(tensor if tensor.dtype == dtype else tensor.to(dtype))
+        pieces.append(payload)
+        pad = -len(payload) % _ALIGN
+        if pad:
+            pieces.append(_PADDING[:pad])
+    return pieces
+
+
+def encode_frames(
+    tensors: Iterable[tuple[int, torch.Tensor]], version: int, dtype: torch.dtype = torch.float32
+) -> bytes:
+    return b"".join(frame_pieces(tensors, version, dtype))
+
+
+def decode_frames(blob: bytes, offset: int = 0, count: int | None = None) -> list[Frame]:
+    """The frames of `blob` from `offset` (all of them, or the first `count`)."""
+    frames: list[Frame] = []
+    end = len(blob)
+    # The tensors view `blob` (bytes are immutable, so torch warns that they are read-only);
+    # callers copy out of them at once.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        while offset < end and (count is None or len(frames) < count):
+            if end - offset < FRAME.size:
+                raise WireError(f"truncated frame header at byte {offset}")
+            magic, code, ndim, slice_id, version, *dims = FRAME.unpack_from(blob, offset)
+            if magic != b"TY" or ndim > MAX_DIMS:
+                raise WireError(f"no frame at byte {offset}")
+            dtype = _CODE_DTYPES.get(code)
+            if dtype is None:
+                raise WireError(f"unknown dtype code {code} at byte {offset}")
+            shape = tuple(dims[:ndim])
+            numel = 1
+            for d in shape:
+                numel *= d
+            offset += FRAME.size
+            nbytes = numel * dtype.itemsize
+            if end - offset < nbytes:
+                raise WireError(f"slice {slice_id}: payload truncated at byte {offset}")
+            if numel:
+                flat = torch.frombuffer(blob, dtype=dtype, count=numel, offset=offset)
+            else:
+                flat = torch.empty(0, dtype=dtype)
+            frames.append(Frame(slice_id, version, flat.view(shape)))
+            offset += nbytes + (-nbytes % _ALIGN)
+    if count is not None and len(frames) != count:
+        raise WireError(f"expected {count} frames, found {len(frames)}")
+    return frames
+
+
+def encode_grad_message(
+    header: GradHeader,
+    tensors: Iterable[tuple[int, torch.Tensor]],
+    dtype: torch.dtype = torch.float32,
+) -> bytes:
+    """A gradient message: the message header, then one frame per (slice id, gradient)."""
+    items = list(tensors)
+    head = MESSAGE.pack(
+        b"TG", header.worker, header.group, len(items), header.step, header.norm, header.version
+    )
+    pieces = frame_pieces(items, header.version, dtype)
+    return b"".join([head, *pieces])
+
+
+def decode_grad_message(blob: bytes) -> tuple[GradHeader, list[Frame]]:
+    if len(blob) < MESSAGE.size:
+        raise WireError("truncated gradient message")
+    magic, worker, group, count, step, norm, version = MESSAGE.unpack_from(blob, 0)
+    if magic != b"TG":
+        raise WireError("not a gradient message")
+    header = GradHeader(worker=worker, group=group, step=step, version=version, norm=norm)
+    return header, decode_frames(blob, MESSAGE.size, count)
