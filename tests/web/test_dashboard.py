@@ -1,0 +1,407 @@
+"""The dashboard in a real browser (Debian's Chromium, headless) against a real `trainyard up`.
+
+One stack per module (Redis, API, scheduler and a node agent with 2 slots, as subprocesses);
+each test drives the pages a user would and saves a screenshot under tests/web/screenshots/;
+with TRAINYARD_DOC_SCREENSHOTS=1 the documentation's pictures in docs/img/ are refreshed from the
+same runs (CI leaves the committed ones alone). Chromium comes from scripts/ensure-chromium.sh
+(`make test` runs it); never from `playwright install`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from playwright.sync_api import Browser, Page, ViewportSize, sync_playwright
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+SCREENSHOTS = Path(__file__).resolve().parent / "screenshots"
+DOC_IMAGES = ROOT / "docs" / "img"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+VIEWPORT: ViewportSize = {"width": 1366, "height": 768}
+SLOTS = 2
+
+
+def job_yaml(example: str, **keys: object) -> str:
+    """An example job, its comments and layout kept, with top-level keys set (added if absent)."""
+    text = (EXAMPLES / f"{example}.yaml").read_text()
+    for key, value in keys.items():
+        flow = yaml.safe_dump(value, default_flow_style=True, width=200).removesuffix("\n...\n")
+        line = f"{key}: {flow.strip()}"
+        text, found = re.subn(rf"^{key}:.*$", line, text, count=1, flags=re.MULTILINE)
+        if not found:
+            text = f"{text.rstrip()}\n{line}\n"
+    job = yaml.safe_load(text)
+    assert {key: job[key] for key in keys} == keys, f"could not set {keys} in {example}"
+    return text
+
+
+MLP = (EXAMPLES / "mnist1d_mlp.yaml").read_text()
+MLP_LAYERS = yaml.safe_load(MLP)["neuralnet"]["layers"]
+# A quick job (300 steps at several hundred per second) submitted through the editor.
+QUICK_JOB = job_yaml(
+    "mnist1d_mlp", name="e2e-quick-mlp", train_steps=300, disp_freq=10, test={"freq": 100}
+)
+# A long one (the CNN runs about 100 steps/s on one core): reports every 25 steps until cancelled.
+LONG_JOB = job_yaml(
+    "mnist1d_cnn",
+    name="e2e-long-cnn",
+    train_steps=100_000,
+    disp_freq=25,
+    test={"freq": 100},
+    checkpoint={"freq": 200, "keep": 3},
+)
+# One line names a layer that does not exist, which also leaves relu1 (the line above) unused.
+BROKEN_JOB = MLP.replace("srclayers: [relu1]", "srclayers: [relu9]")
+BROKEN_LINE = next(i for i, line in enumerate(BROKEN_JOB.splitlines(), 1) if "relu9" in line)
+
+
+@dataclass
+class Stack:
+    url: str
+    token: str
+    api: httpx.Client
+    long_job: int = 0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _stack_env(data_dir: Path) -> dict[str, str]:
+    # The stack is our own: no Redis, SQL or other settings leak in from the caller's shell.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("TRAINYARD_") and k not in ("REDIS_URL", "DATABASE_URL")
+    }
+    env.update(TRAINYARD_NODE_NAME="node-1", TRAINYARD_NODE_SLOTS=str(SLOTS))
+    env["TRAINYARD_DATA_DIR"] = str(data_dir)
+    return env
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is missing: run scripts/ensure-chromium.sh (make test does)")
+    if not (ROOT / "web" / "dist" / "index.html").exists():
+        pytest.fail("web/dist is missing: build the dashboard with `make web`")
+    data_dir = tmp_path_factory.mktemp("stack")
+    port = _free_port()
+    log_path = data_dir / "up.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sdk", "up", "--data-dir", str(data_dir), "--port", str(port)],
+            env=_stack_env(data_dir),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    stack_file = data_dir / "stack.json"
+    deadline = time.monotonic() + 180
+    while not stack_file.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"`trainyard up` did not start:\n{log_path.read_text()[-3000:]}")
+        time.sleep(0.2)
+    info = json.loads(stack_file.read_text())
+    api = httpx.Client(
+        base_url=f"{info['url']}/api/v1",
+        headers={"Authorization": f"Bearer {info['token']}"},
+        timeout=30,
+    )
+    stack = Stack(info["url"], info["token"], api)
+    # Submitted first so it is running (and reporting) by the time tests watch a running job.
+    stack.long_job = submit(stack, LONG_JOB)
+    yield stack
+    api.close()
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+@pytest.fixture(scope="module")
+def browser(stack: Stack) -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Browser, stack: Stack) -> Iterator[Page]:
+    """A fresh browser context at laptop size; fails the test on any uncaught script error."""
+    context = browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    page.set_default_timeout(20_000)
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    yield page
+    context.close()
+    assert errors == [], f"script errors in the page: {errors}"
+
+
+@pytest.fixture
+def signed_in(page: Page, stack: Stack) -> Page:
+    page.add_init_script(f"localStorage.setItem('trainyard.token', {json.dumps(stack.token)})")
+    return page
+
+
+def shoot(page: Page, name: str, *, doc: bool = False) -> None:
+    """Every test leaves a screenshot; the documentation's pictures come from the same runs."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
+    if doc and os.environ.get("TRAINYARD_DOC_SCREENSHOTS") == "1":
+        DOC_IMAGES.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(DOC_IMAGES / f"{name}.png"))
+
+
+def submit(stack: Stack, yaml_text: str) -> int:
+    response = stack.api.post(
+        "/jobs", content=yaml_text, headers={"Content-Type": "application/yaml"}
+    )
+    assert response.status_code == 201, response.text
+    return int(response.json()["id"])
+
+
+def wait_for_state(stack: Stack, job_id: int, states: set[str], timeout: float = 90) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = str(stack.api.get(f"/jobs/{job_id}").json()["state"])
+        if state in states:
+            return state
+        time.sleep(0.25)
+    raise AssertionError(f"job {job_id} did not reach {states} in {timeout:.0f}s (now {state})")
+
+
+def replace_editor_text(page: Page, text: str) -> None:
+    page.locator(".cm-content").click()
+    page.keyboard.press("Control+A")
+    page.keyboard.press("Delete")
+    page.keyboard.insert_text(text)
+
+
+def test_sign_in_with_a_token(page: Page, stack: Stack) -> None:
+    page.goto(stack.url + "/")
+    page.wait_for_url(re.compile(r"#/signin$"))
+    token = page.locator("#token")
+    shoot(page, "signin", doc=True)
+    token.fill("not-a-token")
+    page.get_by_role("button", name="Sign in").click()
+    page.get_by_role("alert").filter(has_text="not accepted").wait_for()
+
+    token.fill(stack.token)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(re.compile(r"#/jobs$"))
+    page.get_by_role("heading", name="Jobs").wait_for()
+    assert page.evaluate("localStorage.getItem('trainyard.token')") == stack.token
+    shoot(page, "signed-in")
+
+
+def test_broken_yaml_is_marked_on_its_line(signed_in: Page, stack: Stack) -> None:
+    page = signed_in
+    page.goto(stack.url + "/#/new")
+    page.locator(".cm-content").wait_for()
+    replace_editor_text(page, BROKEN_JOB)
+
+    page.locator("#verdict", has_text="2 problems").wait_for()
+    lines = page.locator(".cm-content .cm-line")
+    broken = lines.nth(BROKEN_LINE - 1)
+    assert "cm-error-line" in (broken.get_attribute("class") or "")
+    assert "names source 'relu9'" in broken.locator(".cm-line-message").inner_text()
+    unused = lines.nth(BROKEN_LINE - 2).locator(".cm-line-message").inner_text()
+    assert "'relu1' is not used" in unused
+    assert page.locator(".cm-error-line").count() == 2
+    assert page.locator(".cm-lint-marker-error").count() == 2
+    assert page.locator(".cm-lintRange-error").count() == 2
+    problems = page.locator("#problems li")
+    assert problems.count() == 2
+    assert "did you mean 'relu2'" in page.locator("#problems").inner_text()
+    shoot(page, "new-job-errors", doc=True)
+
+    # Fixing the line clears its marks.
+    replace_editor_text(page, MLP)
+    page.locator("#verdict", has_text="valid").wait_for()
+    assert page.locator(".cm-error-line").count() == 0
+
+
+def test_submit_a_job_from_the_editor(signed_in: Page, stack: Stack) -> None:
+    page = signed_in
+    page.goto(stack.url + "/#/new")
+    page.locator("#example option[value='mnist1d_mlp']").wait_for(state="attached")
+    page.select_option("#example", "mnist1d_mlp")
+    page.locator(".cm-content", has_text="name: mnist1d-mlp").wait_for()
+    replace_editor_text(page, QUICK_JOB)
+
+    page.locator("#verdict", has_text="valid").wait_for()
+    assert page.locator("tr.layer-row").count() == len(MLP_LAYERS)
+    assert page.locator("#placement-verdict").inner_text().startswith("✓ fits now")
+    shoot(page, "new-job", doc=True)
+
+    page.locator("#submit").click()
+    page.wait_for_url(re.compile(r"#/jobs/\d+$"))
+    job_id = int(page.url.rsplit("/", 1)[-1])
+    page.get_by_role("heading", name=f"#{job_id} e2e-quick-mlp").wait_for()
+    job = stack.api.get(f"/jobs/{job_id}").json()
+    assert (job["name"], job["train_steps"], job["spec_yaml"]) == ("e2e-quick-mlp", 300, QUICK_JOB)
+
+    page.get_by_role("tab", name="graph").click()
+    page.locator("#graph g.layer").first.wait_for()
+    assert page.locator("#graph g.layer").count() == len(MLP_LAYERS)
+    edges = sum(len(layer.get("srclayers", [])) for layer in MLP_LAYERS)
+    assert page.locator("#graph path.edge").count() == edges
+    assert "(100)" in (page.locator("#graph g[data-layer='fc1']").text_content() or "")
+    shoot(page, "job-graph", doc=True)
+
+    page.get_by_role("tab", name="events").click()
+    page.locator("#events li", has_text="submitted").wait_for()
+
+    page.get_by_role("tab", name="yaml").click()
+    assert "e2e-quick-mlp" in page.locator(".pane-yaml .cm-content").inner_text()
+
+
+def test_a_running_jobs_chart_gains_points(signed_in: Page, stack: Stack) -> None:
+    page, long_job = signed_in, stack.long_job
+    page.goto(f"{stack.url}/#/jobs/{long_job}")
+    page.locator("#job-state", has_text="running").wait_for()
+    count = "Number(document.querySelector(\"figure[data-metric='loss']\")?.dataset.points ?? 0)"
+    page.wait_for_function(f"() => {count} > 0", timeout=30_000)
+    before = page.evaluate(count)
+    # Live points arrive over the event stream: no reload, the curve grows.
+    page.wait_for_function(f"() => {count} >= {before + 4}", timeout=30_000)
+    assert page.evaluate(count) >= before + 4
+    # The first evaluation (step 100) adds the test curves next to the training ones.
+    page.locator("figure[data-metric='accuracy']", has_text="test/accuracy").wait_for(
+        timeout=30_000
+    )
+    shoot(page, "job-running")
+
+    page.get_by_role("tab", name="checkpoints").click()
+    page.locator("#checkpoints tbody tr:not(.empty)").first.wait_for(timeout=30_000)
+    with page.expect_download() as download:
+        page.locator("#checkpoints button", has_text="Download").first.click()
+    saved = download.value.path()
+    assert saved is not None and Path(saved).stat().st_size > 1000
+    assert download.value.suggested_filename.startswith("e2e-long-cnn-step")
+    shoot(page, "job-checkpoints", doc=True)
+
+
+def test_cluster_page_shows_nodes_running_and_queue(signed_in: Page, stack: Stack) -> None:
+    page, long_job = signed_in, stack.long_job
+    # Two slots per worker cannot start while the long job holds one of the node's two slots.
+    blocked = submit(
+        stack,
+        job_yaml("mnist1d_mlp", name="e2e-waiting", cluster={"resources": {"slots_per_worker": 2}}),
+    )
+    try:
+        page.goto(stack.url + "/#/cluster")
+        node = page.locator("[data-node='node-1']")
+        node.wait_for()
+        page.locator("#nodes", has_text=f"1 / {SLOTS}").wait_for()
+        assert "alive" in node.inner_text()
+        running = page.locator("section", has_text="Running").locator("tbody")
+        running.locator("tr", has_text=f"#{long_job} e2e-long-cnn").wait_for()
+        assert "worker g0 r0" in running.inner_text()
+        queued = page.locator("section", has_text="Queue").locator("tbody tr")
+        queued.filter(has_text=f"#{blocked} e2e-waiting").wait_for()
+        assert queued.first.locator("td").first.inner_text() == "1"
+        shoot(page, "cluster", doc=True)
+    finally:
+        stack.api.post(f"/jobs/{blocked}/cancel")
+
+
+def test_jobs_table_filters_and_pages(signed_in: Page, stack: Stack) -> None:
+    page = signed_in
+    page.goto(stack.url + "/#/jobs")
+    page.locator(f"tr[data-job='{stack.long_job}']").wait_for()
+    shoot(page, "jobs", doc=True)
+
+    # 55 jobs that could never fit (99 slots per worker) wait in the queue without running.
+    never = {"resources": {"slots_per_worker": 99}}
+    waiting = [
+        submit(stack, job_yaml("mnist1d_mlp", name=f"e2e-parked-{i:02d}", cluster=never))
+        for i in range(55)
+    ]
+    try:
+        page.reload()
+        rows = page.locator("tbody tr[data-job]")
+        page.locator("tbody", has_text="e2e-parked-54").wait_for()
+        assert rows.count() == 50
+
+        page.get_by_role("button", name="Older →").click()
+        page.locator(".pager", has_text="page 2").wait_for()
+        page.locator("tbody", has_text="e2e-parked-00").wait_for()
+        assert page.locator("tbody", has_text="e2e-parked-54").count() == 0
+
+        page.locator("button[data-state='QUEUED']").click()
+        page.locator(".pager", has_text="page 1").wait_for()
+        page.locator("tbody", has_text="e2e-parked-54").wait_for()
+        states = page.locator("tbody tr[data-job] .badge").all_inner_texts()
+        assert len(states) == 50 and set(states) == {"queued"}
+
+        page.locator("button[data-state='all']").click()
+        page.locator("#job-filter-name").fill("parked-0")
+        page.wait_for_function(
+            "() => document.querySelectorAll('tbody tr[data-job]').length === 10"
+        )
+        names = page.locator("tbody .job-name").all_inner_texts()
+        assert sorted(names) == [f"e2e-parked-{i:02d}" for i in range(10)]
+        shoot(page, "jobs-filtered")
+    finally:
+        for job_id in waiting:
+            stack.api.post(f"/jobs/{job_id}/cancel")
+
+
+def test_cancel_a_job(signed_in: Page, stack: Stack) -> None:
+    page, long_job = signed_in, stack.long_job
+    page.goto(f"{stack.url}/#/jobs/{long_job}")
+    page.locator("#job-state", has_text="running").wait_for()
+    # By now the job has a history worth a picture: several evaluations, many training points.
+    page.locator("figure[data-metric='accuracy']", has_text="test/accuracy").wait_for()
+    shoot(page, "job-charts", doc=True)
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.locator("#cancel-job").click()
+    page.locator("#job-state", has_text="cancelled").wait_for(timeout=30_000)
+    assert stack.api.get(f"/jobs/{long_job}").json()["state"] == "CANCELLED"
+    assert page.locator("#cancel-job").count() == 0
+    page.get_by_role("tab", name="events").click()
+    page.locator("#events li", has_text="cancelled").wait_for()
+    shoot(page, "job-cancelled")
+
+    # The job has ended: the logs tab shows exactly what the server stored.
+    page.get_by_role("tab", name="logs").click()
+    stored = stack.api.get(f"/jobs/{long_job}/logs").json()["lines"]
+    page.locator("#logs-note", has_text=f"{len(stored)} lines" if stored else "no log").wait_for()
+    shown = page.locator("#logs").inner_text()
+    assert all(line["line"] in shown for line in stored)

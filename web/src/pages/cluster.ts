@@ -1,0 +1,101 @@
+// Cluster: nodes with their slots and GPUs in use, the running jobs' worker groups and server
+// shards, and the queue in the order the scheduler will place it. Refreshed every 2 s.
+
+import { type Cluster, api } from "../api";
+import { fill, formatAgo, h } from "../dom";
+import { type Scope, errorText } from "../scope";
+import { errorBox, meter, section, stateBadge, table } from "../components/widgets";
+
+const REFRESH_MS = 2000;
+
+function jobLink(id: number | null, name: string | null): Node | string {
+  if (id === null) return h("span", { class: "muted" }, "another user's job");
+  return h("a", { href: `#/jobs/${id}` }, `#${id} ${name ?? ""}`);
+}
+
+export function renderCluster(root: HTMLElement, scope: Scope): void {
+  const body = h("div", { class: "cluster" });
+  const status = h("span", { class: "muted live" });
+  root.append(
+    h("div", { class: "page-head" }, h("h1", {}, "Cluster"), h("div", { class: "spacer" }), status),
+    body,
+  );
+  scope.every(
+    REFRESH_MS,
+    async () => {
+      const cluster = await api.cluster(scope.signal);
+      fill(body, nodesSection(cluster), runningSection(cluster), queueSection(cluster));
+      status.textContent = `updated ${new Date().toLocaleTimeString(undefined, { hour12: false })}`;
+    },
+    (error) => fill(body, errorBox(errorText(error))),
+  );
+}
+
+function nodesSection(cluster: Cluster): HTMLElement {
+  const slots = cluster.nodes.reduce((n, x) => n + x.slots, 0);
+  const used = cluster.nodes.reduce((n, x) => n + x.slots_used, 0);
+  const cards = cluster.nodes.map((node) =>
+    h(
+      "div",
+      { class: "node-card", "data-node": node.name },
+      h("div", { class: "node-title" }, h("strong", {}, node.name), stateBadge(node.state)),
+      meter(node.slots_used, node.slots, "slots"),
+      node.gpus > 0 ? meter(node.gpus_used, node.gpus, "GPUs") : h("div", { class: "muted" }, "no GPUs"),
+      h("div", { class: "muted small" }, `heartbeat ${formatAgo(node.last_heartbeat)}`),
+    ),
+  );
+  return section(
+    `Nodes (${cluster.nodes.length}) · ${used} / ${slots} slots in use`,
+    cards.length
+      ? h("div", { class: "node-grid", id: "nodes" }, ...cards)
+      : h("p", { class: "muted", id: "nodes" }, "No node agent has registered. Start one with `trainyard worker`."),
+  );
+}
+
+function runningSection(cluster: Cluster): HTMLElement {
+  return section(
+    `Running (${cluster.running.length})`,
+    table(
+      [
+        { title: "job", cell: (r) => jobLink(r.job_id, r.name) },
+        { title: "state", cell: (r) => stateBadge(r.state) },
+        {
+          title: "worker groups and server shards",
+          cell: (r) =>
+            h(
+              "div",
+              { class: "allocs" },
+              ...r.allocations.map((a) =>
+                h(
+                  "span",
+                  { class: `alloc role-${a.role} state-${a.state.toLowerCase()}`, title: a.state },
+                  a.role === "server" ? `server ${a.rank}` : `worker g${a.group} r${a.rank}`,
+                  h("span", { class: "muted" }, ` @ ${a.node}`),
+                ),
+              ),
+            ),
+        },
+      ],
+      cluster.running,
+      { empty: "Nothing is running." },
+    ),
+  );
+}
+
+function queueSection(cluster: Cluster): HTMLElement {
+  return section(
+    `Queue (${cluster.queue.length})`,
+    table(
+      [
+        { title: "position", cell: (q) => String(q.position), className: "num" },
+        { title: "job", cell: (q) => jobLink(q.job_id, q.name) },
+        { title: "priority", cell: (q) => String(q.priority), className: "num" },
+        { title: "slots", cell: (q) => String(q.slots), className: "num" },
+        { title: "GPUs", cell: (q) => String(q.gpus), className: "num" },
+        { title: "waiting because", cell: (q) => q.reason || "—" },
+      ],
+      cluster.queue,
+      { empty: "The queue is empty." },
+    ),
+  );
+}

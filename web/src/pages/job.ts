@@ -1,0 +1,222 @@
+// Job detail: a header with state, progress and actions, and tabs for the live charts (SSE), the
+// compiled net, the events timeline, logs with follow, checkpoints and the job's YAML.
+
+import { type Job, TERMINAL, api, streamUrl } from "../api";
+import { fill, formatDuration, formatTime, h } from "../dom";
+import type { Params, Scope } from "../scope";
+import { errorText } from "../scope";
+import { MAX_POINTS, MetricCharts } from "../components/charts";
+import { DRAFT_KEY, yamlEditor } from "../components/editor";
+import { errorBox, progressBar, stateBadge } from "../components/widgets";
+import { percent } from "./jobs";
+import { checkpointsTab, eventsTab, graphTab, logsTab } from "./jobtabs";
+
+const TABS = ["charts", "graph", "events", "logs", "checkpoints", "yaml"] as const;
+type Tab = (typeof TABS)[number];
+const REFRESH_MS = 2000;
+
+/** A live `metric` event: one worker's values at a step (null: NaN or infinite). */
+interface MetricEvent {
+  step: number;
+  group: number;
+  rank: number;
+  values: Record<string, number | null>;
+}
+
+export interface JobContext {
+  id: number;
+  scope: Scope;
+  job: () => Job | null;
+  /** Called with each kind of live event so open tabs can refresh themselves. */
+  on: (kind: "log" | "checkpoint" | "state", fn: () => void) => void;
+}
+
+export function renderJob(root: HTMLElement, scope: Scope, params: Params): void {
+  const id = Number(params.id);
+  let job: Job | null = null;
+  const listeners: Record<string, (() => void)[]> = { log: [], checkpoint: [], state: [] };
+  const ctx: JobContext = {
+    id,
+    scope,
+    job: () => job,
+    on: (kind, fn) => listeners[kind].push(fn),
+  };
+  const emit = (kind: string) => listeners[kind]?.forEach((fn) => fn());
+
+  const header = h("div", { class: "job-head" }, h("h1", {}, `Job #${id}`));
+  const tabBar = h("nav", { class: "tabs", role: "tablist" });
+  const panes = new Map<Tab, HTMLElement>();
+  const opened = new Set<Tab>();
+  root.append(header, tabBar);
+
+  const chartsHost = h("div", { class: "charts-grid", id: "charts" });
+  const charts = new MetricCharts(chartsHost);
+  scope.onDispose(() => charts.destroy());
+  const chartNote = h("p", { class: "muted chart-note" });
+
+  const build: Record<Tab, (pane: HTMLElement) => void> = {
+    charts: (pane) => pane.append(chartNote, chartsHost),
+    graph: (pane) => graphTab(pane, ctx),
+    events: (pane) => eventsTab(pane, ctx),
+    logs: (pane) => logsTab(pane, ctx),
+    checkpoints: (pane) => checkpointsTab(pane, ctx),
+    yaml: (pane) => {
+      const spec = job?.spec_yaml ?? "";
+      const view = yamlEditor(pane, { doc: spec, readOnly: true });
+      scope.onDispose(() => view.destroy());
+    },
+  };
+
+  const select = (tab: Tab) => {
+    for (const [name, pane] of panes) pane.hidden = name !== tab;
+    for (const button of tabBar.querySelectorAll("button")) {
+      button.classList.toggle("active", button.dataset.tab === tab);
+      button.setAttribute("aria-selected", String(button.dataset.tab === tab));
+    }
+    if (!opened.has(tab)) {
+      opened.add(tab);
+      build[tab](panes.get(tab) as HTMLElement);
+    }
+    // The tab is part of the address but not a new page: no hashchange, no reload.
+    history.replaceState(null, "", `#/jobs/${id}${tab === "charts" ? "" : `/${tab}`}`);
+  };
+  for (const tab of TABS) {
+    const pane = h("div", { class: `tab-pane pane-${tab}`, role: "tabpanel", hidden: true });
+    panes.set(tab, pane);
+    root.append(pane);
+    tabBar.append(
+      h("button", { role: "tab", "data-tab": tab, onclick: () => select(tab) }, tab),
+    );
+  }
+
+  const drawHeader = (j: Job) => {
+    const cancel = h(
+      "button",
+      {
+        class: "danger",
+        id: "cancel-job",
+        onclick: async () => {
+          if (!confirm(`Cancel job #${j.id} (${j.name})?`)) return;
+          cancel.disabled = true;
+          try {
+            job = await api.cancel(j.id);
+            drawHeader(job);
+          } catch (error) {
+            alert(`Cancel failed: ${errorText(error)}`);
+            cancel.disabled = false;
+          }
+        },
+      },
+      j.cancel_requested ? "Cancelling…" : "Cancel job",
+    );
+    if (j.cancel_requested) cancel.disabled = true;
+    const copy = h(
+      "button",
+      {
+        onclick: () => {
+          localStorage.setItem(DRAFT_KEY, j.spec_yaml ?? "");
+          location.hash = "#/new";
+        },
+      },
+      "Edit a copy",
+    );
+    const fact = (label: string, value: Node | string) =>
+      h("div", { class: "fact" }, h("span", { class: "muted" }, label), h("strong", {}, value));
+    fill(
+      header,
+      h(
+        "div",
+        { class: "page-head" },
+        h("a", { href: "#/jobs", class: "back" }, "← Jobs"),
+        h("h1", {}, `#${j.id} ${j.name}`),
+        h("span", { id: "job-state" }, stateBadge(j.state)),
+        h("div", { class: "spacer" }),
+        copy,
+        TERMINAL.has(j.state) ? null : cancel,
+      ),
+      h(
+        "div",
+        { class: "facts card" },
+        h(
+          "div",
+          { class: "fact wide" },
+          h("span", { class: "muted" }, "progress"),
+          progressBar(j.step, j.train_steps, j.state),
+          h("strong", { class: "num" }, `${j.step.toLocaleString()} / ${j.train_steps.toLocaleString()}`),
+        ),
+        fact("owner", j.owner),
+        fact("framework", j.framework),
+        fact("priority", String(j.priority)),
+        j.queue_position !== null ? fact("queue position", String(j.queue_position)) : null,
+        fact("best test acc", percent(j.best_metric)),
+        fact("created", formatTime(j.created_at)),
+        fact("started", formatTime(j.started_at)),
+        fact("ended", formatTime(j.ended_at)),
+        fact("duration", formatDuration(j.duration_seconds)),
+      ),
+      j.error ? errorBox(j.error) : null,
+    );
+  };
+
+  const refresh = async () => {
+    const fresh = await api.job(id, scope.signal);
+    const changed = !job || job.state !== fresh.state;
+    job = fresh;
+    drawHeader(fresh);
+    if (changed && job) emit("state");
+  };
+
+  // History first from SQL (downsampled by the server), then live points from the stream; live
+  // points that arrive while the history loads are kept and merged after it.
+  let pending: MetricEvent[] | null = [];
+  const appendMetric = (m: MetricEvent) => charts.append(m.step, m.group, m.rank, m.values);
+  const loadHistory = async () => {
+    const { series } = await api.metrics(id, MAX_POINTS, scope.signal);
+    charts.load(series);
+    for (const m of pending ?? []) appendMetric(m);
+    pending = null;
+    chartNote.textContent =
+      series.length === 0 && !TERMINAL.has(job?.state ?? "")
+        ? "Waiting for the first metrics…"
+        : series.length === 0
+          ? "This job reported no metrics."
+          : "";
+  };
+
+  // Only a job that has not ended has anything to stream.
+  const follow = () => {
+    const source = new EventSource(streamUrl(id));
+    scope.onDispose(() => source.close());
+    source.addEventListener("metric", (event) => {
+      const m = JSON.parse((event as MessageEvent).data) as MetricEvent;
+      if (pending) pending.push(m);
+      else {
+        appendMetric(m);
+        chartNote.textContent = "";
+      }
+    });
+    source.addEventListener("log", () => emit("log"));
+    source.addEventListener("checkpoint", () => emit("checkpoint"));
+    source.addEventListener("state", () => void refresh().catch(() => undefined));
+    source.addEventListener("end", () => {
+      source.close();
+      // Reload once: points the ingester stored after the last live event are drawn too.
+      void refresh()
+        .then(loadHistory)
+        .catch(() => undefined);
+    });
+  };
+
+  refresh()
+    .then(() => {
+      const wanted = (params.tab ?? "charts") as Tab;
+      select(TABS.includes(wanted) ? wanted : "charts");
+      if (job && !TERMINAL.has(job.state)) follow();
+      return loadHistory();
+    })
+    .catch((error) => fill(header, errorBox(errorText(error))));
+
+  scope.every(REFRESH_MS, async () => {
+    if (job && !TERMINAL.has(job.state)) await refresh();
+  });
+}
