@@ -13,7 +13,7 @@ from workers.metrics import read_metrics
 
 torch.set_num_threads(1)
 
-STEPS = 400  # 85% is reached at 250-350 steps (500-700 updates of 32 samples); measured
+STEPS = 600  # 85% is reached at 250-350 steps (500-700 updates of 32 samples); measured
 
 
 @pytest.mark.slow

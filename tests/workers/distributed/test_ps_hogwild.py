@@ -13,7 +13,7 @@ from workers.distributed.launch import launch_local
 
 torch.set_num_threads(1)
 
-STEPS = 300
+STEPS = 600  # 85% is reached at ~300 steps; asynchrony makes single runs vary, so keep a margin
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from workers.metrics import read_metrics
 
 torch.set_num_threads(1)
 
-STEPS = 400
+STEPS = 600  # margin over the ~350 steps 85% takes: asynchronous runs vary
 
 
 @pytest.mark.slow
