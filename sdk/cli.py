@@ -6,13 +6,17 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 
 from dsl.errors import JobSpecError
 from sdk.console import format_stats, layer_table, print_issues, training_progress
+
+if TYPE_CHECKING:
+    from dsl.compiler import CompiledJob
+    from workers.data import Dataset
 
 app = typer.Typer(
     help="Trainyard: describe a deep-learning job in YAML, train it locally or on the service.",
@@ -43,10 +47,26 @@ def _overrides(items: list[str] | None) -> dict[str, Any]:
     return parse_overrides(items or [])
 
 
-def _fail(exc: JobSpecError, filename: str) -> None:
+def _fail(exc: JobSpecError, filename: str) -> NoReturn:
     print_issues(err_console, exc.issues, filename)
     err_console.print(f"[red]{len(exc.issues)} problem(s); nothing was run.[/]")
     raise typer.Exit(1)
+
+
+def _prepare(job: Path, set_: list[str] | None) -> tuple[CompiledJob, Dataset]:
+    """Validate and build the job, or print its located errors and exit 1."""
+    from workers.jobs import prepare_job
+
+    try:
+        return prepare_job(
+            _read_job(job),
+            cache_dir=_cache_dir(),
+            base_dir=job.parent,
+            overrides=_overrides(set_),
+            filename=str(job),
+        )
+    except JobSpecError as exc:
+        _fail(exc, str(job))
 
 
 def _cache_dir() -> Path:
@@ -60,21 +80,8 @@ def validate(job: JobFile, set_: SetOption = None) -> None:
     """Check a job and print its layer table (name, type, sources, output shape, parameters)."""
     import torch
 
-    from workers.jobs import prepare_job
-
     torch.set_num_threads(1)
-    text = _read_job(job)
-    try:
-        compiled, _ = prepare_job(
-            text,
-            cache_dir=_cache_dir(),
-            base_dir=job.parent,
-            overrides=_overrides(set_),
-            filename=str(job),
-        )
-    except JobSpecError as exc:
-        _fail(exc, str(job))
-        return
+    compiled, _ = _prepare(job, set_)
     rows = [{**row.__dict__, "shape": row.shape_text()} for row in compiled.table]
     console.print(layer_table(rows, f"{compiled.spec.name}: {len(rows)} layers"))
     console.print(
@@ -102,7 +109,6 @@ def train(
     import torch
 
     from workers.checkpoint import CheckpointError
-    from workers.jobs import prepare_job
     from workers.metrics import JsonlSink, MetricRecord
     from workers.trainer import Trainer, TrainOptions
 
@@ -110,18 +116,7 @@ def train(
     if device.startswith("cuda") and not torch.cuda.is_available():
         err_console.print("[bold red]error[/] --device cuda: torch sees no CUDA device here")
         raise typer.Exit(2)
-    text = _read_job(job)
-    try:
-        compiled, dataset = prepare_job(
-            text,
-            cache_dir=_cache_dir(),
-            base_dir=job.parent,
-            overrides=_overrides(set_),
-            filename=str(job),
-        )
-    except JobSpecError as exc:
-        _fail(exc, str(job))
-        return
+    compiled, dataset = _prepare(job, set_)
     spec = compiled.spec
     if spec.cluster.framework != "local":
         err_console.print(
