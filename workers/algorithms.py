@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dsl.layers.base import Layer, Phase
 from dsl.net import NeuralNet
 from dsl.registry import Registry
 from dsl.schema import BPTTConfig, CDConfig, JobSpec
@@ -80,6 +81,15 @@ def bptt(
     return BatchResult(total, metrics)
 
 
+def rbm_input(net: NeuralNet, x: torch.Tensor, phase: Phase) -> tuple[Layer, torch.Tensor]:
+    """The net's last rbm layer and its visible units for batch `x`, flattened to (B, V)."""
+    config, rbm = [(c, m) for c, m in net.layer_modules() if c.type == "rbm"][-1]
+    source = config.srclayers[0]
+    v0 = net(x, None, phase, stop_at=source).outputs[source]
+    assert isinstance(v0, torch.Tensor)
+    return rbm, v0.flatten(1)
+
+
 @ALGORITHMS.register("cd")
 def cd(
     net: NeuralNet, x: torch.Tensor, y: torch.Tensor, spec: JobSpec, gen: torch.Generator
@@ -87,11 +97,8 @@ def cd(
     """CD-k on the net's last rbm layer; the layers below it are fixed feature extractors."""
     cfg = spec.train_one_batch
     assert isinstance(cfg, CDConfig)
-    rbm_config, rbm = [(c, m) for c, m in net.layer_modules() if c.type == "rbm"][-1]
-    source = rbm_config.srclayers[0]
     with torch.no_grad():
-        v0 = net(x, None, "train", stop_at=source).outputs[source]
-    assert isinstance(v0, torch.Tensor)
-    loss, recon = rbm.cd_loss(v0.flatten(1), cfg.k, gen)  # type: ignore[operator]
+        rbm, v0 = rbm_input(net, x, "train")
+    loss, recon = rbm.cd_loss(v0, cfg.k, gen)  # type: ignore[operator]
     loss.backward()
     return BatchResult(loss.detach(), {"recon_error": recon.detach()})

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from dsl.compiler import CompiledJob
-from workers.algorithms import ALGORITHMS, BatchResult
+from workers.algorithms import ALGORITHMS, BatchResult, rbm_input
 from workers.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -178,14 +178,11 @@ class Trainer:
         return {f"test/{k}": v / max(seen, 1) for k, v in sums.items()}
 
     def _cd_eval(self, x: torch.Tensor) -> dict[str, float]:
-        rbm_config, rbm = [(c, m) for c, m in self.net.layer_modules() if c.type == "rbm"][-1]
-        source = rbm_config.srclayers[0]
-        v0 = self.net(x, None, "test", stop_at=source).outputs[source]
-        assert isinstance(v0, torch.Tensor)
+        rbm, v0 = rbm_input(self.net, x, "test")
         # Its own stream: evaluating must not shift the training samples' noise, and the same
         # parameters should always give the same test figure.
         generator = torch.Generator(device=self.device).manual_seed(self.spec.seed + 11)
-        _, recon = rbm.cd_loss(v0.flatten(1), 1, generator)  # type: ignore[operator]
+        _, recon = rbm.cd_loss(v0, 1, generator)  # type: ignore[operator]
         return {"recon_error": float(recon)}
 
     def save_checkpoint(self) -> Path:
