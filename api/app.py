@@ -51,6 +51,9 @@ def create_app(settings: Settings | None = None, *, web_dist: Path | None = WEB_
         import torch  # compiling jobs to check them: one thread per request, not per core
 
         torch.set_num_threads(1)
+        import anyio.to_thread
+
+        anyio.to_thread.current_default_thread_limiter().total_tokens = 8
         yield
         services.redis.close()
         services.db.dispose()

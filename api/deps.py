@@ -5,12 +5,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Annotated
 
 import redis
 from fastapi import Depends, HTTPException, Path, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
@@ -96,11 +97,20 @@ async def get_services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(get_services)]
 
 
-def get_session(services: ServicesDep) -> Iterator[Session]:
-    """A session per request; handlers commit what they change, the rest is rolled back
-    (in the thread pool: closing rolls back on the connection)."""
-    with services.db.sessions() as session:
+async def get_session(services: ServicesDep) -> AsyncIterator[Session]:
+    """A session per request; handlers commit what they change, the rest is rolled back.
+
+    async, as opening a session does no I/O: only closing one that holds a connection (which
+    rolls back on it) goes to the thread pool. Every trip there costs a request about as much
+    as a small query, and this dependency is on nearly every route."""
+    session = services.db.sessions()
+    try:
         yield session
+    finally:
+        if session.in_transaction():
+            await run_in_threadpool(session.close)
+        else:
+            session.close()
 
 
 SessionDep = Annotated[Session, Depends(get_session)]
@@ -138,8 +148,16 @@ def authenticate(
     return user
 
 
-def get_current_user(session: SessionDep, credentials: Credentials, services: ServicesDep) -> User:
-    return authenticate(session, credentials, services.tokens)
+async def get_current_user(
+    session: SessionDep, credentials: Credentials, services: ServicesDep
+) -> User:
+    """A token seen in the last seconds is answered from the cache, here on the event loop;
+    only a new one is looked up in SQL, in the thread pool."""
+    if credentials is not None:
+        user = services.tokens.get(store.hash_token(credentials.credentials))
+        if user is not None:
+            return user
+    return await run_in_threadpool(authenticate, session, credentials, services.tokens)
 
 
 CurrentUser = Annotated[User, Depends(get_current_user)]

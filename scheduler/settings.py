@@ -53,6 +53,12 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, description="port the API server listens on")
     max_job_bytes: int = Field(default=1_000_000, description="largest job document accepted")
     max_dataset_bytes: int = Field(default=50_000_000, description="largest dataset upload")
+    api_threads: int = Field(
+        default=4,
+        ge=1,
+        description="threads per API process for requests that touch SQL; more only help "
+        "with a slow database (CPU-bound ones contend for the interpreter lock)",
+    )
 
     # Clients (CLI, SDK)
     url: str | None = Field(default=None, description="API address for the CLI and SDK")

@@ -187,6 +187,9 @@ def decode_cursor(cursor: str) -> int:
 
 # What a listing shows of a job: everything but the two documents, which are its heavy part.
 LISTED_COLUMNS = [column for column in Job.__table__.c if column.key not in ("spec_yaml", "spec")]
+# Statements built once: building one costs a request more than running it.
+_LISTING = select(*LISTED_COLUMNS, User.name.label("owner")).join(User, User.id == Job.owner_id)
+_QUEUE = select(Job.id).where(Job.state == JobState.QUEUED).order_by(Job.priority.desc(), Job.id)
 
 
 def list_jobs(
@@ -200,29 +203,24 @@ def list_jobs(
 ) -> tuple[list[Row[Any]], str | None]:
     """Newest first; `name` matches anywhere in the job name. Returns the page and the cursor of
     the next one (None on the last page). Rows carry the job's columns (`.id`, `.state`, ...;
-    not spec_yaml and spec) and `.owner`, the owner's name: plain rows, no ORM objects, as
-    this is the API's busiest read."""
-    query = _visible(
-        select(*LISTED_COLUMNS, User.name.label("owner")).join(User, User.id == Job.owner_id),
-        user,
-    )
+    not spec_yaml and spec) and `.owner`, the owner's name: the API's busiest read, so plain
+    rows, run on the session's connection without the ORM."""
+    query = _visible(_LISTING, user)
     if states:
         query = query.where(Job.state.in_([str(state) for state in states]))
     if name:
         query = query.where(Job.name.contains(name, autoescape=True))
     if cursor:
         query = query.where(Job.id < decode_cursor(cursor))
-    rows = list(session.execute(query.order_by(Job.id.desc()).limit(limit + 1)))
+    rows = session.connection().execute(query.order_by(Job.id.desc()).limit(limit + 1)).all()
     if len(rows) > limit:
-        return rows[:limit], encode_cursor(rows[limit - 1].id)
-    return rows, None
+        return list(rows[:limit]), encode_cursor(rows[limit - 1].id)
+    return list(rows), None
 
 
 def queue_positions(session: Session) -> dict[int, int]:
     """1-based place of every queued job in the order the scheduler places them."""
-    ids = session.scalars(
-        select(Job.id).where(Job.state == JobState.QUEUED).order_by(Job.priority.desc(), Job.id)
-    )
+    ids = session.connection().execute(_QUEUE).scalars()
     return {job_id: position for position, job_id in enumerate(ids, start=1)}
 
 
