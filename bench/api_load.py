@@ -10,7 +10,9 @@ seconds:
 
 - GET /api/v1/jobs?limit=50 (a page of 50 jobs, newest first, with owners and queue positions);
 - POST /api/v1/jobs/validate with examples/digits_mlp.yaml (parse, validate, describe the data,
-  infer shapes, count parameters, preview the placement).
+  infer shapes, count parameters, preview the placement);
+- GET /api/v1/cluster (no target; the dashboard polls it: nodes, running jobs, the queue of
+  `--jobs` jobs with the scheduler's reasons).
 
 Every response must be 200; the throughput counts completed requests over the wall time.
 
@@ -42,7 +44,12 @@ from sdk.stack import HEALTH_PATH, ensure_admin_token
 ROOT = Path(__file__).resolve().parent.parent
 JOB_TEXT = (ROOT / "examples" / "digits_mlp.yaml").read_text()
 API_PREFIX = "/api/v1"
-TARGETS = {"GET /jobs": 500.0, "POST /jobs/validate": 50.0}
+# GET /cluster has no target: measured because the dashboard polls it.
+TARGETS: dict[str, float | None] = {
+    "GET /jobs": 500.0,
+    "POST /jobs/validate": 50.0,
+    "GET /cluster": None,
+}
 
 
 @dataclass
@@ -77,7 +84,7 @@ class Result:
             "p50_ms": round(cuts[49] * 1000, 2),
             "p99_ms": round(cuts[98] * 1000, 2),
             "target_req_per_s": target,
-            "pass": self.rate >= target and self.errors == 0,
+            "pass": (target is None or self.rate >= target) and self.errors == 0,
         }
 
 
@@ -199,6 +206,7 @@ async def load(url: str, token: str, args: argparse.Namespace) -> list[Result]:
     phases = [
         Phase("GET /jobs", "GET", "/jobs", params={"limit": 50}),
         Phase("POST /jobs/validate", "POST", "/jobs/validate", body={"spec": JOB_TEXT}),
+        Phase("GET /cluster", "GET", "/cluster"),
     ]
     results = []
     for phase in phases:
@@ -231,10 +239,12 @@ def main() -> None:
             print(json.dumps(line))
         else:
             verdict = "PASS" if line["pass"] else "FAIL"
+            target = line["target_req_per_s"]
+            goal = f"target >= {target:.0f}" if target is not None else "no target"
             print(
                 f"{line['endpoint']:<22} {line['req_per_s']:>8.1f} req/s   "
                 f"p50 {line['p50_ms']:>7.2f} ms   p99 {line['p99_ms']:>7.2f} ms   "
-                f"errors {line['errors']}   target >= {line['target_req_per_s']:.0f}: {verdict}"
+                f"errors {line['errors']}   {goal}: {verdict}"
             )
     if not all(line["pass"] for line in lines):
         sys.exit(1)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, load_only
 
 from scheduler.models import Allocation, AllocationState, Job, JobState, Node, NodeState
 from scheduler.placement import NodeCapacity, PlacementRequest, plan_queue
@@ -56,8 +56,21 @@ def placement_request(job: Job) -> PlacementRequest:
     return PlacementRequest.from_topology(job.id, job_topology(job), priority=job.priority)
 
 
+# What placing a job reads of it. The documents (spec, spec_yaml) are its heavy part: loaded
+# only when used (a placed job's spec, an old row without a topology), not for every queued job
+# at every scheduling pass or GET /cluster.
+PLACEMENT_COLUMNS = load_only(
+    Job.id, Job.owner_id, Job.name, Job.state, Job.priority, Job.topology, Job.cancel_requested
+)
+
+
 def queued_jobs(session: Session, *, for_update: bool = False) -> list[Job]:
-    query = select(Job).where(Job.state == JobState.QUEUED).order_by(Job.priority.desc(), Job.id)
+    query = (
+        select(Job)
+        .options(PLACEMENT_COLUMNS)
+        .where(Job.state == JobState.QUEUED)
+        .order_by(Job.priority.desc(), Job.id)
+    )
     if for_update:
         query = query.with_for_update()
     return list(session.scalars(query))
@@ -66,6 +79,7 @@ def queued_jobs(session: Session, *, for_update: bool = False) -> list[Job]:
 @dataclass(frozen=True)
 class QueueEntry:
     job_id: int
+    owner_id: int
     name: str
     priority: int
     position: int  # 1-based, in placement order
@@ -74,14 +88,18 @@ class QueueEntry:
     reason: str
 
 
-def queue_view(session: Session) -> list[QueueEntry]:
-    """The queue in placement order, each job with why it is waiting."""
+def queue_view(session: Session, capacities: list[NodeCapacity] | None = None) -> list[QueueEntry]:
+    """The queue in placement order, each job with why it is waiting (`capacities`: the nodes'
+    as node_capacities gives them, when the caller has them already)."""
     jobs = {job.id: job for job in queued_jobs(session)}
     requests = {job_id: placement_request(job) for job_id, job in jobs.items()}
-    decision = plan_queue(requests.values(), node_capacities(session))
+    if capacities is None:
+        capacities = node_capacities(session)
+    decision = plan_queue(requests.values(), capacities)
     return [
         QueueEntry(
             job_id=job_id,
+            owner_id=jobs[job_id].owner_id,
             name=jobs[job_id].name,
             priority=jobs[job_id].priority,
             position=position,

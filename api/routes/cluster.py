@@ -14,7 +14,7 @@ from api.schemas import (
     RunningJob,
     errors,
 )
-from scheduler.cluster import node_capacities, queue_view
+from scheduler.cluster import PLACEMENT_COLUMNS, node_capacities, queue_view
 from scheduler.models import Allocation, AllocationState, Job, JobState, Node, NodeState
 from scheduler.store import aware
 
@@ -36,10 +36,15 @@ SHOWN_ALLOCATIONS = (AllocationState.PENDING, AllocationState.RUNNING, Allocatio
     responses=errors(401),
 )
 def cluster(session: SessionDep, user: CurrentUser) -> ClusterOut:
-    capacity = {node.name: node for node in node_capacities(session)}
+    capacities = node_capacities(session)
+    capacity = {node.name: node for node in capacities}
     nodes = list(session.scalars(select(Node).order_by(Node.name)))
     node_names = {node.id: node.name for node in nodes}
-    jobs = list(session.scalars(select(Job).where(Job.state.in_(LIVE_JOBS)).order_by(Job.id)))
+    jobs = list(
+        session.scalars(
+            select(Job).options(PLACEMENT_COLUMNS).where(Job.state.in_(LIVE_JOBS)).order_by(Job.id)
+        )
+    )
     allocations: dict[int, list[AllocationOut]] = {job.id: [] for job in jobs}
     if jobs:
         rows = session.scalars(
@@ -57,13 +62,8 @@ def cluster(session: SessionDep, user: CurrentUser) -> ClusterOut:
                     state=AllocationState(alloc.state),
                 )
             )
-    queue = queue_view(session)
-    owners: dict[int, int] = {
-        job_id: owner_id
-        for job_id, owner_id in session.execute(
-            select(Job.id, Job.owner_id).where(Job.id.in_([entry.job_id for entry in queue]))
-        )
-    }
+    queue = queue_view(session, capacities)
+    owners = {entry.job_id: entry.owner_id for entry in queue}
     owners.update({job.id: job.owner_id for job in jobs})
 
     def shown(job_id: int) -> bool:
@@ -93,11 +93,13 @@ def cluster(session: SessionDep, user: CurrentUser) -> ClusterOut:
         ],
         queue=[
             QueueEntryOut(
-                **{
-                    **entry.__dict__,
-                    "job_id": entry.job_id if shown(entry.job_id) else None,
-                    "name": entry.name if shown(entry.job_id) else None,
-                }
+                job_id=entry.job_id if shown(entry.job_id) else None,
+                name=entry.name if shown(entry.job_id) else None,
+                priority=entry.priority,
+                position=entry.position,
+                slots=entry.slots,
+                gpus=entry.gpus,
+                reason=entry.reason,
             )
             for entry in queue
         ],
