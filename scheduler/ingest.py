@@ -26,6 +26,7 @@ from scheduler.models import (
     AllocationState,
     CheckpointRecord,
     Job,
+    JobEvent,
     JobState,
     LogLine,
     Metric,
@@ -43,6 +44,9 @@ CANCEL_TTL_SECONDS = 24 * 3600
 STREAM_TTL_SECONDS = 24 * 3600
 MAX_NAME = 64  # Metric.name's column width
 SUMMARY_METRIC = "test/accuracy"
+# A job's server shards keep their state in Redis, so a dead one is placed again (by the
+# scheduler) and continues where it stopped, this many times per placement of the job.
+MAX_SHARD_REPLACEMENTS = 3
 METRICS = cast(Table, Metric.__table__)
 LOGS = cast(Table, LogLine.__table__)
 
@@ -172,7 +176,13 @@ def apply_state(session: Session, job: Job, record: StateRecord) -> None:
     if JobState(job.state).terminal:
         return
     if record.state == AllocationState.FAILED:
-        job.error = record.reason or f"{who} failed"
+        reason = record.reason or f"{who} failed"
+        if alloc.role == "server" and _may_replace_shard(session, job):
+            # Not a transition: the job runs on, its workers waiting for the shard's updates.
+            note = f"{who} failed: {reason}; it is placed again and continues from Redis"
+            session.add(JobEvent(job_id=job.id, at=utcnow(), state=job.state, reason=note))
+            return
+        job.error = reason
         _move(session, job, JobState.FAILED, f"{who} failed: {job.error}")
     elif record.state == AllocationState.CANCELLED:
         reason = "cancelled by the user" if job.cancel_requested else f"{who}: {record.reason}"
@@ -187,6 +197,22 @@ def apply_state(session: Session, job: Job, record: StateRecord) -> None:
         current = [a for a in workers if a.state != AllocationState.FAILED]
         if current and all(a.state == AllocationState.DONE for a in current):
             _move(session, job, JobState.SUCCEEDED, f"all {len(current)} worker(s) finished")
+
+
+def _may_replace_shard(session: Session, job: Job) -> bool:
+    """Whether a shard of `job` that just failed is placed again: not for a job being
+    cancelled, and at most MAX_SHARD_REPLACEMENTS times since the job was last placed."""
+    if job.cancel_requested or job.state not in (JobState.SCHEDULED, JobState.RUNNING):
+        return False
+    session.flush()
+    query = select(Allocation.id).where(
+        Allocation.job_id == job.id,
+        Allocation.role == "server",
+        Allocation.state == AllocationState.FAILED,
+    )
+    if job.scheduled_at is not None:  # earlier placements' shards do not count
+        query = query.where(Allocation.ended_at >= job.scheduled_at)
+    return len(session.scalars(query).all()) <= MAX_SHARD_REPLACEMENTS
 
 
 def apply_batch(session: Session, job: Job, batch: Batch) -> None:

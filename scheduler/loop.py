@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import redis
@@ -45,12 +45,17 @@ from scheduler.placement import plan_queue
 from scheduler.settings import Settings
 from scheduler.store import job_run_dir
 from workers.allocation import CLAIMED, DISPATCHED, STOP, AllocationInfo
-from workers.events import Keys, decode
+from workers.events import Keys, decode, delete_matching
 
 log = logging.getLogger("trainyard.scheduler")
 
 NODE_LOST = "node lost"
 IDLE_INGEST_SECONDS = 0.05
+LIVE_JOBS = (JobState.SCHEDULED, JobState.RUNNING)
+# Ended jobs' parameter-server keys are deleted by the scheduler that saw them end; one started
+# later also sweeps the jobs that ended in this window before it.
+KEY_SWEEP_WINDOW = timedelta(hours=24)
+KEY_SWEEP_SECONDS = 5.0
 
 
 # -- nodes ---------------------------------------------------------------------------------------
@@ -224,6 +229,102 @@ def schedule_once(session: Session, settings: Settings) -> list[Dispatch]:
     return dispatches
 
 
+def replace_servers(session: Session, settings: Settings) -> list[Dispatch]:
+    """Server shards of live jobs whose newest process failed (the ingester let the job run on,
+    see ingest.MAX_SHARD_REPLACEMENTS) are placed again: on their node when it is alive and has
+    room, else on the alive node with the most free slots; a shard with nowhere to go waits for
+    the next pass. The new process reads the shard's parameters, version and updater state from
+    Redis and continues."""
+    newest: dict[tuple[int, int, int], Allocation] = {}
+    for alloc in session.scalars(
+        select(Allocation)
+        .join(Job, Job.id == Allocation.job_id)
+        .where(
+            Job.state.in_(LIVE_JOBS),
+            Job.cancel_requested.is_(False),
+            Allocation.role == "server",
+        )
+        .order_by(Allocation.id)
+    ):
+        newest[(alloc.job_id, alloc.group, alloc.rank)] = alloc
+    dead = [alloc for alloc in newest.values() if alloc.state == AllocationState.FAILED]
+    if not dead:
+        return []
+    free = {
+        node.name: [node.slots - node.slots_used, node.gpus - node.gpus_used]
+        for node in node_capacities(session)
+        if node.alive
+    }
+    alive = {
+        node.id: node for node in session.scalars(select(Node).where(Node.state == NodeState.ALIVE))
+    }
+    dispatches: list[Dispatch] = []
+    for old in dead:
+
+        def fits(node: Node, old: Allocation = old) -> bool:
+            room = free.get(node.name, [0, 0])
+            return room[0] >= old.slots and room[1] >= old.gpus
+
+        same = alive.get(old.node_id)
+        others = sorted(alive.values(), key=lambda node: (-free.get(node.name, [0])[0], node.name))
+        node = same if same is not None and fits(same) else next(filter(fits, others), None)
+        if node is None:
+            continue
+        job = session.get(Job, old.job_id)
+        assert job is not None  # the join above found it
+        alloc = Allocation(
+            job_id=old.job_id,
+            node_id=node.id,
+            role=old.role,
+            group=old.group,
+            rank=old.rank,
+            slots=old.slots,
+            gpus=old.gpus,
+            state=AllocationState.PENDING,
+        )
+        session.add(alloc)
+        session.flush()
+        free[node.name][0] -= old.slots
+        free[node.name][1] -= old.gpus
+        dispatches.append(
+            Dispatch(alloc.id, node.queue, allocation_info(settings, job, alloc, node))
+        )
+    return dispatches
+
+
+@dataclass
+class KeySweeper:
+    """Deletes the parameter-server keys of ended jobs whose processes have all stopped, from
+    the main Redis and every REDIS_PS_URLS server, once per job (per scheduler process)."""
+
+    clients: list[redis.Redis]
+    keys: Keys
+    swept: set[int] = field(default_factory=set)
+    last: float = 0.0
+
+    def due(self, now: float) -> bool:
+        return now - self.last >= KEY_SWEEP_SECONDS
+
+    def ended_jobs(self, session: Session) -> list[int]:
+        still_running = select(Allocation.job_id).where(Allocation.state.in_(ACTIVE_ALLOCATIONS))
+        ended = session.scalars(
+            select(Job.id).where(
+                Job.state.in_([state for state in JobState if state.terminal]),
+                Job.ended_at >= utcnow() - KEY_SWEEP_WINDOW,
+                Job.id.not_in(still_running),
+            )
+        )
+        return [job_id for job_id in ended if job_id not in self.swept]
+
+    def sweep(self, job_ids: list[int]) -> int:
+        removed = 0
+        for job_id in job_ids:
+            for client in self.clients:
+                removed += delete_matching(client, self.keys.ps_pattern(job_id))
+            self.swept.add(job_id)
+        return removed
+
+
 def dispatch(celery: Celery, client: redis.Redis, keys: Keys, items: list[Dispatch]) -> None:
     """Write each allocation's record, then send its task (IDs only) to its node's queue."""
     for item in items:
@@ -297,6 +398,10 @@ def run_scheduler(settings: Settings, stop: threading.Event) -> None:
     )
     ingest.start()
     tracker = NodeTracker()
+    ps_clients = [
+        redis.Redis.from_url(url) for url in settings.ps_urls() if url != settings.redis_url
+    ]
+    sweeper = KeySweeper([client, *ps_clients], keys)
     try:
         with db.session() as session:
             recovered = undispatched(session, settings, client)
@@ -304,7 +409,7 @@ def run_scheduler(settings: Settings, stop: threading.Event) -> None:
         while not stop.is_set():
             started = time.monotonic()
             try:
-                scheduling_pass(db, client, keys, celery, settings, tracker)
+                scheduling_pass(db, client, keys, celery, settings, tracker, sweeper)
             except Exception:
                 log.exception("scheduling pass failed; retrying")
             stop.wait(max(settings.schedule_seconds - (time.monotonic() - started), 0.0))
@@ -313,6 +418,8 @@ def run_scheduler(settings: Settings, stop: threading.Event) -> None:
         ingest.join()
         db.dispose()
         client.close()
+        for ps_client in ps_clients:
+            ps_client.close()
 
 
 def scheduling_pass(
@@ -322,6 +429,7 @@ def scheduling_pass(
     celery: Celery,
     settings: Settings,
     tracker: NodeTracker,
+    sweeper: KeySweeper | None = None,
 ) -> list[int]:
     """Node sync, then placement and dispatch; returns the ids of the allocations sent."""
     reported = read_nodes(client, keys)
@@ -329,6 +437,13 @@ def scheduling_pass(
         stops = sync_nodes(session, reported, tracker, settings.node_timeout_seconds)
     stop_allocations(client, keys, stops)
     with db.session() as session:
-        items = schedule_once(session, settings)
+        items = replace_servers(session, settings) + schedule_once(session, settings)
     dispatch(celery, client, keys, items)
+    if sweeper is not None and sweeper.due(time.monotonic()):
+        sweeper.last = time.monotonic()
+        with db.session() as session:
+            ended = sweeper.ended_jobs(session)
+        if ended:
+            removed = sweeper.sweep(ended)
+            log.info("deleted %d parameter-server key(s) of ended job(s) %s", removed, ended)
     return [item.allocation_id for item in items]

@@ -51,6 +51,24 @@ class Keys:
         """Prefix of a job's own working keys (rendezvous, parameter-server shards)."""
         return f"{self.prefix}:job:{job_id}"
 
+    def ps_pattern(self, job_id: int) -> str:
+        """Every parameter-server key of a job (PSKeys.pattern of its scope)."""
+        return f"{self.job_scope(job_id)}:ps:*"
+
+
+def delete_matching(client: redis.Redis, pattern: str) -> int:
+    """Delete the keys matching `pattern` (SCAN, so the server is never blocked long)."""
+    removed = 0
+    batch: list[Any] = []
+    for key in client.scan_iter(match=pattern, count=1000):
+        batch.append(key)
+        if len(batch) == 1000:
+            removed += int(client.delete(*batch))
+            batch = []
+    if batch:
+        removed += int(client.delete(*batch))
+    return removed
+
 
 def encode_metric(record: MetricRecord) -> dict[str, str]:
     return {

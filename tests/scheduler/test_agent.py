@@ -277,6 +277,37 @@ def test_a_distributed_job_is_placed_whole_and_trains_through_the_shards(cluster
     assert cluster.slots_used("node-1") == 0
 
 
+def test_a_killed_shard_is_placed_again_and_the_job_succeeds(cluster: Cluster) -> None:
+    job_id = cluster.submit(train_steps=400, disp_freq=10, **{"cluster.framework": "sandblaster"})
+    cluster.wait_for("the job's first steps", lambda: cluster.job(job_id).step >= 20)
+    [(server, node)] = [(a, n) for a, n in cluster.allocations(job_id) if a.role == "server"]
+    pid = cluster.pid(server.id)
+    os.killpg(pid, signal.SIGKILL)
+    cluster.wait_state(job_id, JobState.FAILED, JobState.SUCCEEDED)
+    job = cluster.job(job_id)
+    assert job.state == JobState.SUCCEEDED, job.error
+    assert job.step == 400
+    cluster.wait_for(
+        "every allocation to end",
+        lambda: not any(AllocationState(a.state).active for a, _ in cluster.allocations(job_id)),
+    )
+    servers = [(a.state, n) for a, n in cluster.allocations(job_id) if a.role == "server"]
+    assert servers == [(AllocationState.FAILED, node), (AllocationState.DONE, node)]
+    notes = [reason for state, reason in cluster.events(job_id) if state == JobState.RUNNING]
+    assert any(
+        reason.startswith("server 0/0 on node-1 failed: ")
+        and reason.endswith("; it is placed again and continues from Redis")
+        for reason in notes
+    ), notes
+    # Its parameter-server keys go once every process has stopped.
+    pattern = cluster.keys.ps_pattern(job_id)
+    cluster.wait_for(
+        "the job's parameter-server keys to be deleted",
+        lambda: not list(cluster.client.scan_iter(match=pattern)),
+        timeout=30,
+    )
+
+
 def test_a_silent_node_is_lost_and_its_job_placed_again(cluster: Cluster) -> None:
     agent = cluster.start_agent("node-2", slots=1)
 

@@ -13,7 +13,16 @@ from sqlalchemy import select
 from scheduler import store
 from scheduler.cluster import node_capacities, queue_view
 from scheduler.db import Database, migrate
-from scheduler.loop import NodeTracker, mark_lost, schedule_once, sync_nodes, undispatched
+from scheduler.ingest import MAX_SHARD_REPLACEMENTS, StateRecord, apply_state
+from scheduler.loop import (
+    KeySweeper,
+    NodeTracker,
+    mark_lost,
+    replace_servers,
+    schedule_once,
+    sync_nodes,
+    undispatched,
+)
 from scheduler.models import Allocation, AllocationState, Job, JobEvent, JobState, Node, NodeState
 from scheduler.settings import Settings
 from workers.allocation import DISPATCHED
@@ -39,14 +48,14 @@ def registration(slots: int, beat: float = 1.0, gpus: int = 0, name: str = "n1")
     return {"slots": str(slots), "gpus": str(gpus), "queue": f"q.{name}", "heartbeat": str(beat)}
 
 
-def add_job(db: Database, workers: int = 1, *, priority: int = 0) -> int:
+def add_job(db: Database, workers: int = 1, *, priority: int = 0, servers: int = 0) -> int:
     topology = {
-        "framework": "local",
+        "framework": "local" if not servers else "sandblaster",
         "nworker_groups": 1,
         "nworkers_per_group": workers,
-        "nserver_groups": 0,
-        "nservers_per_group": 0,
-        "server_worker_separate": False,
+        "nserver_groups": 1 if servers else 0,
+        "nservers_per_group": servers,
+        "server_worker_separate": bool(servers),
         "slots_per_worker": 1,
         "gpus_per_worker": 0,
     }
@@ -211,4 +220,128 @@ def test_allocations_not_dispatched_are_sent_again(
     with db.session() as session:
         assert undispatched(session, settings, client) == []
     client.delete(keys.allocation(item.allocation_id))
+    client.close()
+
+
+def report(db: Database, job_id: int, alloc_id: int, state: AllocationState, code: int) -> None:
+    """What the ingester does with a process's state record from the job's stream."""
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        apply_state(session, job, StateRecord(alloc_id, state, f"exit code {code}", code))
+
+
+def live_server(db: Database, job_id: int) -> Allocation:
+    with db.session() as session:
+        return session.scalars(
+            select(Allocation)
+            .where(Allocation.job_id == job_id, Allocation.role == "server")
+            .order_by(Allocation.id.desc())
+        ).first()  # type: ignore[return-value]
+
+
+def test_a_dead_shard_is_placed_again_then_the_job_fails(db: Database, settings: Settings) -> None:
+    with db.session() as session:
+        sync_nodes(session, {"n1": registration(3)}, NodeTracker(), TIMEOUT, now=0.0)
+    job_id = add_job(db, 2, servers=1)
+    other = add_job(db, 1)
+    with db.session() as session:
+        placed = schedule_once(session, settings)
+    assert sorted(item.info.role for item in placed) == ["server", "worker", "worker"]
+    assert state(db, other) == JobState.QUEUED  # 3 slots: the gang of 3 took them all
+    for item in placed:
+        report(db, job_id, item.allocation_id, AllocationState.RUNNING, 0)
+    assert state(db, job_id) == JobState.RUNNING
+
+    for attempt in range(1, MAX_SHARD_REPLACEMENTS + 1):
+        dead = live_server(db, job_id)
+        report(db, job_id, dead.id, AllocationState.FAILED, -9)
+        assert state(db, job_id) == JobState.RUNNING  # the workers wait for the shard
+        with db.session() as session:
+            [again] = replace_servers(session, settings)
+            # The shard's slot is free again, so nothing else took it: the queued job still
+            # waits, and the shard goes back where it was, same group and rank.
+            assert schedule_once(session, settings) == []
+        assert (again.info.role, again.info.group, again.info.rank) == ("server", 0, 0)
+        assert again.info.node == "n1" and again.allocation_id != dead.id
+        with db.session() as session:
+            assert replace_servers(session, settings) == []  # placed once, not every pass
+            reasons = session.scalars(
+                select(JobEvent.reason).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+            ).all()
+        assert reasons[-1] == (
+            "server 0/0 on n1 failed: exit code -9; it is placed again and continues from Redis"
+        ), attempt
+        report(db, job_id, again.allocation_id, AllocationState.RUNNING, 0)
+
+    report(db, job_id, live_server(db, job_id).id, AllocationState.FAILED, -9)
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        assert job is not None and job.state == JobState.FAILED
+        assert job.error == "exit code -9"
+        assert replace_servers(session, settings) == []
+
+
+def test_a_dead_shard_waits_for_room_and_is_not_replaced_when_cancelling(
+    db: Database, settings: Settings
+) -> None:
+    tracker = NodeTracker()
+    with db.session() as session:
+        sync_nodes(session, {"n1": registration(3)}, tracker, TIMEOUT, now=0.0)
+    job_id = add_job(db, 2, servers=1)
+    with db.session() as session:
+        placed = schedule_once(session, settings)
+    for item in placed:
+        report(db, job_id, item.allocation_id, AllocationState.RUNNING, 0)
+    with db.session() as session:  # n1 disappears from the cluster's view, n2 joins, full
+        node = session.scalars(select(Node).where(Node.name == "n1")).one()
+        node.state = NodeState.LOST
+        sync_nodes(session, {"n2": registration(0, name="n2")}, tracker, TIMEOUT, now=0.0)
+    report(db, job_id, live_server(db, job_id).id, AllocationState.FAILED, -9)
+    with db.session() as session:
+        assert replace_servers(session, settings) == []  # nowhere to go: waits
+        sync_nodes(session, {"n2": registration(1, name="n2")}, tracker, TIMEOUT, now=0.0)
+    with db.session() as session:
+        [again] = replace_servers(session, settings)
+    assert again.info.node == "n2"
+    report(db, job_id, again.allocation_id, AllocationState.RUNNING, 0)
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        job.cancel_requested = True
+    report(db, job_id, again.allocation_id, AllocationState.FAILED, -9)
+    assert state(db, job_id) == JobState.FAILED
+
+
+def test_ended_jobs_lose_their_parameter_server_keys_once_their_processes_stop(
+    db: Database, settings: Settings, redis_url: str
+) -> None:
+    client = redis.Redis.from_url(redis_url)
+    keys = Keys(settings.redis_prefix)
+    with db.session() as session:
+        sync_nodes(session, {"n1": registration(3)}, NodeTracker(), TIMEOUT, now=0.0)
+    job_id = add_job(db, 2, servers=1)
+    with db.session() as session:
+        placed = schedule_once(session, settings)
+    ps_keys = [f"{keys.job_scope(job_id)}:ps:sg0:s0:params", f"{keys.job_scope(job_id)}:ps:slices"]
+    kept = [keys.job_stream(job_id), keys.job_scope(job_id + 1_000_000) + ":ps:slices"]
+    for key in ps_keys + kept:
+        client.set(key, b"x")
+    sweeper = KeySweeper([client], keys)
+    workers = [item for item in placed if item.info.role == "worker"]
+    server = next(item for item in placed if item.info.role == "server")
+    for item in workers:
+        report(db, job_id, item.allocation_id, AllocationState.DONE, 0)
+    assert state(db, job_id) == JobState.SUCCEEDED
+    with db.session() as session:
+        assert sweeper.ended_jobs(session) == []  # its shard has not stopped yet
+    report(db, job_id, server.allocation_id, AllocationState.DONE, 0)
+    with db.session() as session:
+        ended = sweeper.ended_jobs(session)
+    assert ended == [job_id]
+    assert sweeper.sweep(ended) == 2
+    assert client.exists(*ps_keys) == 0 and client.exists(*kept) == 2
+    with db.session() as session:
+        assert sweeper.ended_jobs(session) == []  # once
+    client.delete(*kept)
     client.close()
