@@ -17,7 +17,7 @@ from dsl.topology import Topology
 from scheduler.redis_server import RedisServer
 from workers.distributed.ps.client import PSClient
 from workers.distributed.ps.plan import Connections, PSKeys, PSPlan
-from workers.distributed.ps.shard import ShardReport, run_shard
+from workers.distributed.ps.shard import SNAPSHOT_EVERY, ShardReport, ShardServer, run_shard
 from workers.jobs import prepare_job
 
 torch.set_num_threads(1)
@@ -142,3 +142,36 @@ def test_shards_spread_over_several_redis_servers(
         shards.join()
     finally:
         second.stop()
+
+
+def test_a_replacement_shard_replays_the_updates_since_the_snapshot(
+    redis_url: str, scope: str
+) -> None:
+    topology = Topology("sandblaster", 1, 1, 1, 1, True, 1, 0)
+    plan = PSPlan.from_topology(topology)
+    keys = PSKeys(scope)
+    job, _ = prepare_job(JOB, cache_dir=Path("."))
+    client = _client(topology, 0, Connections(redis_url), scope, staleness=None)
+    client.connect()
+    slice_map = client.slice_map
+    stop = threading.Event()
+    first = ShardServer(Connections(redis_url), keys, plan, 0, 0, slice_map, job.spec)
+    first.load(timeout=10)
+    serving = threading.Thread(target=first.serve, args=(stop.is_set,), daemon=True)
+    serving.start()
+    steps = SNAPSHOT_EVERY + 3
+    for step in range(steps):
+        client.step(step)
+    stop.set()
+    serving.join(timeout=10)
+    assert redis.Redis.from_url(redis_url).llen(keys.log(0, 0)) == 3
+
+    # The replacement starts from the snapshot and applies the 3 logged updates again: the
+    # parameters (checked bit for bit in load) and the momentum of its predecessor.
+    second = ShardServer(Connections(redis_url), keys, plan, 0, 0, slice_map, job.spec)
+    second.load(timeout=10)
+    assert second.version == steps
+    expected = first.updater.state_tensors()
+    assert expected
+    for name, tensor in second.updater.state_tensors().items():
+        assert torch.equal(tensor, expected[name]), name

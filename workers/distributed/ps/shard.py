@@ -1,11 +1,17 @@
 """A parameter-server shard: the process that owns some slices of the model and updates them.
 
 Everything a shard knows lives in Redis, so a replacement continues exactly where a killed one
-stopped: the parameters (one blob, see wire.py), the version and the updater state (safetensors
-bytes) are written together in one MULTI/EXEC, which also acknowledges the gradient messages
-the update consumed and tells the waiting workers. Gradients arrive on a Redis stream read
-through a consumer group; a message read but not yet acknowledged when the shard dies is read
-again by its successor.
+stopped. Each commit is one MULTI/EXEC: the new parameters (one blob, see wire.py) and version,
+the acknowledgement of the gradient messages the updates consumed, a log record per update
+(its group, step, clipping norm and messages) and the notices to the waiting workers. Every
+`SNAPSHOT_EVERY` updates the commit also takes a snapshot - a server-side copy of the
+parameters and the updater state (safetensors bytes) - empties the log and deletes the messages
+it named; writing the updater state at every update cost as much as the parameters. A
+replacement loads the snapshot and applies the logged updates again from their messages, which
+the stream keeps until the next snapshot: the same inputs in the same order, so the same bits
+as the committed parameters (checked). Gradients arrive on a Redis stream read through a
+consumer group; a message read but not yet acknowledged when the shard dies is read again by
+its successor.
 
 An update is the average of one worker group's gradients for one step (`pushers_per_group`
 messages), clipped by the global gradient norm when the job clips, then the job's `Updater`
@@ -15,6 +21,7 @@ with each parameter's lr_scale / wd_scale and the learning rate of that step. Se
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -37,8 +44,13 @@ from workers.distributed.ps.plan import (
     PSPlan,
 )
 from workers.distributed.ps.slicing import SliceMap
-from workers.distributed.ps.wire import Frame, GradHeader, decode_frames, decode_grad_message
-from workers.distributed.ps.wire import encode_frames as encode_param_frames
+from workers.distributed.ps.wire import (
+    Frame,
+    FrameBuffer,
+    GradHeader,
+    decode_frames,
+    decode_grad_message,
+)
 from workers.updaters import ParamEntry, Updater
 
 log = logging.getLogger(__name__)
@@ -47,6 +59,9 @@ READ_BLOCK_MS = 200
 NORM_POLL_MS = 1  # while an update waits for the other shards' parts of its gradient norm
 POLL_SECONDS = 0.05
 NOTICES_KEPT = 8
+# Updates between snapshots of the parameters and updater state. The stream keeps the messages
+# of the updates since the last one (here 10 x 5 MB for the MLP of bench/ps_throughput.py).
+SNAPSHOT_EVERY = 10
 
 
 class ShardError(RuntimeError):
@@ -70,6 +85,11 @@ class _Update:
     grads: dict[int, torch.Tensor]
     entry_ids: list[bytes]
     norm: float | None = None  # of the whole gradient; None until every shard's part is in
+
+    def record(self) -> str:
+        """The log record: what it takes to apply this update again from its messages."""
+        ids = [eid.decode() for eid in self.entry_ids]
+        return json.dumps({"group": self.group, "step": self.step, "norm": self.norm, "ids": ids})
 
 
 def wait_for_slice_map(client: redis.Redis, keys: PSKeys, timeout: float) -> SliceMap:
@@ -107,7 +127,9 @@ class ShardServer:
         self.server_group, self.shard = server_group, shard
         self.client = connections.shard_client(plan, server_group, shard)
         self.slices = slice_map.shard_slices(shard)
-        self.tensors = {s.id: torch.zeros(s.shape) for s in self.slices}
+        # The slices live in the parameters blob that every commit sends as it is.
+        self._blob = FrameBuffer(((s.id, torch.zeros(s.shape)) for s in self.slices), 0)
+        self.tensors = self._blob.tensors
         entries = [
             ParamEntry(
                 f"{s.param}@{s.id}",
@@ -126,34 +148,39 @@ class ShardServer:
         self.updates = 0
         self.peer_syncs = 0
         self._since_sync = 0
+        self._snapshot_version = 0
+        self._logged_ids: list[bytes] = []  # messages of the logged updates, kept for replays
         # (worker group, step) -> worker -> (stream entry id, header, frames)
         self._pending: dict[tuple[int, int], dict[int, tuple[bytes, GradHeader, list[Frame]]]] = {}
         self._queue: list[_Update] = []  # complete, in arrival order, maybe awaiting norms
 
     # -- state in Redis ------------------------------------------------------------------------
     def load(self, timeout: float) -> None:
-        """Continue from the committed state, or start from the parameters a worker wrote."""
-        params_key = self.keys.params(self.server_group, self.shard)
+        """Continue from the last snapshot and the updates logged since, or start from the
+        parameters a worker wrote (and take the first snapshot of them)."""
+        sg, shard = self.server_group, self.shard
+        params_key = self.keys.params(sg, shard)
         deadline = time.monotonic() + timeout
         while True:
             pipe = self.client.pipeline(transaction=False)
             pipe.get(params_key)
-            pipe.hgetall(self.keys.state(self.server_group, self.shard))
-            blob, state = pipe.execute()
+            pipe.hgetall(self.keys.state(sg, shard))
+            pipe.get(self.keys.snapshot(sg, shard))
+            pipe.lrange(self.keys.log(sg, shard), 0, -1)
+            blob, state, snapshot, log_records = pipe.execute()
             if blob is not None:
                 break
             if time.monotonic() > deadline:
                 raise ShardError(f"no initial parameters at {params_key} after {timeout:.0f} s")
             time.sleep(POLL_SECONDS)
-        frames = decode_frames(blob)
-        missing = set(self.tensors) - {f.slice_id for f in frames}
-        if missing:
-            raise ShardError(f"{params_key} lacks slices {sorted(missing)[:5]}")
-        for frame in frames:
-            self.tensors[frame.slice_id].copy_(frame.tensor)
-        self.version = frames[0].version if frames else 0
-        if state.get(b"updater"):
+        resumed = snapshot is not None and b"snapshot" in state
+        self._load_params(snapshot if resumed else blob, params_key)
+        if resumed:
             self.updater.load_state_tensors(safetensors.torch.load(state[b"updater"]))
+            self._snapshot_version = self.version
+            for record in log_records:
+                self._replay(record)
+            self._check_replay(blob, int(state[b"version"]))
         try:
             self.client.xgroup_create(
                 self.keys.grads(self.server_group, self.shard),
@@ -164,36 +191,106 @@ class ShardServer:
         except redis.ResponseError as exc:  # BUSYGROUP: a predecessor created it
             if "BUSYGROUP" not in str(exc):
                 raise
-        resumed = "resumed" if state else "started"
+        if not resumed:
+            self.commit((), (), snapshot=True)  # the base that later updates are replayed on
         log.info(
-            "shard %d/%d %s at version %d", self.server_group, self.shard, resumed, self.version
+            "shard %d/%d %s at version %d (%d updates replayed)",
+            sg,
+            shard,
+            "resumed" if resumed else "started",
+            self.version,
+            len(log_records) if resumed else 0,
         )
 
-    def _params_blob(self) -> bytes:
-        return encode_param_frames(((s.id, self.tensors[s.id]) for s in self.slices), self.version)
+    def _load_params(self, blob: bytes, key: str) -> None:
+        frames = decode_frames(blob)
+        missing = set(self.tensors) - {f.slice_id for f in frames}
+        if missing:
+            raise ShardError(f"{key} lacks slices {sorted(missing)[:5]}")
+        for frame in frames:
+            self.tensors[frame.slice_id].copy_(frame.tensor)
+        self.version = frames[0].version if frames else 0
 
-    def commit(self, entry_ids: Sequence[bytes], notify: Sequence[int]) -> None:
-        """Publish the new version with the updater state, acknowledge the consumed messages and
-        wake the workers waiting for this version, all or nothing."""
+    def _replay(self, record: bytes) -> None:
+        """Apply a logged update again, from the messages the stream kept for it."""
+        fields = json.loads(record)
+        stream = self.keys.grads(self.server_group, self.shard)
+        pipe = self.client.pipeline(transaction=False)
+        for entry_id in fields["ids"]:
+            pipe.xrange(stream, entry_id, entry_id)
+        messages = []
+        for entry_id, entries in zip(fields["ids"], pipe.execute(), strict=True):
+            if not entries:
+                raise ShardError(f"message {entry_id} of a logged update is gone from {stream}")
+            messages.append(decode_grad_message(entries[0][1][b"m"]))
+        entry_ids = [eid.encode() for eid in fields["ids"]]
+        update = _Update(
+            fields["group"], fields["step"], self._average(messages), entry_ids, fields["norm"]
+        )
+        self.apply(update)
+        self._logged_ids.extend(entry_ids)
+
+    def _check_replay(self, blob: bytes, version: int) -> None:
+        """The replayed parameters must be the committed ones, bit for bit."""
+        frames = decode_frames(blob)
+        same = self.version == version and all(
+            torch.equal(self.tensors[f.slice_id], f.tensor) for f in frames
+        )
+        if not same:
+            raise ShardError(
+                f"replaying the log from the snapshot gave version {self.version} with other "
+                f"parameters than the committed version {version}"
+            )
+
+    def _params_blob(self) -> memoryview:
+        self._blob.set_version(self.version)
+        return self._blob.view()
+
+    def commit(
+        self,
+        updates: Sequence[_Update],
+        notify: Sequence[int],
+        empty_ids: Sequence[bytes] = (),
+        *,
+        snapshot: bool = False,
+    ) -> None:
+        """Publish the new version, acknowledge the messages consumed (`empty_ids`: deleted
+        ones), log the updates or take a snapshot, and wake the workers waiting for this
+        version, all or nothing."""
         sg, shard = self.server_group, self.shard
+        params, grads = self.keys.params(sg, shard), self.keys.grads(sg, shard)
+        consumed = [eid for update in updates for eid in update.entry_ids]
         pipe = self.client.pipeline(transaction=True)
-        pipe.set(self.keys.params(sg, shard), self._params_blob())
-        pipe.hset(
-            self.keys.state(sg, shard),
-            mapping={
-                "version": self.version,
-                "updater": safetensors.torch.save(self.updater.state_tensors()),
-            },
-        )
-        if entry_ids:
-            grads = self.keys.grads(sg, shard)
-            pipe.xack(grads, CONSUMER_GROUP, *entry_ids)
-            pipe.xdel(grads, *entry_ids)
+        pipe.set(params, self._params_blob())
+        pipe.hset(self.keys.state(sg, shard), "version", self.version)
+        if consumed or empty_ids:
+            pipe.xack(grads, CONSUMER_GROUP, *consumed, *empty_ids)
+        if empty_ids:
+            pipe.xdel(grads, *empty_ids)
+        if snapshot:
+            pipe.copy(params, self.keys.snapshot(sg, shard), replace=True)
+            pipe.hset(
+                self.keys.state(sg, shard),
+                mapping={
+                    "snapshot": self.version,
+                    "updater": safetensors.torch.save(self.updater.state_tensors()),
+                },
+            )
+            pipe.delete(self.keys.log(sg, shard))
+            if self._logged_ids or consumed:
+                pipe.xdel(grads, *self._logged_ids, *consumed)
+        elif updates:
+            pipe.rpush(self.keys.log(sg, shard), *(update.record() for update in updates))
         for worker in notify:
             key = self.keys.notify(sg, shard, worker)
             pipe.rpush(key, self.version)
             pipe.ltrim(key, -NOTICES_KEPT, -1)  # a worker that only pushes never reads them
         pipe.execute()
+        if snapshot:
+            self._snapshot_version = self.version
+            self._logged_ids = []
+        else:
+            self._logged_ids.extend(consumed)
 
     # -- updates -------------------------------------------------------------------------------
     def _average(self, messages: list[tuple[GradHeader, list[Frame]]]) -> dict[int, torch.Tensor]:
@@ -267,10 +364,10 @@ class ShardServer:
     def handle(self, entries: list[tuple[bytes, dict[bytes, bytes] | None]]) -> None:
         """Apply, in order, every update the messages complete (once its norm is known, when
         the job clips); commit them together."""
-        done_ids: list[bytes] = []
+        empty_ids: list[bytes] = []
         for entry_id, fields in entries:
             if not fields:  # deleted while pending: nothing left to apply
-                done_ids.append(entry_id)
+                empty_ids.append(entry_id)
                 continue
             header, frames = decode_grad_message(fields[b"m"])
             key = (header.group, header.step)
@@ -291,15 +388,18 @@ class ShardServer:
                 else:
                     self._publish_norm(update)
             self._queue.append(update)
-        self._collect_norms()
+        if self.clip_norm is not None:
+            self._collect_norms()
+        applied: list[_Update] = []
         notify: list[int] = []
         while self._queue and (self.clip_norm is None or self._queue[0].norm is not None):
             update = self._queue.pop(0)
             self.apply(update)
-            done_ids.extend(update.entry_ids)
+            applied.append(update)
             notify.extend(self.plan.group_workers(update.group))
-        if done_ids or notify:
-            self.commit(done_ids, notify)
+        if applied or empty_ids:
+            snapshot = self.version - self._snapshot_version >= SNAPSHOT_EVERY
+            self.commit(applied, notify, empty_ids, snapshot=snapshot)
         if self.plan.nserver_groups > 1 and self._since_sync >= self.sync_freq:
             self.average_with_peers()
 
@@ -320,7 +420,7 @@ class ShardServer:
             tensor.div_(len(copies) + 1)
         self._since_sync = 0
         self.peer_syncs += 1
-        self.commit((), ())
+        self.commit((), (), snapshot=True)  # the logged updates no longer lead to these values
 
     # -- the loop ------------------------------------------------------------------------------
     def finished(self) -> bool:

@@ -34,6 +34,8 @@ _DTYPE_CODES: dict[torch.dtype, int] = {torch.float32: 0, torch.float16: 1, torc
 _CODE_DTYPES = {code: dtype for dtype, code in _DTYPE_CODES.items()}
 
 FRAME = struct.Struct("<2sBBIQ8I")
+_VERSION = struct.Struct("<Q")
+_VERSION_OFFSET = 8  # of the version inside a frame header
 MESSAGE = struct.Struct("<2s2xIIIQdQ")
 MAX_DIMS = 8
 _ALIGN = 8
@@ -110,7 +112,35 @@ def encode_frames(
     return b"".join(frame_pieces(tensors, version, dtype))
 
 
-def decode_frames(blob: bytes, offset: int = 0, count: int | None = None) -> list[Frame]:
+class FrameBuffer:
+    """Frames encoded once into a buffer whose payloads `tensors` view (slice id -> tensor).
+
+    The owner updates the tensors in place and sends `view()` as it is: no encoding copy per
+    version. Only the version fields of the headers change (`set_version`).
+    """
+
+    def __init__(self, tensors: Iterable[tuple[int, torch.Tensor]], version: int) -> None:
+        self.buffer = bytearray(encode_frames(tensors, version))
+        frames = decode_frames(self.buffer)  # writable views: the buffer is a bytearray
+        self.tensors = {frame.slice_id: frame.tensor for frame in frames}
+        self._version_offsets = []
+        offset = 0
+        for frame in frames:
+            self._version_offsets.append(offset + _VERSION_OFFSET)
+            nbytes = frame.tensor.numel() * frame.tensor.element_size()
+            offset += FRAME.size + nbytes + (-nbytes % _ALIGN)
+
+    def set_version(self, version: int) -> None:
+        for offset in self._version_offsets:
+            _VERSION.pack_into(self.buffer, offset, version)
+
+    def view(self) -> memoryview:
+        return memoryview(self.buffer)
+
+
+def decode_frames(
+    blob: bytes | bytearray, offset: int = 0, count: int | None = None
+) -> list[Frame]:
     """The frames of `blob` from `offset` (all of them, or the first `count`)."""
     frames: list[Frame] = []
     end = len(blob)
