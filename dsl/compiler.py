@@ -38,11 +38,6 @@ class LayerRow:
     params: int
     partition_dim: int
 
-    def shape_text(self) -> str:
-        if self.out_shape and isinstance(self.out_shape[0], list):
-            return " | ".join(str(tuple(s)) for s in self.out_shape)
-        return str(tuple(self.out_shape))
-
 
 @dataclass
 class CompiledJob:

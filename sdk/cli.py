@@ -12,7 +12,13 @@ import typer
 from rich.console import Console
 
 from dsl.errors import JobSpecError
-from sdk.console import format_stats, layer_table, print_issues, training_progress
+from sdk.console import (
+    describe_topology,
+    format_stats,
+    layer_table,
+    print_issues,
+    training_progress,
+)
 
 if TYPE_CHECKING:
     from dsl.compiler import CompiledJob
@@ -76,19 +82,39 @@ def _cache_dir() -> Path:
 
 
 @app.command()
-def validate(job: JobFile, set_: SetOption = None) -> None:
-    """Check a job and print its layer table (name, type, sources, output shape, parameters)."""
+def validate(
+    job: JobFile,
+    set_: SetOption = None,
+    server: Annotated[
+        bool,
+        typer.Option(
+            "--server",
+            help="check on the server (TRAINYARD_URL or the local stack): also shows where "
+            "the scheduler would place the job's processes now",
+        ),
+    ] = False,
+) -> None:
+    """Check a job: its layer table (name, type, sources, output shape, parameters), totals and
+    resolved topology; with --server, its placement on the cluster too."""
+    if server:
+        from sdk.cli_client import validate_on_server
+
+        validate_on_server(job, set_)
+        return
     import torch
+
+    from dsl.topology import resolve_topology
 
     torch.set_num_threads(1)
     compiled, _ = _prepare(job, set_)
-    rows = [{**row.__dict__, "shape": row.shape_text()} for row in compiled.table]
+    rows = [row.__dict__ for row in compiled.table]
     console.print(layer_table(rows, f"{compiled.spec.name}: {len(rows)} layers"))
     console.print(
         f"total parameters: [bold]{compiled.total_params:,}[/]   "
         f"algorithm: {compiled.spec.train_one_batch.alg}   updater: {compiled.spec.updater.type}"
         f"   framework: {compiled.spec.cluster.framework}"
     )
+    console.print(describe_topology(resolve_topology(compiled.spec.cluster).to_dict()))
 
 
 @app.command()

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -28,7 +28,7 @@ from sdk.client import (
     Unreachable,
     client_file,
 )
-from sdk.console import print_issues
+from sdk.console import describe_topology, layer_table, placement_table, print_issues
 
 console = Console()
 err_console = Console(stderr=True)
@@ -76,19 +76,7 @@ def submit(
     follow: Annotated[bool, typer.Option(help="show progress until the job ends")] = False,
 ) -> None:
     """Submit a job to the server."""
-    from dsl.errors import JobSpecError
-    from dsl.overrides import parse_overrides
-
-    try:
-        text = job_file.read_text()
-    except OSError as exc:
-        err_console.print(f"[bold red]error[/] cannot read {job_file}: {exc.strerror}")
-        raise typer.Exit(2) from None
-    try:
-        overrides = parse_overrides(set_ or [])
-    except JobSpecError as exc:
-        print_issues(err_console, exc.issues, "--set")
-        raise typer.Exit(1) from None
+    text, overrides = _job_and_overrides(job_file, set_)
     client = _client()
     with _reporting(str(job_file)):
         job = client.submit(text, overrides=overrides, priority=priority)
@@ -98,6 +86,42 @@ def submit(
             console.print(_final_line(job))
             if job.state != "SUCCEEDED":
                 raise typer.Exit(1)
+
+
+def _job_and_overrides(job_file: Path, set_: list[str] | None) -> tuple[str, dict[str, Any]]:
+    """The job's text and its --set overrides, or a message and exit (2: unreadable file,
+    1: a malformed override)."""
+    from dsl.errors import JobSpecError
+    from dsl.overrides import parse_overrides
+
+    try:
+        text = job_file.read_text()
+    except OSError as exc:
+        err_console.print(f"[bold red]error[/] cannot read {job_file}: {exc.strerror}")
+        raise typer.Exit(2) from None
+    try:
+        return text, parse_overrides(set_ or [])
+    except JobSpecError as exc:
+        print_issues(err_console, exc.issues, "--set")
+        raise typer.Exit(1) from None
+
+
+def validate_on_server(job_file: Path, set_: list[str] | None) -> None:
+    """`trainyard validate --server`: POST /jobs/validate, printed like the local check plus
+    the placement the scheduler would make on the cluster now."""
+    text, overrides = _job_and_overrides(job_file, set_)
+    client = _client()
+    with _reporting(str(job_file)):
+        result = client.validate(text, overrides=overrides)
+    layers = result["layers"]
+    console.print(layer_table(layers, f"{result['name']}: {len(layers)} layers"))
+    console.print(f"total parameters: [bold]{result['total_params']:,}[/]")
+    console.print(describe_topology(result["topology"]))
+    placement = result["placement"]
+    if placement["assignments"]:
+        console.print(placement_table(placement["assignments"], "placement now"))
+    colour = "green" if placement["feasible"] else "yellow"
+    console.print(f"placement: [{colour}]{placement['reason']}[/]")
 
 
 def jobs(

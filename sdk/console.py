@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -26,7 +27,16 @@ def print_issues(console: Console, issues: Iterable[SpecIssue], filename: str) -
             console.print(f"    [dim]hint:[/] {issue.hint}")
 
 
-def layer_table(rows: Iterable[dict[str, object]], title: str) -> Table:
+def shape_text(shape: Sequence[Any]) -> str:
+    """A per-sample output shape, (256,) or (32, 40); a slice layer's several: (4,) | (4,)."""
+    if shape and isinstance(shape[0], list | tuple):
+        return " | ".join(str(tuple(part)) for part in shape)
+    return str(tuple(shape))
+
+
+def layer_table(rows: Iterable[Mapping[str, Any]], title: str) -> Table:
+    """Layers as the compiler's table rows or the API's LayerOut give them (name, type,
+    sources, out_shape, params, partition_dim)."""
     table = Table(title=title, title_justify="left")
     for column, justify in (
         ("layer", "left"),
@@ -41,11 +51,35 @@ def layer_table(rows: Iterable[dict[str, object]], title: str) -> Table:
         table.add_row(
             str(row["name"]),
             str(row["type"]),
-            ", ".join(row["sources"]) or "-",  # type: ignore[arg-type]
-            str(row["shape"]),
+            ", ".join(row["sources"]) or "-",
+            shape_text(row["out_shape"]),
             f"{row['params']:,}",
             str(row["partition_dim"]),
         )
+    return table
+
+
+def describe_topology(topology: Mapping[str, Any]) -> str:
+    """One line for a resolved topology (Topology.to_dict() form, as the API returns it)."""
+    groups, per_group = topology["nworker_groups"], topology["nworkers_per_group"]
+    line = f"topology: {topology['framework']}: {groups} worker group(s) x {per_group} worker(s)"
+    sgroups, shards = topology["nserver_groups"], topology["nservers_per_group"]
+    if sgroups and shards:
+        where = "own processes" if topology["server_worker_separate"] else "inside the workers"
+        line += f", {sgroups} server group(s) x {shards} shard(s) ({where})"
+    processes = topology["workers"] + topology["servers"]
+    slots = topology["workers"] * topology["slots_per_worker"] + topology["servers"]
+    gpus = topology["workers"] * topology["gpus_per_worker"]
+    return line + f"; {processes} process(es), {slots} slot(s), {gpus} GPU(s)"
+
+
+def placement_table(assignments: Iterable[Mapping[str, Any]], title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in ("process", "node", "slots", "GPUs"):
+        table.add_column(column, justify="left" if column in ("process", "node") else "right")
+    for a in assignments:
+        process = f"{a['role']} {a['group']}/{a['rank']}"
+        table.add_row(process, str(a["node"]), str(a["slots"]), str(a["gpus"]))
     return table
 
 

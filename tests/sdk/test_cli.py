@@ -101,6 +101,8 @@ def test_validate_prints_the_layer_table_and_totals() -> None:
     assert "digits-mlp: 7 layers" in result.stdout
     assert "total parameters: 50,826" in result.stdout
     assert "algorithm: bp" in result.stdout and "updater: sgd" in result.stdout
+    topology = "topology: local: 1 worker group(s) x 1 worker(s); 1 process(es), 1 slot(s)"
+    assert topology in result.stdout
 
 
 def test_set_overrides_a_layer_by_name() -> None:

@@ -168,3 +168,36 @@ def test_login(stack: RunningStack, tmp_path: Path) -> None:
     # The login file alone (no stack file in this data directory) now finds the server.
     listed = run(stack, "jobs", "--json", **home)
     assert listed.exit_code == 0, listed.output
+
+
+def test_validate_on_the_server_shows_topology_and_placement(
+    stack: RunningStack, tmp_path: Path
+) -> None:
+    allreduce = str(ROOT / "examples" / "mnist1d_allreduce.yaml")
+    result = run(stack, "validate", "--server", allreduce)
+    assert result.exit_code == 0, result.output
+    assert "mnist1d-allreduce: 13 layers" in result.stdout
+    assert "total parameters: 102,090" in result.stdout
+    assert (
+        "topology: allreduce: 1 worker group(s) x 2 worker(s); 2 process(es), 2 slot(s), 0 GPU(s)"
+        in result.stdout
+    )
+    placed = re.findall(r"(worker \d/\d)\s+│\s+\S+\s+│\s+1\s+│\s+0", result.stdout)
+    assert placed == ["worker 0/0", "worker 0/1"], result.stdout
+    assert "placement: fits now" in result.stdout
+    # The stack's node has 2 slots: a downpour job (2 workers and a shard) can never run there.
+    downpour = str(ROOT / "examples" / "mnist1d_downpour.yaml")
+    waits = run(stack, "validate", "--server", downpour)
+    assert waits.exit_code == 0, waits.output
+    assert "1 server group(s) x 1 shard(s) (own processes); 3 process(es), 3 slot(s)" in (
+        waits.stdout
+    )
+    assert (
+        "placement: can never run on this cluster: needs 2 worker(s) + 1 server shard(s): "
+        "3 slot(s); it has 1 node(s), 2 slot(s)"
+    ) in waits.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(Path(DIGITS).read_text().replace("units: 128", "units: many"))
+    rejected = run(stack, "validate", "--server", str(bad))
+    assert rejected.exit_code == 1
+    assert re.search(rf"{re.escape(str(bad))}:\d+:\d+: .*units", rejected.stderr)
