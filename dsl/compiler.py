@@ -24,6 +24,7 @@ from dsl.net import CompiledLayer, NeuralNet
 from dsl.overrides import apply_overrides
 from dsl.schema import JobSpec
 from dsl.source import SourceMap, parse_document
+from dsl.topology import resolve_topology, topology_problems
 from dsl.validation import translate_validation_error
 
 
@@ -104,6 +105,8 @@ def cross_field_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
                 "use alg: bp for feed-forward nets",
             )
         )
+    for key, message, hint in topology_problems(resolve_topology(spec.cluster)):
+        issues.append(source.issue(("cluster", key), message, hint))
     return issues
 
 

@@ -62,3 +62,72 @@ def resolve_topology(cluster: ClusterConfig) -> Topology:
         slots_per_worker=cluster.resources.slots_per_worker,
         gpus_per_worker=cluster.resources.gpus_per_worker,
     )
+
+
+PS_FRAMEWORKS = ("sandblaster", "downpour", "hogwild")
+
+
+def topology_problems(topology: Topology) -> list[tuple[str, str, str]]:
+    """Why a resolved topology cannot run, as (cluster key, message, hint): checked when a job
+    is validated, so that a job that could never run is refused at submission."""
+    t = topology
+    problems: list[tuple[str, str, str]] = []
+    if t.framework == "local" and (t.workers != 1 or t.servers):
+        problems.append(
+            (
+                "framework",
+                f"framework local trains in one process, and the cluster section asks for "
+                f"{t.workers} worker(s) and {t.servers} server shard(s)",
+                "use framework sandblaster or allreduce for several workers, or drop the counts",
+            )
+        )
+    if t.framework in PS_FRAMEWORKS:
+        if not t.server_worker_separate:
+            problems.append(
+                (
+                    "server_worker_separate",
+                    f"framework {t.framework} runs its server shards as processes of their "
+                    "own; shards inside the workers (server_worker_separate: false) are not "
+                    "built",
+                    "drop server_worker_separate (true is the default), or use framework "
+                    "allreduce to keep the parameters in the workers",
+                )
+            )
+        elif t.nserver_groups < 1 or t.nservers_per_group < 1:
+            problems.append(
+                (
+                    "nservers_per_group" if t.nserver_groups >= 1 else "nserver_groups",
+                    f"framework {t.framework} needs server shards, and the cluster section "
+                    f"gives {t.nserver_groups} server group(s) x {t.nservers_per_group}",
+                    "set nserver_groups and nservers_per_group to 1 or more",
+                )
+            )
+        elif t.nworker_groups < t.nserver_groups:
+            problems.append(
+                (
+                    "nserver_groups",
+                    f"{t.nserver_groups} server groups need at least as many worker groups "
+                    f"(got {t.nworker_groups}): a server group without workers never updates",
+                    f"set nworker_groups to {t.nserver_groups} or more",
+                )
+            )
+    if t.framework == "allreduce":
+        if t.nworker_groups > 1 and t.servers < 1:
+            problems.append(
+                (
+                    "nserver_groups",
+                    f"allreduce with {t.nworker_groups} worker groups exchanges updates between "
+                    "the groups through parameter-server shards, and it has none",
+                    "set nserver_groups: 1, nservers_per_group: 1 and server_worker_separate: true",
+                )
+            )
+        if t.nworker_groups == 1 and t.servers > 0:
+            problems.append(
+                (
+                    "nserver_groups",
+                    "allreduce with one worker group keeps the parameters in the workers and "
+                    "has no use for server shards",
+                    "set nserver_groups: 0, or use framework sandblaster",
+                )
+            )
+    return problems

@@ -38,11 +38,19 @@ class TrainOptions:
     run_dir: Path
     device: str = "cpu"
     resume: bool = False
-    rank: int = 0
+    rank: int = 0  # which part of every batch this worker takes (of `world`)
     world: int = 1
     group: int = 0
+    # The worker's rank inside its group, which metrics carry; default `rank` (the same but for
+    # the parameter server's workers, whose batch parts are numbered across groups).
+    group_rank: int | None = None
     base_dir: Path = field(default_factory=Path.cwd)
     should_stop: Callable[[], bool] = lambda: False
+
+    @property
+    def metric_rank(self) -> int:
+        """The rank metrics carry with `group`: the worker's rank inside its group."""
+        return self.rank if self.group_rank is None else self.group_rank
 
 
 @dataclass
@@ -138,7 +146,9 @@ class Trainer:
 
     # -- reporting -------------------------------------------------------------------------
     def emit(self, values: dict[str, float]) -> None:
-        record = MetricRecord(self.step, values, group=self.options.group, rank=self.options.rank)
+        record = MetricRecord(
+            self.step, values, group=self.options.group, rank=self.options.metric_rank
+        )
         for sink in self.sinks:
             sink.emit(record)
 

@@ -1,6 +1,6 @@
 """The dashboard in a real browser (Debian's Chromium, headless) against a real `trainyard up`.
 
-One stack per module (Redis, API, scheduler and a node agent with 2 slots, as subprocesses);
+One stack per module (Redis, API, scheduler and a node agent with 3 slots, as subprocesses);
 each test drives the pages a user would and saves a screenshot under tests/web/screenshots/;
 with TRAINYARD_DOC_SCREENSHOTS=1 the documentation's pictures in docs/img/ are refreshed from the
 same runs (CI leaves the committed ones alone). Chromium comes from scripts/ensure-chromium.sh
@@ -44,7 +44,7 @@ CHROMIUM_ARGS = [
     "--disable-quic",
 ]
 VIEWPORT: ViewportSize = {"width": 1366, "height": 768}
-SLOTS = 2
+SLOTS = 3  # a distributed job (2 worker groups and a server shard) fits when the node is idle
 
 
 def job_yaml(example: str, **keys: object) -> str:
@@ -319,10 +319,12 @@ def test_a_running_jobs_chart_gains_points(signed_in: Page, stack: Stack) -> Non
 
 def test_cluster_page_shows_nodes_running_and_queue(signed_in: Page, stack: Stack) -> None:
     page, long_job = signed_in, stack.long_job
-    # Two slots per worker cannot start while the long job holds one of the node's two slots.
+    # A worker of all the node's slots cannot start while the long job holds one of them.
     blocked = submit(
         stack,
-        job_yaml("mnist1d_mlp", name="e2e-waiting", cluster={"resources": {"slots_per_worker": 2}}),
+        job_yaml(
+            "mnist1d_mlp", name="e2e-waiting", cluster={"resources": {"slots_per_worker": SLOTS}}
+        ),
     )
     try:
         page.goto(stack.url + "/#/cluster")
@@ -405,3 +407,27 @@ def test_cancel_a_job(signed_in: Page, stack: Stack) -> None:
     page.locator("#logs-note", has_text=f"{len(stored)} lines" if stored else "no log").wait_for()
     shown = page.locator("#logs").inner_text()
     assert all(line["line"] in shown for line in stored)
+
+
+def test_a_distributed_jobs_charts_have_a_line_per_worker_group(
+    signed_in: Page, stack: Stack
+) -> None:
+    page = signed_in
+    # The long job's slot is needed (test_cancel_a_job cancels it when the module runs whole).
+    stack.api.post(f"/jobs/{stack.long_job}/cancel")
+    wait_for_state(stack, stack.long_job, {"CANCELLED"})
+    # Downpour on the node's 3 slots: two worker groups and their server shard.
+    downpour = job_yaml("mnist1d_downpour", name="e2e-downpour", train_steps=300, disp_freq=10)
+    job_id = submit(stack, downpour)
+    page.goto(f"{stack.url}/#/jobs/{job_id}")
+    loss = page.locator("figure[data-metric='loss']")
+    loss.filter(has_text="group 1").wait_for(timeout=90_000)
+    assert "group 0" in loss.inner_text()
+    assert wait_for_state(stack, job_id, {"SUCCEEDED", "FAILED"}, timeout=180) == "SUCCEEDED"
+    # Each group's one worker is rank 0 of its group, in the training and the PS metrics alike.
+    names = {"name": ["train/loss", "ps/version"]}
+    series = stack.api.get(f"/jobs/{job_id}/metrics", params=names).json()["series"]
+    assert sorted((s["name"], s["group"], s["rank"]) for s in series) == [
+        ("ps/version", 0, 0), ("ps/version", 1, 0), ("train/loss", 0, 0), ("train/loss", 1, 0),
+    ]  # fmt: skip
+    shoot(page, "job-groups")

@@ -99,6 +99,7 @@ def run_worker(
         rank=plan.worker_id(group, rank),
         world=plan.nworkers,
         group=group,
+        group_rank=rank,
         base_dir=base_dir or Path.cwd(),
         should_stop=should_stop,
     )

@@ -316,7 +316,7 @@ def attach_ps(trainer: Trainer, client: PSClient) -> None:
                 "ps/staleness": float(client.stats.staleness),
             }
             record = MetricRecord(
-                step + 1, values, group=trainer.options.group, rank=trainer.options.rank
+                step + 1, values, group=trainer.options.group, rank=trainer.options.metric_rank
             )
             for sink in trainer.sinks:
                 sink.emit(record)
