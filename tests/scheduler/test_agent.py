@@ -277,6 +277,51 @@ def test_a_distributed_job_is_placed_whole_and_trains_through_the_shards(cluster
     assert cluster.slots_used("node-1") == 0
 
 
+@pytest.mark.parametrize(
+    ("overrides", "processes"),
+    [
+        ({"cluster.framework": "allreduce"}, [("worker", 0, 0), ("worker", 0, 1)]),
+        (
+            {"cluster.framework": "hogwild"},
+            [("server", 0, 0), ("server", 1, 0), ("worker", 0, 0), ("worker", 1, 0)],
+        ),
+        (  # hybrid: all-reduce inside each group, a shared shard between the groups
+            {
+                "cluster.framework": "allreduce",
+                "cluster.nworker_groups": 2,
+                "cluster.nworkers_per_group": 1,
+                "cluster.nserver_groups": 1,
+                "cluster.nservers_per_group": 1,
+                "cluster.server_worker_separate": True,
+            },
+            [("server", 0, 0), ("worker", 0, 0), ("worker", 1, 0)],
+        ),
+    ],
+    ids=["allreduce", "hogwild", "hybrid"],
+)
+def test_every_framework_runs_through_the_service(
+    cluster: Cluster, overrides: dict[str, object], processes: list[tuple[str, int, int]]
+) -> None:
+    job_id = cluster.submit(train_steps=20, disp_freq=10, **overrides)
+    cluster.wait_state(job_id, JobState.FAILED, JobState.SUCCEEDED)
+    job = cluster.job(job_id)
+    assert job.state == JobState.SUCCEEDED, job.error
+    placed = sorted((a.role, a.group, a.rank) for a, _ in cluster.allocations(job_id))
+    assert placed == processes
+    with cluster.db.session() as session:
+        reported = session.execute(
+            select(Metric.group, Metric.rank).where(Metric.job_id == job_id).distinct()
+        ).all()
+    # Metrics per worker group, each with its rank inside the group (at least rank 0).
+    workers = {(group, rank) for role, group, rank in processes if role == "worker"}
+    shown = {(group, rank) for group, rank in reported}
+    assert shown <= workers and {(g, 0) for g, _ in workers} <= shown, shown
+    cluster.wait_for(
+        "every allocation to end",
+        lambda: not any(AllocationState(a.state).active for a, _ in cluster.allocations(job_id)),
+    )
+
+
 def test_a_killed_shard_is_placed_again_and_the_job_succeeds(cluster: Cluster) -> None:
     job_id = cluster.submit(train_steps=400, disp_freq=10, **{"cluster.framework": "sandblaster"})
     cluster.wait_for("the job's first steps", lambda: cluster.job(job_id).step >= 20)

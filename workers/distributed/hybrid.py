@@ -141,7 +141,12 @@ def _run_hybrid(
     plan = PSPlan.from_topology(topology, pushers_per_group=group_pushers(topology))
     # Every worker of the job reads its own rows of each global batch, as in the other
     # parameter-server frameworks; the rows of a group are consecutive.
-    options = replace(options, rank=plan.worker_id(member.group, member.rank), world=plan.nworkers)
+    options = replace(
+        options,
+        rank=plan.worker_id(member.group, member.rank),
+        world=plan.nworkers,
+        group_rank=member.rank,
+    )
     trainer = partitioned_trainer(job, dataset, options, member=member, sinks=sinks)
     if sharded_params(trainer.net):
         raise HybridError(
