@@ -313,7 +313,8 @@ class KeySweeper:
                 Job.ended_at >= utcnow() - KEY_SWEEP_WINDOW,
                 Job.id.not_in(still_running),
             )
-        )
+        ).all()
+        self.swept &= set(ended)  # jobs that left the window are not asked about again
         return [job_id for job_id in ended if job_id not in self.swept]
 
     def sweep(self, job_ids: list[int]) -> int:
