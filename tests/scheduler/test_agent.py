@@ -336,13 +336,15 @@ def test_a_killed_shard_is_placed_again_and_the_job_succeeds(cluster: Cluster) -
         "every allocation to end",
         lambda: not any(AllocationState(a.state).active for a, _ in cluster.allocations(job_id)),
     )
-    servers = [(a.state, n) for a, n in cluster.allocations(job_id) if a.role == "server"]
-    codes = [a.exit_code for a, _ in cluster.allocations(job_id) if a.role == "server"]
-    assert servers == [(AllocationState.FAILED, node), (AllocationState.DONE, node)], (
-        codes,
-        cluster.events(job_id),
-        (cluster.logs / "node-1.log").read_text()[-5000:],
-    )
+    servers = [
+        (a.state, a.exit_code, n) for a, n in cluster.allocations(job_id) if a.role == "server"
+    ]
+    # The replacement ends by itself once the workers are done, or is stopped when the job ends
+    # (the ingester sets the job's cancel key for processes still running then).
+    [killed, replacement] = servers
+    assert killed == (AllocationState.FAILED, -9, node)
+    assert replacement[0] in (AllocationState.DONE, AllocationState.CANCELLED)
+    assert replacement[2] == node
     notes = [reason for state, reason in cluster.events(job_id) if state == JobState.RUNNING]
     assert any(
         reason.startswith("server 0/0 on node-1 failed: ")
