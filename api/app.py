@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import redis
+from anyio import to_thread
 from fastapi import FastAPI
 
 from api.dashboard import Dashboard
@@ -51,9 +52,9 @@ def create_app(settings: Settings | None = None, *, web_dist: Path | None = WEB_
         import torch  # compiling jobs to check them: one thread per request, not per core
 
         torch.set_num_threads(1)
-        import anyio.to_thread
-
-        anyio.to_thread.current_default_thread_limiter().total_tokens = 8
+        # Sync handlers and dependencies run in anyio's pool (40 threads by default); on the
+        # CPU-bound SQL reads more threads than cores only convoy on the interpreter lock.
+        to_thread.current_default_thread_limiter().total_tokens = settings.api_threads
         yield
         services.redis.close()
         services.db.dispose()

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from anyio import to_thread
 from fastapi.testclient import TestClient
 
 from api.app import create_app
@@ -75,3 +76,14 @@ def test_stream_takes_the_token_as_a_query_parameter(api: Any) -> None:
     response = api.client.get(url, params={"token": api.tokens["alice"]}, headers=api.auth("bob"))
     assert response.status_code == 404
     assert json.loads(api.client.get(url).text)["detail"].startswith("missing API token")
+
+
+def test_the_api_thread_pool_is_sized_by_the_settings(api: Any) -> None:
+    settings = api.settings.model_copy(update={"api_threads": 3})
+
+    def tokens() -> float:
+        return float(to_thread.current_default_thread_limiter().total_tokens)
+
+    with TestClient(create_app(settings, web_dist=None)) as client:
+        assert client.portal is not None
+        assert client.portal.call(tokens) == 3
