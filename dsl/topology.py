@@ -118,7 +118,8 @@ def topology_problems(topology: Topology) -> list[tuple[str, str, str]]:
                     "nserver_groups",
                     f"allreduce with {t.nworker_groups} worker groups exchanges updates between "
                     "the groups through parameter-server shards, and it has none",
-                    "set nserver_groups: 1, nservers_per_group: 1 and server_worker_separate: true",
+                    "set nserver_groups >= 1, nservers_per_group >= 1 and "
+                    "server_worker_separate: true",
                 )
             )
         if t.nworker_groups == 1 and t.servers > 0:

@@ -16,6 +16,7 @@ from scheduler.models import Allocation, AllocationState, Job, JobState, Node, N
 from scheduler.placement import NodeCapacity, PlacementRequest, plan_queue
 
 ACTIVE_ALLOCATIONS = (AllocationState.PENDING, AllocationState.RUNNING)
+LIVE_JOBS = (JobState.SCHEDULED, JobState.RUNNING)  # placed: their processes run or start
 
 
 def node_capacities(session: Session) -> list[NodeCapacity]:

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from scheduler.celery_app import RUN_ALLOCATION, create_celery
 from scheduler.cluster import (
     ACTIVE_ALLOCATIONS,
+    LIVE_JOBS,
     job_topology,
     node_capacities,
     placement_request,
@@ -51,7 +52,6 @@ log = logging.getLogger("trainyard.scheduler")
 
 NODE_LOST = "node lost"
 IDLE_INGEST_SECONDS = 0.05
-LIVE_JOBS = (JobState.SCHEDULED, JobState.RUNNING)
 # Ended jobs' parameter-server keys are deleted by the scheduler that saw them end; one started
 # later also sweeps the jobs that ended in this window before it.
 KEY_SWEEP_WINDOW = timedelta(hours=24)

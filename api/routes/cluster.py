@@ -14,13 +14,12 @@ from api.schemas import (
     RunningJob,
     errors,
 )
-from scheduler.cluster import PLACEMENT_COLUMNS, node_capacities, queue_view
+from scheduler.cluster import LIVE_JOBS, PLACEMENT_COLUMNS, node_capacities, queue_view
 from scheduler.models import Allocation, AllocationState, Job, JobState, Node, NodeState
 from scheduler.store import aware
 
 router = APIRouter(tags=["cluster"])
 
-LIVE_JOBS = (JobState.SCHEDULED, JobState.RUNNING)
 # Allocations of earlier attempts (before a lost node sent the job back to the queue) ended
 # FAILED or CANCELLED; the current attempt's are live or done.
 SHOWN_ALLOCATIONS = (AllocationState.PENDING, AllocationState.RUNNING, AllocationState.DONE)

@@ -29,7 +29,7 @@ import redis
 import torch.distributed as dist
 
 from dsl.compiler import CompiledJob
-from dsl.topology import Topology
+from dsl.topology import Topology, topology_problems
 from workers.data import Dataset
 from workers.distributed.allreduce import broadcast_replicas, gradient_sync, replicated_tensors
 from workers.distributed.group import group_trainer, partitioned_trainer
@@ -58,17 +58,12 @@ def group_pushers(topology: Topology) -> int | None:
 
 
 def check_topology(topology: Topology) -> None:
-    """Refuse allreduce topologies whose server shards would be missing or idle."""
-    if topology.nworker_groups > 1 and topology.servers < 1:
+    """Refuse allreduce topologies whose server shards would be missing or idle (the rules
+    job validation applies, dsl.topology.topology_problems, for a topology built otherwise)."""
+    problems = topology_problems(topology)
+    if problems:
         raise HybridError(
-            f"allreduce with {topology.nworker_groups} worker groups exchanges updates between "
-            "the groups through parameter-server shards: set nserver_groups >= 1, "
-            "nservers_per_group >= 1 and server_worker_separate: true"
-        )
-    if topology.nworker_groups == 1 and topology.servers > 0:
-        raise HybridError(
-            "allreduce with one worker group keeps the parameters in the workers and has no "
-            "use for server shards: set nserver_groups: 0 (or use framework sandblaster)"
+            "; ".join(f"cluster.{key}: {message} ({hint})" for key, message, hint in problems)
         )
 
 

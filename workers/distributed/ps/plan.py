@@ -20,6 +20,7 @@ import redis
 from redis.connection import Encoder, PythonRespSerializer
 
 from dsl.topology import Topology
+from workers.events import delete_matching
 
 # Shards read gradients from their stream as members of this consumer group, always under the
 # same consumer name, so a replacement shard receives what its predecessor read but never
@@ -188,10 +189,5 @@ class Connections:
 
 def clear_ps_keys(connections: Connections, keys: PSKeys) -> int:
     """Delete a job's parameter-server keys from every Redis it used; returns how many."""
-    removed = 0
-    for url in dict.fromkeys([connections.main_url, *connections.ps_urls]):
-        client = connections.client(url)
-        batch = list(client.scan_iter(match=keys.pattern, count=1000))
-        if batch:
-            removed += int(client.delete(*batch))
-    return removed
+    urls = dict.fromkeys([connections.main_url, *connections.ps_urls])
+    return sum(delete_matching(connections.client(url), keys.pattern) for url in urls)
