@@ -37,6 +37,7 @@ from typing import Any
 
 import httpx
 
+from api.schemas import JobPage
 from scheduler.db import migrate
 from scheduler.redis_server import RedisServer, free_port
 from sdk.stack import HEALTH_PATH, ensure_admin_token
@@ -194,6 +195,16 @@ async def run_phase(url: str, raw: bytes, name: str, seconds: float, concurrency
     return Result(name, len(latencies), errors, time.perf_counter() - began, latencies)
 
 
+def check_page(body: Any, jobs: int) -> None:
+    """What the load will fetch is a whole page: JobPage's fields, newest first, in the queue."""
+    page = JobPage.model_validate(body)
+    ids = [item.id for item in page.items]
+    if len(ids) != min(50, jobs) or ids != sorted(ids, reverse=True):
+        raise SystemExit(f"GET /jobs returned {len(ids)} jobs, not the newest {min(50, jobs)}")
+    if any(item.queue_position is None for item in page.items):
+        raise SystemExit("GET /jobs left out the queue positions of queued jobs")
+
+
 async def load(url: str, token: str, args: argparse.Namespace) -> list[Result]:
     async with httpx.AsyncClient(
         base_url=url + API_PREFIX, headers={"Authorization": f"Bearer {token}"}, timeout=60
@@ -203,6 +214,7 @@ async def load(url: str, token: str, args: argparse.Namespace) -> list[Result]:
                 "/jobs", json={"spec": JOB_TEXT, "overrides": {"name": f"load-{i}"}}
             )
             response.raise_for_status()
+        check_page((await client.get("/jobs", params={"limit": 50})).json(), args.jobs)
     phases = [
         Phase("GET /jobs", "GET", "/jobs", params={"limit": 50}),
         Phase("POST /jobs/validate", "POST", "/jobs/validate", body={"spec": JOB_TEXT}),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,8 +15,19 @@ from sqlalchemy.orm import Session, sessionmaker
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
 
+# The job list is built by SQLite's JSON functions (built in since 3.38) with a MATERIALIZED
+# common table expression (3.35).
+MIN_SQLITE = (3, 38, 0)
+
+
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
+        if sqlite3.sqlite_version_info < MIN_SQLITE:
+            wanted = ".".join(map(str, MIN_SQLITE))
+            raise RuntimeError(
+                f"the job store needs SQLite {wanted} or newer; this Python links "
+                f"{sqlite3.sqlite_version}: upgrade it or set DATABASE_URL to a PostgreSQL server"
+            )
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from sqlalchemy import Row, Select, case, delete, func, select
+from sqlalchemy import Select, case, delete, func, select
 from sqlalchemy.orm import Session
 
+from scheduler import listing
 from scheduler.lifecycle import transition
 from scheduler.models import (
     ApiToken,
@@ -185,10 +186,6 @@ def decode_cursor(cursor: str) -> int:
         ) from None
 
 
-# What a listing shows of a job: everything but the two documents, which are its heavy part.
-LISTED_COLUMNS = [column for column in Job.__table__.c if column.key not in ("spec_yaml", "spec")]
-# Statements built once: building one costs a request more than running it.
-_LISTING = select(*LISTED_COLUMNS, User.name.label("owner")).join(User, User.id == Job.owner_id)
 _QUEUE = select(Job.id).where(Job.state == JobState.QUEUED).order_by(Job.priority.desc(), Job.id)
 
 
@@ -200,22 +197,24 @@ def list_jobs(
     name: str | None = None,
     limit: int = 50,
     cursor: str | None = None,
-) -> tuple[list[Row[Any]], str | None]:
-    """Newest first; `name` matches anywhere in the job name. Returns the page and the cursor of
-    the next one (None on the last page). Rows carry the job's columns (`.id`, `.state`, ...;
-    not spec_yaml and spec) and `.owner`, the owner's name: the API's busiest read, so plain
-    rows, run on the session's connection without the ORM."""
-    query = _visible(_LISTING, user)
-    if states:
-        query = query.where(Job.state.in_([str(state) for state in states]))
-    if name:
-        query = query.where(Job.name.contains(name, autoescape=True))
-    if cursor:
-        query = query.where(Job.id < decode_cursor(cursor))
-    rows = session.connection().execute(query.order_by(Job.id.desc()).limit(limit + 1)).all()
-    if len(rows) > limit:
-        return list(rows[:limit]), encode_cursor(rows[limit - 1].id)
-    return list(rows), None
+    now: datetime | None = None,
+) -> tuple[str, str | None]:
+    """Newest first; `name` matches anywhere in the job name. Returns the page, a JSON array
+    of the API's JobOut objects built by the database (scheduler/listing.py: the API's busiest
+    read), and the cursor of the next page (None on the last). `now` ends running jobs'
+    durations (default the current time)."""
+    page = listing.page_json(
+        session,
+        user,
+        states=states,
+        name=name,
+        limit=limit,
+        before_id=decode_cursor(cursor) if cursor else None,
+        now=now,
+    )
+    if page.more and page.last_id is not None:
+        return page.items, encode_cursor(page.last_id)
+    return page.items, None
 
 
 def queue_positions(session: Session) -> dict[int, int]:

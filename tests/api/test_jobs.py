@@ -161,6 +161,62 @@ def test_list_filters_pages_and_hides_other_users_jobs(api: Any) -> None:
     assert len(everyone) == 6 and {item["owner"] for item in everyone} == {"alice", "bob"}
 
 
+def test_listed_jobs_are_their_detail_views(api: Any) -> None:
+    """The database writes the list's items (scheduler/listing.py) and Python the detail view
+    (job_fields): on both backends they agree field by field, for jobs in every kind of state."""
+    from datetime import UTC, datetime
+
+    from api.schemas import JobOut
+
+    started = datetime(2026, 11, 23, 10, 0, 0, tzinfo=UTC)  # no microseconds
+    ids = [api.submit(MLP.replace("digits-mlp", name))["id"] for name in ("a", "b_1.x", "c", "d")]
+    low = api.submit(MLP.replace("digits-mlp", "queued-later"), priority=-1)["id"]
+    high = api.submit(MLP.replace("digits-mlp", "queued-first"), priority=7)["id"]
+    set_state(
+        api,
+        ids[0],
+        JobState.SCHEDULED,
+        JobState.RUNNING,
+        JobState.SUCCEEDED,
+        step=2000,
+        summary={"test/accuracy": 0.875, "train/loss": 0.1234567890123},
+        best_metric=0.875,
+        started_at=started,
+        ended_at=datetime(2026, 11, 23, 10, 1, 2, 345678, tzinfo=UTC),
+    )
+    set_state(
+        api,
+        ids[1],
+        JobState.SCHEDULED,
+        JobState.RUNNING,
+        JobState.FAILED,
+        error='worker 1 exited: "CUDA" \\ \n ünïcode',
+        started_at=started,
+        ended_at=started,
+    )
+    set_state(api, ids[2], JobState.SCHEDULED, JobState.RUNNING, step=2500, cancel_requested=True)
+    set_state(api, ids[3], JobState.SCHEDULED, overrides={"updater": {"lr": [0.1, 1e-05]}})
+
+    page = api.client.get("/api/v1/jobs", headers=api.auth())
+    assert page.status_code == 200 and page.headers["content-type"] == "application/json"
+    listed = {item["id"]: JobOut.model_validate(item) for item in page.json()["items"]}
+    assert list(listed) == sorted(listed, reverse=True) and len(listed) == 6
+    for job_id, item in listed.items():
+        detail = api.client.get(f"/api/v1/jobs/{job_id}", headers=api.auth()).json()
+        expected = JobOut.model_validate(detail)
+        assert item.model_dump(exclude={"duration_seconds"}) == expected.model_dump(
+            exclude={"duration_seconds"}
+        ), job_id
+        if expected.duration_seconds is None:
+            assert item.duration_seconds is None
+        else:  # a running job's duration runs on between the two requests
+            assert item.duration_seconds == pytest.approx(expected.duration_seconds, abs=2.0)
+    assert listed[ids[0]].duration_seconds == pytest.approx(62.345678, abs=1e-3)
+    assert listed[ids[1]].duration_seconds == 0.0 and listed[ids[1]].error is not None
+    assert listed[ids[2]].progress == 1.0 and listed[ids[2]].cancel_requested
+    assert [listed[high].queue_position, listed[low].queue_position] == [1, 2]
+
+
 def test_get_cancel_and_delete(api: Any, tmp_path: Path) -> None:
     queued = api.submit(MLP)["id"]
     running = api.submit(MLP)["id"]

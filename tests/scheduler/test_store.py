@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -126,6 +128,11 @@ def test_create_job_queues_it_with_an_event_and_only_its_owner_and_admins_see_it
         assert [(e.state, e.reason) for e in events] == [("QUEUED", "submitted")]
 
 
+def listed(session: Session, user: User, **filters: Any) -> tuple[list[dict[str, Any]], str | None]:
+    items, cursor = store.list_jobs(session, user, **filters)
+    return json.loads(items), cursor
+
+
 def test_list_jobs_filters_and_pages_newest_first_without_gaps(db: Database) -> None:
     with db.session() as session:
         root, alice, bob = users(session)
@@ -133,28 +140,47 @@ def test_list_jobs_filters_and_pages_newest_first_without_gaps(db: Database) -> 
         store.create_job(session, bob, new_job("bobs"))
         finished = store.get_job(session, alice, ids[2])
         transition(session, finished, JobState.CANCELLED, "test")
+        store.create_job(session, alice, new_job("a_b%c/d"))
     with db.session() as session:
         seen: list[int] = []
         cursor = None
         while True:
-            page, cursor = store.list_jobs(session, alice, limit=3, cursor=cursor)
-            seen += [job.id for job in page]
+            page, cursor = listed(session, alice, limit=3, cursor=cursor)
+            assert len(page) == 3 or cursor is None
+            seen += [job["id"] for job in page]
             if cursor is None:
                 break
-        assert seen == sorted(ids, reverse=True)
-        everything, _ = store.list_jobs(session, root, limit=100)
-        assert len(everything) == 8
-        by_name, _ = store.list_jobs(session, alice, name="run-1")
-        assert sorted(job.id for job in by_name) == [ids[1], ids[4]]
-        cancelled, _ = store.list_jobs(session, alice, states=[JobState.CANCELLED])
-        assert [job.id for job in cancelled] == [ids[2]]
-        live, _ = store.list_jobs(session, alice, states=[JobState.QUEUED, JobState.RUNNING])
-        assert len(live) == 6
-        none, _ = store.list_jobs(session, alice, name="%")  # LIKE wildcards are literal
-        assert none == []
+        assert seen[1:] == sorted(ids, reverse=True)
+        everything, _ = listed(session, root, limit=100)
+        assert len(everything) == 9
+        by_name, _ = listed(session, alice, name="run-1")
+        assert sorted(job["id"] for job in by_name) == [ids[1], ids[4]]
+        cancelled, _ = listed(session, alice, states=[JobState.CANCELLED])
+        assert [job["id"] for job in cancelled] == [ids[2]]
+        live, _ = listed(session, alice, states=[JobState.QUEUED, JobState.RUNNING])
+        assert len(live) == 7
+        for literal in ("%", "_", "b%c", "c/d", "a_b"):  # LIKE wildcards and its escape are text
+            found, _ = listed(session, alice, name=literal)
+            assert [job["name"] for job in found] == ["a_b%c/d"], literal
+        assert listed(session, alice, name="x%") == ([], None)
+        assert listed(session, bob, states=[JobState.CANCELLED]) == ([], None)
         for bad in ("garbage", store.encode_cursor(5) + "!!", "am9iOng"):
             with pytest.raises(store.InvalidRequest, match="cursor"):
                 store.list_jobs(session, alice, cursor=bad)
+
+
+def test_a_listed_running_job_lasts_until_now(db: Database) -> None:
+    with db.session() as session:
+        _, alice, _ = users(session)
+        job = store.create_job(session, alice, new_job("running"))
+        transition(session, job, JobState.SCHEDULED, "test")
+        transition(session, job, JobState.RUNNING, "test")
+        job.started_at = utcnow() - timedelta(hours=1)
+        now = job.started_at + timedelta(seconds=90.25)
+    with db.session() as session:
+        (item,), _ = listed(session, alice, now=now)
+        assert item["duration_seconds"] == pytest.approx(90.25, abs=1e-3)
+        assert item["state"] == "RUNNING" and item["queue_position"] is None
 
 
 def test_queue_positions_follow_priority_then_submission(db: Database) -> None:

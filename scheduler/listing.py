@@ -1,0 +1,284 @@
+"""A page of jobs as JSON built by the database: the API's busiest read (the dashboard's job
+list and `trainyard jobs` poll it).
+
+The page is one statement that returns one row: the items as a JSON array, how many jobs
+matched (up to one past the page) and the last id of the page. Built this way a page costs the
+API process one fetch instead of a row, a type conversion and a validation per job, and the
+database builds the text without the interpreter lock, so the event loop keeps serving other
+requests meanwhile. Each item has the fields of the API's JobOut (api/schemas.py), computed as
+`api.routes.jobs.job_fields` computes them for one job; tests hold the two to each other on both
+SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    ColumnElement,
+    Float,
+    Select,
+    Subquery,
+    Text,
+    bindparam,
+    case,
+    cast,
+    extract,
+    func,
+    literal_column,
+    select,
+    type_coerce,
+)
+from sqlalchemy.dialects.postgresql import aggregate_order_by
+from sqlalchemy.orm import Session
+
+from scheduler.models import Job, JobState, User, utcnow
+
+NOW = bindparam("now", type_=Job.created_at.type)
+LIMIT = bindparam("limit", type_=Job.id.type)
+
+# The queue in the order the scheduler places it: 1-based positions of the queued jobs.
+_QUEUE = (
+    select(
+        Job.id.label("job_id"),
+        func.row_number().over(order_by=(Job.priority.desc(), Job.id)).label("position"),
+    )
+    .where(Job.state == JobState.QUEUED)
+    .cte("queue")
+    # Computed once per page: unmarked, SQLite may run it again for every row of the page.
+    .prefix_with("MATERIALIZED")
+)
+
+# Every field of JobOut but the queue position; the two documents (spec, spec_yaml) stay unread.
+_LISTED = (
+    Job.id,
+    Job.name,
+    User.name.label("owner"),
+    Job.state,
+    Job.priority,
+    Job.framework,
+    Job.train_steps,
+    Job.step,
+    Job.created_at,
+    Job.scheduled_at,
+    Job.started_at,
+    Job.ended_at,
+    Job.summary,
+    Job.best_metric,
+    Job.error,
+    Job.cancel_requested,
+    Job.overrides,
+    Job.topology,
+)
+
+
+class Dialect(Protocol):
+    """The few expressions that SQLite and PostgreSQL spell differently."""
+
+    # How a page row finds its queue position: a join (PostgreSQL hashes the queue), or a
+    # subquery per row (SQLite indexes the queue for it; it would scan it per row in a join).
+    queue_joined: bool
+
+    def obj(self, *pairs: Any) -> ColumnElement[Any]: ...
+
+    def iso(self, moment: ColumnElement[Any]) -> ColumnElement[Any]:
+        """An ISO 8601 UTC time, as pydantic writes it: 2026-11-23T10:00:00.123456Z."""
+        ...
+
+    def seconds(self, start: ColumnElement[Any], end: ColumnElement[Any]) -> ColumnElement[Any]: ...
+
+    def document(self, column: ColumnElement[Any]) -> ColumnElement[Any]:
+        """A JSON column embedded as JSON; a missing or null document as {}."""
+        ...
+
+    def flag(self, column: ColumnElement[Any]) -> ColumnElement[Any]: ...
+
+    def array(self, item: ColumnElement[Any], order: ColumnElement[Any]) -> ColumnElement[Any]: ...
+
+
+def _document_text(column: ColumnElement[Any]) -> ColumnElement[Any]:
+    text = type_coerce(column, Text)
+    return func.coalesce(func.nullif(text, "null"), "{}")
+
+
+class SQLite(Dialect):
+    queue_joined = False
+
+    def obj(self, *pairs: Any) -> ColumnElement[Any]:
+        return func.json_object(*pairs)
+
+    def iso(self, moment: ColumnElement[Any]) -> ColumnElement[Any]:
+        # Stored by SQLAlchemy as "2026-11-23 10:00:00.123456", always UTC.
+        return func.replace(type_coerce(moment, Text), " ", "T").concat("Z")
+
+    def seconds(self, start: ColumnElement[Any], end: ColumnElement[Any]) -> ColumnElement[Any]:
+        return (func.julianday(end) - func.julianday(start)) * 86400.0
+
+    def document(self, column: ColumnElement[Any]) -> ColumnElement[Any]:
+        return func.json(_document_text(column))
+
+    def flag(self, column: ColumnElement[Any]) -> ColumnElement[Any]:
+        return func.json(case((column, "true"), else_="false"))
+
+    def array(self, item: ColumnElement[Any], order: ColumnElement[Any]) -> ColumnElement[Any]:
+        # SQLite aggregates rows in the order the ordered page subquery yields them.
+        return func.json_group_array(item)
+
+
+class PostgreSQL(Dialect):
+    queue_joined = True
+
+    def obj(self, *pairs: Any) -> ColumnElement[Any]:
+        return func.json_build_object(*pairs)
+
+    def iso(self, moment: ColumnElement[Any]) -> ColumnElement[Any]:
+        utc = func.timezone("UTC", moment)
+        return func.to_char(utc, 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+
+    def seconds(self, start: ColumnElement[Any], end: ColumnElement[Any]) -> ColumnElement[Any]:
+        return extract("epoch", end - start)
+
+    def document(self, column: ColumnElement[Any]) -> ColumnElement[Any]:
+        return cast(_document_text(cast(column, Text)), JSON)
+
+    def flag(self, column: ColumnElement[Any]) -> ColumnElement[Any]:
+        return type_coerce(column, Boolean)
+
+    def array(self, item: ColumnElement[Any], order: ColumnElement[Any]) -> ColumnElement[Any]:
+        # As text: the driver would otherwise parse the array into Python objects.
+        return cast(func.json_agg(aggregate_order_by(item, order)), Text)
+
+
+DIALECTS: dict[str, Dialect] = {"sqlite": SQLite(), "postgresql": PostgreSQL()}
+
+
+def _item(page: Subquery, sql: Dialect) -> ColumnElement[Any]:
+    """One JobOut as a JSON object, from a row of the page."""
+    c = page.c
+    progress = case(
+        (c.train_steps <= 0, 0.0),
+        (c.step >= c.train_steps, 1.0),
+        else_=cast(c.step, Float) / c.train_steps,
+    )
+    duration = case(
+        (c.started_at.is_(None), None),
+        else_=sql.seconds(c.started_at, func.coalesce(c.ended_at, NOW)),
+    )
+    fields: dict[str, Any] = {
+        "id": c.id,
+        "name": c.name,
+        "owner": c.owner,
+        "state": c.state,
+        "priority": c.priority,
+        "framework": c.framework,
+        "train_steps": c.train_steps,
+        "step": c.step,
+        "progress": progress,
+        "created_at": sql.iso(c.created_at),
+        "scheduled_at": sql.iso(c.scheduled_at),
+        "started_at": sql.iso(c.started_at),
+        "ended_at": sql.iso(c.ended_at),
+        "duration_seconds": duration,
+        "summary": sql.document(c.summary),
+        "best_metric": c.best_metric,
+        "error": c.error,
+        "cancel_requested": sql.flag(c.cancel_requested),
+        "overrides": sql.document(c.overrides),
+        "topology": sql.document(c.topology),
+        "queue_position": c.queue_position,
+    }
+    # The keys are this module's constants, written into the statement as literals: a bound
+    # parameter has no type PostgreSQL could infer inside json_build_object.
+    pairs: list[Any] = []
+    for key, value in fields.items():
+        pairs += (literal_column(f"'{key}'"), value)
+    return sql.obj(*pairs)
+
+
+@dataclass(frozen=True)
+class PageJson:
+    items: str  # a JSON array of JobOut objects
+    last_id: int | None  # the last job of the page
+    more: bool  # whether a next page exists
+
+
+@functools.cache
+def _statement(dialect: str, *, admin: bool, states: bool, name: bool, cursor: bool) -> Select[Any]:
+    """The page statement for one combination of filters, built once: building a statement
+    costs more than running this one. Parameters: owner, states, pattern, before, limit, now."""
+    sql = DIALECTS.get(dialect)
+    if sql is None:
+        raise NotImplementedError(f"listing jobs on {dialect}: the store supports {list(DIALECTS)}")
+    matching = select(*_LISTED).join(User, User.id == Job.owner_id)
+    if not admin:
+        matching = matching.where(Job.owner_id == bindparam("owner"))
+    if states:
+        matching = matching.where(Job.state.in_(bindparam("states", expanding=True)))
+    if name:
+        matching = matching.where(Job.name.like(bindparam("pattern"), escape="/"))
+    if cursor:
+        matching = matching.where(Job.id < bindparam("before"))
+    newest = matching.order_by(Job.id.desc())
+    # Paged first (the primary key read backwards), then given queue positions: the position
+    # costs per job on the page, not per job in the store.
+    paged = newest.limit(LIMIT).subquery("paged")
+    if sql.queue_joined:
+        page = select(paged, _QUEUE.c.position.label("queue_position")).outerjoin(
+            _QUEUE, _QUEUE.c.job_id == paged.c.id
+        )
+    else:
+        position = select(_QUEUE.c.position).where(_QUEUE.c.job_id == paged.c.id)
+        page = select(paged, position.scalar_subquery().label("queue_position"))
+    rows = page.subquery("page")
+    # Whether a next page exists: the same jobs, up to one past the page.
+    matched = select(func.count()).select_from(
+        newest.with_only_columns(Job.id).limit(LIMIT + 1).subquery("matched")
+    )
+    return select(
+        type_coerce(sql.array(_item(rows, sql), rows.c.id.desc()), Text),
+        matched.scalar_subquery(),
+        func.min(rows.c.id),
+    )
+
+
+def like_pattern(part: str) -> str:
+    """A LIKE pattern that matches `part` anywhere, its wildcards taken literally."""
+    escaped = part.replace("/", "//").replace("%", "/%").replace("_", "/_")
+    return f"%{escaped}%"
+
+
+def page_json(
+    session: Session,
+    user: User,
+    *,
+    states: list[JobState] | None = None,
+    name: str | None = None,
+    limit: int = 50,
+    before_id: int | None = None,
+    now: datetime | None = None,
+) -> PageJson:
+    """Newest first, `limit` jobs that `user` may see (an admin every job) with ids below
+    `before_id`, in `states`, with `name` anywhere in their name."""
+    statement = _statement(
+        session.get_bind().dialect.name,
+        admin=user.is_admin,
+        states=bool(states),
+        name=bool(name),
+        cursor=before_id is not None,
+    )
+    params: dict[str, Any] = {"now": now or utcnow(), "limit": limit}
+    if not user.is_admin:
+        params["owner"] = user.id
+    if states:
+        params["states"] = [str(state) for state in states]
+    if name:
+        params["pattern"] = like_pattern(name)
+    if before_id is not None:
+        params["before"] = before_id
+    items, matched, last_id = session.connection().execute(statement, params).one()
+    return PageJson(items=items or "[]", last_id=last_id, more=matched > limit)
