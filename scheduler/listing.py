@@ -98,6 +98,10 @@ class Dialect(Protocol):
 
     def flag(self, column: ColumnElement[Any]) -> ColumnElement[Any]: ...
 
+    def number(self, value: ColumnElement[Any]) -> ColumnElement[Any]:
+        """A float written with every digit it needs to read back the same (or null)."""
+        ...
+
     def array(self, item: ColumnElement[Any], order: ColumnElement[Any]) -> ColumnElement[Any]: ...
 
 
@@ -125,6 +129,10 @@ class SQLite(Dialect):
     def flag(self, column: ColumnElement[Any]) -> ColumnElement[Any]:
         return func.json(case((column, "true"), else_="false"))
 
+    def number(self, value: ColumnElement[Any]) -> ColumnElement[Any]:
+        # json_object writes 15 significant digits; a double needs 17 to read back the same.
+        return case((value.is_(None), None), else_=func.json(func.printf("%!.17g", value)))
+
     def array(self, item: ColumnElement[Any], order: ColumnElement[Any]) -> ColumnElement[Any]:
         # SQLite aggregates rows in the order the ordered page subquery yields them.
         return func.json_group_array(item)
@@ -148,6 +156,9 @@ class PostgreSQL(Dialect):
 
     def flag(self, column: ColumnElement[Any]) -> ColumnElement[Any]:
         return type_coerce(column, Boolean)
+
+    def number(self, value: ColumnElement[Any]) -> ColumnElement[Any]:
+        return value  # PostgreSQL writes the shortest exact form already
 
     def array(self, item: ColumnElement[Any], order: ColumnElement[Any]) -> ColumnElement[Any]:
         # As text: the driver would otherwise parse the array into Python objects.
@@ -178,14 +189,14 @@ def _item(page: Subquery, sql: Dialect) -> ColumnElement[Any]:
         "framework": c.framework,
         "train_steps": c.train_steps,
         "step": c.step,
-        "progress": progress,
+        "progress": sql.number(progress),
         "created_at": sql.iso(c.created_at),
         "scheduled_at": sql.iso(c.scheduled_at),
         "started_at": sql.iso(c.started_at),
         "ended_at": sql.iso(c.ended_at),
-        "duration_seconds": duration,
+        "duration_seconds": sql.number(duration),
         "summary": sql.document(c.summary),
-        "best_metric": c.best_metric,
+        "best_metric": sql.number(c.best_metric),
         "error": c.error,
         "cancel_requested": sql.flag(c.cancel_requested),
         "overrides": sql.document(c.overrides),

@@ -179,8 +179,8 @@ def test_listed_jobs_are_their_detail_views(api: Any) -> None:
         JobState.RUNNING,
         JobState.SUCCEEDED,
         step=2000,
-        summary={"test/accuracy": 0.875, "train/loss": 0.1234567890123},
-        best_metric=0.875,
+        summary={"test/accuracy": 0.9583333333333334, "train/loss": 0.1234567890123},
+        best_metric=0.9583333333333334,
         started_at=started,
         ended_at=datetime(2026, 11, 23, 10, 1, 2, 345678, tzinfo=UTC),
     )
