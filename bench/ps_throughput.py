@@ -15,7 +15,10 @@ one run against the same Redis, so machine noise falls on all alike:
   applied and committed the update (parameters, version and updater state in one MULTI), pull.
 
     .venv/bin/python bench/ps_throughput.py [--steps 200] [--block 10] [--shards 1]
-        [--redis-servers 1] [--compression none|fp16|bf16]
+        [--redis-servers 1] [--compression none|fp16|bf16] [--cpu]
+
+`--cpu` also reports where the CPU goes: per kind of step, the CPU time of this process (the
+worker), each shard and each Redis server, and the first Redis server's time per command.
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -48,6 +53,7 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=1)
     parser.add_argument("--redis-servers", type=int, default=1, help="REDIS_PS_URLS count")
     parser.add_argument("--compression", default="none", choices=["none", "fp16", "bf16"])
+    parser.add_argument("--cpu", action="store_true", help="report CPU per process and step")
     args = parser.parse_args()
     torch.set_num_threads(1)
     steps = args.steps - args.steps % args.block
@@ -63,7 +69,12 @@ def main() -> None:
         ]
         urls = [server.start() for server in servers]
         try:
-            run(args, steps, job_doc, topology, urls, Path(tmp))
+            pids = {
+                f"redis {i}": server.process.pid
+                for i, server in enumerate(servers)
+                if server.process is not None
+            }
+            run(args, steps, job_doc, topology, urls, Path(tmp), pids)
         finally:
             for server in servers:
                 server.stop()
@@ -76,6 +87,7 @@ def run(
     topology: Topology,
     urls: list[str],
     tmp: Path,
+    redis_pids: dict[str, int],
 ) -> None:
     job, _ = prepare_job(job_doc, cache_dir=tmp / "cache")
     net = job.net
@@ -151,14 +163,30 @@ def run(
         return time.perf_counter() - started
 
     times: dict[str, list[float]] = {"raw": [], "wire": [], "round trip": []}
+    processes = {"worker": psutil.Process()}
+    processes.update(
+        {f"shard {role[2]}": psutil.Process(p.pid) for role, p in cluster.processes.items()}
+    )
+    processes.update({name: psutil.Process(pid) for name, pid in redis_pids.items()})
+    cpu: dict[str, dict[str, float]] = {kind: dict.fromkeys(processes, 0.0) for kind in times}
+
+    def measured(kind: str, block: Callable[[], float]) -> None:
+        """Run a block; note its time and, with --cpu, each process's CPU time in it."""
+        before = {name: sum(p.cpu_times()[:2]) for name, p in processes.items()} if args.cpu else {}
+        times[kind].append(block())
+        for name, start in before.items():
+            cpu[kind][name] += sum(processes[name].cpu_times()[:2]) - start
+
     try:
         round_trip_block()  # the shards load and warm up
         wire_block()
         raw_block()
+        raw.config_resetstat()
         for _ in range(steps // args.block):
-            times["raw"].append(raw_block())
-            times["wire"].append(wire_block())
-            times["round trip"].append(round_trip_block())
+            measured("raw", raw_block)
+            measured("wire", wire_block)
+            measured("round trip", round_trip_block)
+        commands = raw.info("commandstats")
         client.finish()
         for role, process in cluster.processes.items():
             process.wait(timeout=60)
@@ -170,6 +198,24 @@ def run(
         client.close()
         connections.close()
     report(args, steps, times, len(raw_bytes), len(grad_bytes), sum(g.numel() for g in grads))
+    if args.cpu:
+        report_cpu(steps, cpu, commands)
+
+
+def report_cpu(
+    steps: int, cpu: dict[str, dict[str, float]], commands: dict[str, dict[str, float]]
+) -> None:
+    print("CPU ms per step (wire blocks include the untimed wait for the shards):")
+    for kind, by_process in cpu.items():
+        parts = ", ".join(
+            f"{name} {seconds / steps * 1e3:.2f}" for name, seconds in by_process.items()
+        )
+        print(f"{kind:>10}: {parts}")
+    print("redis 0, time per command over all steps (ms per call, calls):")
+    busiest = sorted(commands.items(), key=lambda item: -item[1]["usec"])
+    for name, stats in busiest[:8]:
+        per_call = stats["usec_per_call"] / 1e3
+        print(f"  {name.removeprefix('cmdstat_'):>12}: {per_call:.3f}, {stats['calls']}")
 
 
 def report(
