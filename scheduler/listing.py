@@ -13,6 +13,7 @@ SQLite and PostgreSQL.
 from __future__ import annotations
 
 import functools
+import string
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -231,7 +232,9 @@ def _statement(dialect: str, *, admin: bool, states: bool, name: bool, cursor: b
     if states:
         matching = matching.where(Job.state.in_(bindparam("states", expanding=True)))
     if name:
-        matching = matching.where(Job.name.like(bindparam("pattern"), escape="/"))
+        # Job names are ASCII: lower() folds them alike on every backend (SQLite's LIKE alone
+        # ignores case, PostgreSQL's does not).
+        matching = matching.where(func.lower(Job.name).like(bindparam("pattern"), escape="/"))
     if cursor:
         matching = matching.where(Job.id < bindparam("before"))
     newest = matching.order_by(Job.id.desc())
@@ -257,9 +260,13 @@ def _statement(dialect: str, *, admin: bool, states: bool, name: bool, cursor: b
     )
 
 
+ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+
+
 def like_pattern(part: str) -> str:
-    """A LIKE pattern that matches `part` anywhere, its wildcards taken literally."""
-    escaped = part.replace("/", "//").replace("%", "/%").replace("_", "/_")
+    """A LIKE pattern for lower-cased names that matches `part` anywhere, ignoring ASCII case,
+    its wildcards taken literally."""
+    escaped = part.translate(ASCII_LOWER).replace("/", "//").replace("%", "/%").replace("_", "/_")
     return f"%{escaped}%"
 
 

@@ -199,10 +199,10 @@ def list_jobs(
     cursor: str | None = None,
     now: datetime | None = None,
 ) -> tuple[str, str | None]:
-    """Newest first; `name` matches anywhere in the job name. Returns the page, a JSON array
-    of the API's JobOut objects built by the database (scheduler/listing.py: the API's busiest
-    read), and the cursor of the next page (None on the last). `now` ends running jobs'
-    durations (default the current time)."""
+    """Newest first; `name` matches anywhere in the job name, in any case. Returns the page,
+    a JSON array of the API's JobOut objects built by the database (scheduler/listing.py: the
+    API's busiest read), and the cursor of the next page (None on the last). `now` ends
+    running jobs' durations (default the current time)."""
     page = listing.page_json(
         session,
         user,

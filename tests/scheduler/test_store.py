@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import string
 import time
 import uuid
 from collections.abc import Iterator
@@ -12,6 +13,8 @@ from typing import Any
 
 import pytest
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.orm import Session
 
@@ -167,6 +170,37 @@ def test_list_jobs_filters_and_pages_newest_first_without_gaps(db: Database) -> 
         for bad in ("garbage", store.encode_cursor(5) + "!!", "am9iOng"):
             with pytest.raises(store.InvalidRequest, match="cursor"):
                 store.list_jobs(session, alice, cursor=bad)
+
+
+NAMES = ["Run-A", "run_a", "b.%x", "x/y_z", "MLP-100", "mlp.10", "K9"]
+needles = st.text(alphabet="aAbBkKmMlLpPrRuUnNxyz019_.-%/\\'\"\u212a\u0130é ", max_size=6)
+
+
+@pytest.fixture
+def named_jobs(db: Database) -> User:
+    with db.session() as session:
+        _, alice, _ = users(session)
+        for name in NAMES:
+            store.create_job(session, alice, new_job(name))
+        return alice
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(needle=needles)
+def test_the_name_filter_is_a_substring_in_any_ascii_case(
+    db: Database, named_jobs: User, needle: str
+) -> None:
+    """The same jobs on both backends: the part anywhere in the name, ASCII letters in either
+    case, every other character (LIKE's wildcards and escape, quotes, non-ASCII) as itself."""
+    fold = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+    expected = sorted(n for n in NAMES if needle.translate(fold) in n.translate(fold))
+    with db.session() as session:
+        found, _ = listed(session, named_jobs, name=needle or None, limit=100)
+    assert sorted(job["name"] for job in found) == expected
 
 
 def test_a_listed_running_job_lasts_until_now(db: Database) -> None:
