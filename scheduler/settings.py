@@ -11,8 +11,10 @@ import os
 import socket
 from pathlib import Path
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+SQL_SCHEMES = ("sqlite:", "sqlite+", "postgresql:", "postgresql+")
 
 
 def _env(name: str) -> AliasChoices:
@@ -43,6 +45,19 @@ class Settings(BaseSettings):
         validation_alias=_env("DATABASE_URL"),
         description="SQLAlchemy URL; default a SQLite file in the data directory",
     )
+
+    @field_validator("database_url")
+    @classmethod
+    def _supported_database(cls, url: str | None) -> str | None:
+        # The job list is SQL each backend spells its own way (scheduler/listing.py).
+        if url and not url.startswith(SQL_SCHEMES):
+            scheme = url.split(":", 1)[0]
+            raise ValueError(
+                f"DATABASE_URL names {scheme!r}; the job store runs on SQLite (sqlite:///PATH) "
+                "or PostgreSQL (postgresql+psycopg://USER@HOST/DB)"
+            )
+        return url
+
     artifact_dir: Path | None = Field(
         default=None, description="checkpoints and uploaded datasets; default <data_dir>/artifacts"
     )

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 
 from dsl.errors import JobSpecError
@@ -230,4 +231,14 @@ cli_cluster.register(app)
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except ValidationError as error:
+        if error.title != "Settings":
+            raise
+        # A setting from the environment (scheduler/settings.py): say which, and why.
+        for problem in error.errors():
+            where = ".".join(str(part) for part in problem["loc"])
+            why = problem["msg"].removeprefix("Value error, ")
+            err_console.print(f"[red]bad setting[/] {where}: {why}", highlight=False)
+        sys.exit(2)

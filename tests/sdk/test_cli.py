@@ -252,3 +252,25 @@ def test_schema_prints_the_job_language() -> None:
     schema = json.loads(result.stdout)
     assert schema["title"] == "Trainyard job"
     assert {"name", "data", "neuralnet", "updater", "train_steps"} <= set(schema["required"])
+
+
+def test_a_bad_setting_is_named_without_a_traceback(tmp_path: Path) -> None:
+    """Settings come from the environment; the command says which one is wrong, and why."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINYARD_", "REDIS_"))}
+    env.update(TRAINYARD_DATA_DIR=str(tmp_path), DATABASE_URL="mysql://u@db-host/trainyard")
+    done = subprocess.run(
+        [sys.executable, "-m", "sdk", "api", "--port", "0"],
+        cwd=ROOT,
+        env={**env, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "bad setting DATABASE_URL: DATABASE_URL names 'mysql'" in done.stderr
+    assert "PostgreSQL" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "trainyard.db").exists()
