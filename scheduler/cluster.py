@@ -89,11 +89,28 @@ class QueueEntry:
     reason: str
 
 
+# The queue as shown (GET /cluster, which the dashboard polls, and POST /jobs/validate): plain
+# rows, not ORM objects, in placement order.
+_QUEUED_ROWS = (
+    select(Job.id, Job.owner_id, Job.name, Job.priority, Job.topology)
+    .where(Job.state == JobState.QUEUED)
+    .order_by(Job.priority.desc(), Job.id)
+)
+
+
 def queue_view(session: Session, capacities: list[NodeCapacity] | None = None) -> list[QueueEntry]:
     """The queue in placement order, each job with why it is waiting (`capacities`: the nodes'
     as node_capacities gives them, when the caller has them already)."""
-    jobs = {job.id: job for job in queued_jobs(session)}
-    requests = {job_id: placement_request(job) for job_id, job in jobs.items()}
+    jobs = {row.id: row for row in session.connection().execute(_QUEUED_ROWS)}
+    requests = {
+        job_id: PlacementRequest.from_topology(
+            job_id,
+            # an old row without a topology: resolved from its spec, as the scheduler does
+            row.topology or job_topology(session.get_one(Job, job_id)),
+            priority=row.priority,
+        )
+        for job_id, row in jobs.items()
+    }
     if capacities is None:
         capacities = node_capacities(session)
     decision = plan_queue(requests.values(), capacities)

@@ -28,6 +28,8 @@ from scheduler.settings import Settings
 from workers.allocation import DISPATCHED
 from workers.events import Keys
 
+ROOT = Path(__file__).resolve().parents[2]
+
 TIMEOUT = 3.0
 
 
@@ -345,3 +347,35 @@ def test_ended_jobs_lose_their_parameter_server_keys_once_their_processes_stop(
         assert sweeper.ended_jobs(session) == []  # once
     client.delete(*kept)
     client.close()
+
+
+def test_a_row_without_a_topology_is_placed_from_its_spec(db: Database, settings: Settings) -> None:
+    """Rows stored before jobs kept their resolved topology: the queue view and the scheduler
+    resolve it from the stored spec (here an allreduce group of 2 workers)."""
+    import yaml
+
+    spec = yaml.safe_load((ROOT / "examples" / "mnist1d_allreduce.yaml").read_text())
+    with db.session() as session:
+        sync_nodes(session, {"n1": registration(1)}, NodeTracker(), TIMEOUT, now=0.0)
+        owner = store.create_user(session, "carol")
+        job_id = store.create_job(
+            session,
+            owner,
+            store.NewJob(
+                name="old-row",
+                spec_yaml="",
+                overrides={},
+                spec=spec,
+                topology={},
+                framework="allreduce",
+                train_steps=5,
+            ),
+        ).id
+    with db.session() as session:
+        [entry] = queue_view(session)
+        assert (entry.job_id, entry.slots) == (job_id, 2)
+        assert "needs 2 worker(s)" in entry.reason  # and the one node has 1 slot
+        sync_nodes(session, {"n1": registration(2)}, NodeTracker(), TIMEOUT, now=0.0)
+    with db.session() as session:
+        placed = schedule_once(session, settings)
+    assert sorted(item.info.rank for item in placed) == [0, 1]
