@@ -9,10 +9,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session, load_only
 
-from scheduler.models import Allocation, AllocationState, Job, JobState, Node, NodeState
+from scheduler.models import (
+    QUEUE_ORDER,
+    Allocation,
+    AllocationState,
+    Job,
+    JobState,
+    Node,
+    NodeState,
+)
 from scheduler.placement import NodeCapacity, PlacementRequest, plan_queue
 
 ACTIVE_ALLOCATIONS = (AllocationState.PENDING, AllocationState.RUNNING)
@@ -43,7 +51,7 @@ def node_capacities(session: Session) -> list[NodeCapacity]:
     ]
 
 
-def job_topology(job: Job) -> dict[str, Any]:
+def job_topology(job: Job | Row[Any]) -> dict[str, Any]:
     """The job's resolved topology (Topology.to_dict() form)."""
     if job.topology:
         return job.topology
@@ -53,7 +61,8 @@ def job_topology(job: Job) -> dict[str, Any]:
     return resolve_topology(JobSpec.model_validate(job.spec).cluster).to_dict()
 
 
-def placement_request(job: Job) -> PlacementRequest:
+def placement_request(job: Job | Row[Any]) -> PlacementRequest:
+    """What `job` asks of the cluster; a plain row must carry id, priority and a topology."""
     return PlacementRequest.from_topology(job.id, job_topology(job), priority=job.priority)
 
 
@@ -70,7 +79,7 @@ def queued_jobs(session: Session, *, for_update: bool = False) -> list[Job]:
         select(Job)
         .options(PLACEMENT_COLUMNS)
         .where(Job.state == JobState.QUEUED)
-        .order_by(Job.priority.desc(), Job.id)
+        .order_by(*QUEUE_ORDER)
     )
     if for_update:
         query = query.with_for_update()
@@ -94,7 +103,7 @@ class QueueEntry:
 _QUEUED_ROWS = (
     select(Job.id, Job.owner_id, Job.name, Job.priority, Job.topology)
     .where(Job.state == JobState.QUEUED)
-    .order_by(Job.priority.desc(), Job.id)
+    .order_by(*QUEUE_ORDER)
 )
 
 
@@ -103,12 +112,8 @@ def queue_view(session: Session, capacities: list[NodeCapacity] | None = None) -
     as node_capacities gives them, when the caller has them already)."""
     jobs = {row.id: row for row in session.connection().execute(_QUEUED_ROWS)}
     requests = {
-        job_id: PlacementRequest.from_topology(
-            job_id,
-            # an old row without a topology: resolved from its spec, as the scheduler does
-            row.topology or job_topology(session.get_one(Job, job_id)),
-            priority=row.priority,
-        )
+        # an old row without a topology: the whole job, to resolve it from its spec
+        job_id: placement_request(row if row.topology else session.get_one(Job, job_id))
         for job_id, row in jobs.items()
     }
     if capacities is None:

@@ -38,7 +38,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.orm import Session
 
-from scheduler.models import Job, JobState, User, utcnow
+from scheduler.models import QUEUE_ORDER, Job, JobState, User, utcnow
 
 NOW = bindparam("now", type_=Job.created_at.type)
 LIMIT = bindparam("limit", type_=Job.id.type)
@@ -47,7 +47,7 @@ LIMIT = bindparam("limit", type_=Job.id.type)
 _QUEUE = (
     select(
         Job.id.label("job_id"),
-        func.row_number().over(order_by=(Job.priority.desc(), Job.id)).label("position"),
+        func.row_number().over(order_by=QUEUE_ORDER).label("position"),
     )
     .where(Job.state == JobState.QUEUED)
     .cte("queue")

@@ -105,6 +105,11 @@ class Job(Base):
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
+# The order the scheduler places queued jobs in (and the API numbers their positions by):
+# higher priority first, then submission order.
+QUEUE_ORDER = (Job.priority.desc(), Job.id)
+
+
 class JobEvent(Base):
     __tablename__ = "job_events"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from scheduler import listing
 from scheduler.lifecycle import transition
 from scheduler.models import (
+    QUEUE_ORDER,
     ApiToken,
     CheckpointRecord,
     Job,
@@ -186,7 +187,7 @@ def decode_cursor(cursor: str) -> int:
         ) from None
 
 
-_QUEUE = select(Job.id).where(Job.state == JobState.QUEUED).order_by(Job.priority.desc(), Job.id)
+_QUEUE = select(Job.id).where(Job.state == JobState.QUEUED).order_by(*QUEUE_ORDER)
 
 
 def list_jobs(

@@ -357,20 +357,10 @@ def test_a_row_without_a_topology_is_placed_from_its_spec(db: Database, settings
     spec = yaml.safe_load((ROOT / "examples" / "mnist1d_allreduce.yaml").read_text())
     with db.session() as session:
         sync_nodes(session, {"n1": registration(1)}, NodeTracker(), TIMEOUT, now=0.0)
-        owner = store.create_user(session, "carol")
-        job_id = store.create_job(
-            session,
-            owner,
-            store.NewJob(
-                name="old-row",
-                spec_yaml="",
-                overrides={},
-                spec=spec,
-                topology={},
-                framework="allreduce",
-                train_steps=5,
-            ),
-        ).id
+    job_id = add_job(db)
+    with db.session() as session:
+        job = session.get_one(Job, job_id)
+        job.spec, job.topology = spec, {}
     with db.session() as session:
         [entry] = queue_view(session)
         assert (entry.job_id, entry.slots) == (job_id, 2)
