@@ -12,9 +12,10 @@ ENV PYTHONUNBUFFERED=1 \
 WORKDIR /app
 # Dependencies first so code changes reuse the cached layer.
 COPY pyproject.toml constraints.txt README.md ./
-RUN mkdir dsl workers scheduler api sdk \
+RUN mkdir contract dsl workers scheduler api sdk \
     && pip install --extra-index-url "${TORCH_INDEX_URL}" -c constraints.txt . \
     && pip uninstall -y trainyard
+COPY contract contract
 COPY dsl dsl
 COPY workers workers
 COPY scheduler scheduler

@@ -25,7 +25,7 @@ from api.limits import BodyLimit
 from api.routes import cluster, datasets, examples, jobs, system
 from api.stream import router as stream_router
 from scheduler.db import Database
-from scheduler.settings import Settings
+from contract.settings import Settings
 from workers.events import Keys
 
 API_PREFIX = "/api/v1"

@@ -19,7 +19,7 @@ from dsl.compiler import CompiledJob
 from scheduler import store
 from scheduler.db import Database
 from scheduler.models import Job, User
-from scheduler.settings import Settings
+from contract.settings import Settings
 from workers.events import Keys
 
 # Ids and steps are 32-bit integer columns; larger numbers cannot name anything.

@@ -19,7 +19,7 @@ from dsl.topology import Topology
 from scheduler.cluster import node_capacities
 from scheduler.models import Job, JobState, User
 from scheduler.placement import PlacementRequest, fits_empty_cluster, plan_placement
-from scheduler.settings import Settings
+from contract.settings import Settings
 from scheduler.submission import CheckedJob, check_job
 
 YAML_TYPES = frozenset(

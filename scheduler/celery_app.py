@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from scheduler.settings import Settings
+from contract.settings import Settings
 
 RUN_ALLOCATION = "trainyard.run_allocation"
 

@@ -43,7 +43,7 @@ from scheduler.models import (
     utcnow,
 )
 from scheduler.placement import plan_queue
-from scheduler.settings import Settings
+from contract.settings import Settings
 from scheduler.store import job_run_dir
 from workers.allocation import CLAIMED, DISPATCHED, STOP, AllocationInfo
 from workers.events import Keys, decode, delete_matching

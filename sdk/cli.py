@@ -77,7 +77,7 @@ def _prepare(job: Path, set_: list[str] | None) -> tuple[CompiledJob, Dataset]:
 
 
 def _cache_dir() -> Path:
-    from scheduler.settings import Settings
+    from contract.settings import Settings
 
     return Settings().cache_dir()
 
@@ -236,7 +236,7 @@ def main() -> None:
     except ValidationError as error:
         if error.title != "Settings":
             raise
-        # A setting from the environment (scheduler/settings.py): say which, and why.
+        # A setting from the environment (contract/settings.py): say which, and why.
         for problem in error.errors():
             where = ".".join(str(part) for part in problem["loc"])
             why = problem["msg"].removeprefix("Value error, ")

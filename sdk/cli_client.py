@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from scheduler.settings import Settings
+from contract.settings import Settings
 from sdk.client import (
     Client,
     Job,

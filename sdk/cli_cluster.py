@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from scheduler.settings import Settings
+from contract.settings import Settings
 
 err_console = Console(stderr=True)
 

@@ -24,7 +24,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dsl.errors import SpecIssue
-from scheduler.settings import Settings
+from contract.settings import Settings
 
 API_PREFIX = "/api/v1"
 MAX_POINTS = 100_000  # the most points per series the server returns in one answer

@@ -30,7 +30,7 @@ import redis
 from pydantic import BaseModel
 
 from scheduler.redis_server import RedisServer, RedisStartError
-from scheduler.settings import Settings
+from contract.settings import Settings
 
 HEALTH_PATH = "/healthz"
 ADMIN_USER = "admin"

@@ -10,7 +10,7 @@ import pytest
 import typer.main
 import yaml
 
-from scheduler.settings import Settings
+from contract.settings import Settings
 from sdk.cli import app
 from sdk.stack import HEALTH_PATH
 

@@ -11,7 +11,7 @@ from typing import Any
 import typer.main
 from pydantic.fields import FieldInfo
 
-from scheduler.settings import Settings
+from contract.settings import Settings
 from sdk.cli import app
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +35,7 @@ def default_text(info: FieldInfo) -> str:
 
 
 def settings_table() -> str:
-    """The Markdown table of every setting, generated from scheduler/settings.py."""
+    """The Markdown table of every setting, generated from contract/settings.py."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]
     for name, info in Settings.model_fields.items():
         variables = " or ".join(f"`{env}`" for env in env_names(name, info))

@@ -25,7 +25,7 @@ from scheduler import store
 from scheduler.db import Database
 from scheduler.models import Job
 from scheduler.redis_server import free_port
-from scheduler.settings import Settings
+from contract.settings import Settings
 from workers.events import Keys
 
 warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")

@@ -161,7 +161,7 @@ def test_stream_against_the_machines_redis(
     from api.app import create_app
     from scheduler import store
     from scheduler.db import Database, migrate
-    from scheduler.settings import Settings
+    from contract.settings import Settings
     from workers.events import Keys
 
     prefix = f"trainyard-test-{uuid.uuid4().hex}"

@@ -40,7 +40,7 @@ from scheduler.models import (
     Node,
     NodeState,
 )
-from scheduler.settings import Settings
+from contract.settings import Settings
 from workers.events import Keys
 
 pytestmark = pytest.mark.slow

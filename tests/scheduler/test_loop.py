@@ -24,7 +24,7 @@ from scheduler.loop import (
     undispatched,
 )
 from scheduler.models import Allocation, AllocationState, Job, JobEvent, JobState, Node, NodeState
-from scheduler.settings import Settings
+from contract.settings import Settings
 from workers.allocation import DISPATCHED
 from workers.events import Keys
 

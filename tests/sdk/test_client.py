@@ -16,7 +16,7 @@ import yaml
 from safetensors import safe_open
 
 from scheduler.redis_server import free_port
-from scheduler.settings import Settings
+from contract.settings import Settings
 from sdk.client import (
     AuthError,
     Client,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from scheduler.settings import Settings
+from contract.settings import Settings
 
 
 @pytest.mark.parametrize(
