@@ -24,9 +24,9 @@ from api.errors import install_error_handlers
 from api.limits import BodyLimit
 from api.routes import cluster, datasets, examples, jobs, system
 from api.stream import router as stream_router
-from scheduler.db import Database
+from contract.records import Keys
 from contract.settings import Settings
-from workers.events import Keys
+from scheduler.db import Database
 
 API_PREFIX = "/api/v1"
 WEB_DIST = Path(__file__).resolve().parent.parent / "web" / "dist"

@@ -24,9 +24,17 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import Credentials, JobId, Services, ServicesDep, authenticate
 from api.schemas import errors, finite
+from contract.records import (
+    CheckpointRecord,
+    LogRecord,
+    MetricRecord,
+    Record,
+    RecordError,
+    StateRecord,
+    decode_record,
+)
 from scheduler import store
 from scheduler.models import Job, JobState
-from workers.events import decode
 
 router = APIRouter(tags=["jobs"])
 
@@ -55,34 +63,27 @@ def sse(event: str, data: Any, event_id: str | None = None) -> str:
     return f"{head}event: {event}\ndata: {json.dumps(finite(data), separators=(',', ':'))}\n\n"
 
 
-def record_event(fields: dict[str, str]) -> tuple[str, dict[str, Any]] | None:
+def record_event(record: Record) -> tuple[str, dict[str, Any]] | None:
     """The SSE event of one stream record; None for records clients do not see."""
-    kind = fields.get("kind")
-    try:
-        if kind == "metric":
+    match record:
+        case MetricRecord():
             return "metric", {
-                "step": int(fields["step"]),
-                "group": int(fields["group"]),
-                "rank": int(fields["rank"]),
-                "time": float(fields["time"]),
-                "values": json.loads(fields["values"]),
+                "step": record.step,
+                "group": record.group,
+                "rank": record.rank,
+                "time": record.time,
+                "values": record.values,
             }
-        if kind == "log":
+        case LogRecord():
             return "log", {
-                "group": int(fields["group"]),
-                "rank": int(fields["rank"]),
-                "time": float(fields["time"]),
-                "line": fields["line"],
+                "group": record.group,
+                "rank": record.rank,
+                "time": record.time,
+                "line": record.line,
             }
-        if kind == "checkpoint":
+        case CheckpointRecord():
             # The server path stays on the server; clients download by step.
-            return "checkpoint", {
-                "step": int(fields["step"]),
-                "size": int(fields["size"]),
-                "time": float(fields["time"]),
-            }
-    except (KeyError, ValueError):
-        return None  # a malformed record is the ingester's to report
+            return "checkpoint", {"step": record.step, "size": record.size, "time": record.time}
     return None
 
 
@@ -156,11 +157,14 @@ async def _follow(
         poll_now = False
         for entry_id, raw in entries:
             after = decode_id(entry_id)
-            fields = decode(raw)
-            if fields.get("kind") == "state":
+            try:
+                record = decode_record(raw)
+            except RecordError:
+                continue  # a malformed record is the ingester's to report
+            if isinstance(record, StateRecord):
                 poll_now = True  # a process started or ended: the job's state may follow
                 continue
-            event = record_event(fields)
+            event = record_event(record)
             if event is not None:
                 yield sse(event[0], event[1], after)
                 quiet_since = time.monotonic()

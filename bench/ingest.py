@@ -21,13 +21,12 @@ from pathlib import Path
 import redis
 from sqlalchemy import func, select
 
+from contract.records import Keys, MetricRecord, delete_matching, encode_record
 from scheduler import store
 from scheduler.db import Database, migrate
 from scheduler.ingest import GROUP, ingest_once
 from scheduler.models import Metric
 from scheduler.redis_server import RedisServer
-from workers.events import Keys, encode_metric
-from workers.metrics import MetricRecord
 
 NAMES = ("train/loss", "train/accuracy", "samples_per_sec", "lr", "test/loss", "test/accuracy")
 
@@ -61,7 +60,7 @@ def publish(client: redis.Redis, keys: Keys, job_id: int, points: int, per_recor
         count = min(per_record, points - sent)
         values = {NAMES[i % len(NAMES)] + ("" if i < len(NAMES) else f"_{i}"): step * 0.001 + i
                   for i in range(count)}  # fmt: skip
-        pipe.xadd(stream, encode_metric(MetricRecord(step, values)), maxlen=None)  # type: ignore[arg-type]
+        pipe.xadd(stream, encode_record(MetricRecord(step, values)), maxlen=None)  # type: ignore[arg-type]
         sent += count
         if step % 2000 == 0:
             pipe.execute()
@@ -102,8 +101,7 @@ def run(redis_url: str, points: int, per_record: int, workdir: Path) -> None:
     # ingester's process, SQLite included; not the Redis server's).
     print(f"ingester CPU time {cpu:.2f}s: {written / cpu:,.0f} points per CPU-second")
     print(f"rows in SQL: {rows:,} (expected {points:,}); unacknowledged records: {pending}")
-    for key in client.scan_iter(f"{keys.prefix}:*"):
-        client.delete(key)
+    delete_matching(client, keys.pattern)
     db.dispose()
     if rows != points or pending:
         raise SystemExit("points were lost")

@@ -30,10 +30,10 @@ from pathlib import Path
 
 import redis
 
+from contract.records import Keys, decode
 from scheduler.redis_server import free_port
 from sdk.client import Client
 from sdk.stack import StackFile, read_stack_file
-from workers.events import Keys, decode
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB = ROOT / "examples" / "digits_mlp.yaml"

@@ -24,18 +24,26 @@ import redis
 from celery import Celery
 from celery.signals import worker_shutting_down
 
+from contract.records import (
+    CLAIMED,
+    FINISHED,
+    FINISHED_TTL_SECONDS,
+    AllocationInfo,
+    ExitCode,
+    JobStream,
+    Keys,
+    StateRecord,
+    decode,
+    stop_requested,
+)
+from contract.settings import Settings
 from scheduler.celery_app import RUN_ALLOCATION, create_celery, node_queue
 from scheduler.models import AllocationState
 from scheduler.process import StandbyPool, WorkerProcess
-from contract.settings import Settings
-from workers.allocation import CLAIMED, FINISHED, AllocationInfo, stop_requested
-from workers.entry import EXIT_CANCELLED
-from workers.events import JobStream, Keys, decode, encode_state
 
 log = logging.getLogger("trainyard.agent")
 
 SUPERVISE_SECONDS = 0.25
-FINISHED_TTL_SECONDS = 7 * 24 * 3600
 
 
 def detect_gpus(settings: Settings) -> int:
@@ -145,14 +153,10 @@ class Agent:
             outcome = Outcome(AllocationState.CANCELLED, self._stop_reason(info), None)
         else:
             stream.publish(
-                encode_state(allocation_id, AllocationState.RUNNING, reason=f"on {self.name}")
+                StateRecord(allocation_id, AllocationState.RUNNING, reason=f"on {self.name}")
             )
             outcome = self._run(info)
-        stream.publish(
-            encode_state(
-                allocation_id, outcome.state, reason=outcome.reason, exit_code=outcome.exit_code
-            )
-        )
+        stream.publish(StateRecord(allocation_id, outcome.state, outcome.reason, outcome.exit_code))
         pipe = self.client.pipeline(transaction=False)
         pipe.hset(key, FINISHED, outcome.state)
         pipe.expire(key, FINISHED_TTL_SECONDS)
@@ -191,9 +195,9 @@ class Agent:
                 return Outcome(AllocationState.CANCELLED, self._stop_reason(info), code)
 
     def _outcome(self, info: AllocationInfo, process: WorkerProcess, code: int) -> Outcome:
-        if code == 0:
+        if code == ExitCode.OK:
             return Outcome(AllocationState.DONE, "finished", code)
-        if code == EXIT_CANCELLED:
+        if code == ExitCode.CANCELLED:
             return Outcome(AllocationState.CANCELLED, self._stop_reason(info), code)
         output = process.output_tail()
         return Outcome(AllocationState.FAILED, output or f"the worker exited with {code}", code)

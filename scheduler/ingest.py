@@ -9,16 +9,23 @@ job's state: the first RUNNING starts it, all workers DONE finish it, one FAILED
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import redis
 from sqlalchemy import Table, insert, select
 from sqlalchemy.orm import Session
 
+from contract import records
+from contract.records import (
+    CANCEL_TTL_SECONDS,
+    STREAM_TTL_SECONDS,
+    Keys,
+    decode,
+    decode_record,
+)
 from scheduler.db import Database
 from scheduler.lifecycle import can_transition, transition
 from scheduler.models import (
@@ -33,15 +40,12 @@ from scheduler.models import (
     Node,
     utcnow,
 )
-from workers.events import Keys, decode
 
 log = logging.getLogger("trainyard.ingest")
 
 GROUP = "ingest"
 CONSUMER = "ingester"
 BATCH = 5000
-CANCEL_TTL_SECONDS = 24 * 3600
-STREAM_TTL_SECONDS = 24 * 3600
 MAX_NAME = 64  # Metric.name's column width
 SUMMARY_METRIC = "test/accuracy"
 # A job's server shards keep their state in Redis, so a dead one is placed again (by the
@@ -51,19 +55,6 @@ METRICS = cast(Table, Metric.__table__)
 LOGS = cast(Table, LogLine.__table__)
 
 
-def ingested_points_key(keys: Keys) -> str:
-    """Counter of metric points written to SQL (for the API's Prometheus /metrics)."""
-    return f"{keys.prefix}:stats:ingested_points"
-
-
-@dataclass(frozen=True)
-class StateRecord:
-    allocation_id: int
-    state: AllocationState
-    reason: str
-    exit_code: int | None
-
-
 @dataclass
 class Batch:
     """One read of a job's stream, parsed into rows."""
@@ -71,45 +62,34 @@ class Batch:
     metrics: list[dict[str, Any]] = field(default_factory=list)
     logs: list[dict[str, Any]] = field(default_factory=list)
     checkpoints: dict[int, tuple[str, int]] = field(default_factory=dict)  # step -> (path, size)
-    states: list[StateRecord] = field(default_factory=list)
+    states: list[records.StateRecord] = field(default_factory=list)
     max_step: int | None = None
     latest: dict[str, float] = field(default_factory=dict)  # group 0 rank 0, finite values
     best: float | None = None
 
-    def add(self, job_id: int, fields: dict[str, str]) -> None:
-        kind = fields.get("kind")
-        if kind == "metric":
-            self._metric(job_id, fields)
-        elif kind == "log":
-            self.logs.append(
-                {
-                    "job_id": job_id,
-                    "at": float(fields["time"]),
-                    "grp": int(fields["group"]),
-                    "rank": int(fields["rank"]),
-                    "line": fields["line"],
-                }
-            )
-        elif kind == "checkpoint":
-            self.checkpoints[int(fields["step"])] = (fields["path"], int(fields["size"]))
-        elif kind == "state":
-            code = fields.get("exit_code", "")
-            self.states.append(
-                StateRecord(
-                    int(fields["alloc"]),
-                    AllocationState(fields["state"]),
-                    fields.get("reason", ""),
-                    int(code) if code else None,
+    def add(self, job_id: int, record: records.Record) -> None:
+        match record:
+            case records.MetricRecord():
+                self._metric(job_id, record)
+            case records.LogRecord():
+                self.logs.append(
+                    {
+                        "job_id": job_id,
+                        "at": record.time,
+                        "grp": record.group,
+                        "rank": record.rank,
+                        "line": record.line,
+                    }
                 )
-            )
-        else:
-            raise ValueError(f"unknown record kind {kind!r}")
+            case records.CheckpointRecord():
+                self.checkpoints[record.step] = (record.path, record.size)
+            case records.StateRecord():
+                # An unknown state makes the record malformed (ValueError).
+                self.states.append(replace(record, state=AllocationState(record.state)))
 
-    def _metric(self, job_id: int, fields: dict[str, str]) -> None:
-        step, group, rank = int(fields["step"]), int(fields["group"]), int(fields["rank"])
-        at = float(fields["time"])
-        values = json.loads(fields["values"])
-        for name, value in values.items():
+    def _metric(self, job_id: int, record: records.MetricRecord) -> None:
+        step, group, rank, at = record.step, record.group, record.rank, record.time
+        for name, value in record.values.items():
             # SQLite turns NaN into NULL and JSON carries neither NaN nor infinity: a value
             # that is not a finite number is not stored.
             if isinstance(value, bool) or not isinstance(value, int | float):
@@ -141,8 +121,8 @@ def parse_batch(job_id: int, entries: list[tuple[Any, Any]]) -> Batch:
         if not raw:  # trimmed from the stream while pending
             continue
         try:
-            batch.add(job_id, decode(raw))
-        except (KeyError, ValueError, TypeError) as exc:
+            batch.add(job_id, decode_record(raw))
+        except ValueError as exc:  # RecordError, or a state that is no AllocationState
             log.warning("job %s: dropped malformed record %r: %s", job_id, entry_id, exc)
     return batch
 
@@ -160,7 +140,7 @@ def _move(session: Session, job: Job, state: JobState, reason: str) -> None:
         log.warning("job %s: ignored %s -> %s (%s)", job.id, job.state, state, reason)
 
 
-def apply_state(session: Session, job: Job, record: StateRecord) -> None:
+def apply_state(session: Session, job: Job, record: records.StateRecord) -> None:
     """One process's state change, and what it means for its job."""
     alloc = session.get(Allocation, record.allocation_id)
     # Records of processes already written off (lost node, earlier attempt) change nothing.
@@ -319,7 +299,7 @@ class Ingester:
         pipe.xack(stream, GROUP, *[entry_id for entry_id, _ in entries])
         written = len(batch.metrics) if found else 0
         if written:
-            pipe.incrby(ingested_points_key(self.keys), written)
+            pipe.incrby(self.keys.ingested_points, written)
         if ended:
             # Processes of the job still running (siblings, servers) stop on this key.
             pipe.set(self.keys.cancel(job_id), "1", ex=CANCEL_TTL_SECONDS)

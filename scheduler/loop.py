@@ -20,6 +20,16 @@ from celery import Celery
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from contract.records import (
+    CLAIMED,
+    DISPATCHED,
+    STOP,
+    AllocationInfo,
+    Keys,
+    decode,
+    delete_matching,
+)
+from contract.settings import Settings
 from scheduler.celery_app import RUN_ALLOCATION, create_celery
 from scheduler.cluster import (
     ACTIVE_ALLOCATIONS,
@@ -43,10 +53,7 @@ from scheduler.models import (
     utcnow,
 )
 from scheduler.placement import plan_queue
-from contract.settings import Settings
 from scheduler.store import job_run_dir
-from workers.allocation import CLAIMED, DISPATCHED, STOP, AllocationInfo
-from workers.events import Keys, decode, delete_matching
 
 log = logging.getLogger("trainyard.scheduler")
 

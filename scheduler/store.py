@@ -22,6 +22,7 @@ import redis
 from sqlalchemy import Select, case, delete, func, select
 from sqlalchemy.orm import Session
 
+from contract.records import CANCEL_TTL_SECONDS, Keys
 from scheduler import listing
 from scheduler.lifecycle import transition
 from scheduler.models import (
@@ -36,10 +37,8 @@ from scheduler.models import (
     User,
     utcnow,
 )
-from workers.events import Keys
 
 TOKEN_TOUCH_INTERVAL = timedelta(minutes=1)
-CANCEL_KEY_TTL_SECONDS = 24 * 3600
 
 
 class StoreError(Exception):
@@ -232,7 +231,7 @@ def request_cancel(session: Session, job: Job, client: redis.Redis, keys: Keys) 
         raise Conflict(f"job {job.id} is already {state}; only live jobs can be cancelled")
     job.cancel_requested = True
     # The key goes out even for a queued job: the scheduler may be placing it right now.
-    client.set(keys.cancel(job.id), "1", ex=CANCEL_KEY_TTL_SECONDS)
+    client.set(keys.cancel(job.id), "1", ex=CANCEL_TTL_SECONDS)
     if state == JobState.QUEUED:
         transition(session, job, JobState.CANCELLED, "cancelled by the user before it was placed")
     return job

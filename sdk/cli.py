@@ -135,8 +135,9 @@ def train(
     """Train a job locally in this process."""
     import torch
 
+    from contract.records import MetricRecord
     from workers.checkpoint import CheckpointError
-    from workers.metrics import JsonlSink, MetricRecord
+    from workers.metrics import JsonlSink
     from workers.trainer import Trainer, TrainOptions
 
     torch.set_num_threads(threads)

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from contract.records import MetricRecord
 from dsl.overrides import parse_overrides
 from sdk.cli import app
 from workers.jobs import prepare_job
-from workers.metrics import MetricRecord
 from workers.trainer import Summary, Trainer, TrainOptions
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

@@ -18,19 +18,14 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from workers.allocation import AllocationInfo, stop_requested
-from workers.events import JobStream, Keys, RedisSink, decode
+from contract.records import AllocationInfo, ExitCode, JobStream, Keys, decode, stop_requested
+from workers.metrics import RedisSink
 
 if TYPE_CHECKING:
     from dsl.compiler import CompiledJob
     from dsl.schema import JobSpec
     from workers.data import Dataset
     from workers.trainer import Summary
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_INVALID = 2
-EXIT_CANCELLED = 3
 
 
 class StopPoll:
@@ -106,7 +101,7 @@ def train(
         )
     except JobSpecError as exc:
         print(f"the job cannot be built here: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+        return ExitCode.INVALID
     device = "cuda" if info.gpus and torch.cuda.is_available() else "cpu"
     stop = StopPoll(client, keys, info)
     if info.framework == "local":
@@ -118,11 +113,11 @@ def train(
             info, client, keys, compiled, dataset, device, stop, redis_url, ps_urls
         )
     if summary.status == "succeeded":
-        return EXIT_OK
+        return ExitCode.OK
     if summary.status == "cancelled":
-        return EXIT_CANCELLED
+        return ExitCode.CANCELLED
     print(f"training {summary.status} at step {summary.steps}", file=sys.stderr)
-    return EXIT_FAILED
+    return ExitCode.FAILED
 
 
 def _train_local(
@@ -221,7 +216,7 @@ def _serve(
         ps_urls=ps_urls,
         should_stop=stop,
     )
-    return EXIT_CANCELLED if stop() else EXIT_OK
+    return ExitCode.CANCELLED if stop() else ExitCode.OK
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -248,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         warm_up()
         line = sys.stdin.readline()
         if not line.strip():  # the agent went away before handing us work
-            return EXIT_OK
+            return ExitCode.OK
         allocation_id = int(line)
     else:
         allocation_id = args.allocation
@@ -257,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     fields = decode(client.hgetall(keys.allocation(allocation_id)))
     if not fields:
         print(f"allocation {allocation_id} is not in Redis", file=sys.stderr)
-        return EXIT_INVALID
+        return ExitCode.INVALID
     info = AllocationInfo.from_hash(allocation_id, fields)
     ps_urls = [url for url in args.ps_urls.split(",") if url] or [args.redis_url]
     return train(info, client, keys, args.cache_dir, redis_url=args.redis_url, ps_urls=ps_urls)

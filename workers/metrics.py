@@ -1,35 +1,17 @@
 """Where a training run reports to: metric sinks.
 
 The trainer emits named scalars at a step (`train/loss`, `test/accuracy`, `lr`, ...) and log
-lines; sinks write them to metrics.jsonl, the console, or (in the service) Redis. A sink gets
-every record; it keeps what it wants.
+lines; sinks write them to metrics.jsonl, the console, or (in the service) the job's Redis
+stream. A sink gets every record; it keeps what it wants.
 """
 
 from __future__ import annotations
 
 import json
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
 
-
-@dataclass(frozen=True)
-class MetricRecord:
-    step: int
-    values: dict[str, float]
-    time: float = field(default_factory=time.time)
-    group: int = 0
-    rank: int = 0
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "step": self.step,
-            "time": round(self.time, 3),
-            "group": self.group,
-            "rank": self.rank,
-            **self.values,
-        }
+from contract.records import CheckpointRecord, JobStream, LogRecord, MetricRecord
 
 
 class MetricSink(Protocol):
@@ -62,6 +44,25 @@ class JsonlSink:
     def close(self) -> None:
         self._metrics.close()
         self._log.close()
+
+
+class RedisSink:
+    """Publishes metrics, log lines and checkpoints to the job's stream."""
+
+    def __init__(self, stream: JobStream, *, group: int = 0, rank: int = 0) -> None:
+        self.stream, self.group, self.rank = stream, group, rank
+
+    def emit(self, record: MetricRecord) -> None:
+        self.stream.publish(record)
+
+    def log(self, line: str) -> None:
+        self.stream.publish(LogRecord(line, group=self.group, rank=self.rank))
+
+    def checkpoint(self, step: int, path: Path) -> None:
+        self.stream.publish(CheckpointRecord.of_file(step, path))
+
+    def close(self) -> None:
+        return None
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, float]]:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from contract.records import MetricRecord
 from dsl.compiler import CompiledJob
 from workers.algorithms import ALGORITHMS, BatchResult, rbm_input
 from workers.checkpoint import (
@@ -29,7 +30,7 @@ from workers.checkpoint import (
     write_json_atomic,
 )
 from workers.data import Dataset, TrainBatches, eval_batches
-from workers.metrics import MetricRecord, MetricSink
+from workers.metrics import MetricSink
 from workers.updaters import ParamEntry, Updater
 
 

@@ -13,7 +13,6 @@ from sqlalchemy import func, select, text
 from api.deps import CurrentUser, ServicesDep, SessionDep
 from api.schemas import Health, errors
 from scheduler.cluster import node_capacities
-from scheduler.ingest import ingested_points_key
 from scheduler.models import Job, JobState, NodeState
 from scheduler.store import job_counts
 
@@ -75,7 +74,7 @@ def prometheus(session: SessionDep, services: ServicesDep, _: CurrentUser) -> Re
     points = CounterMetricFamily(
         "trainyard_ingested_points",
         "Metric points the ingester has written to SQL",
-        value=int(services.redis.get(ingested_points_key(services.keys)) or 0),
+        value=int(services.redis.get(services.keys.ingested_points) or 0),
     )
     registry = CollectorRegistry()
     registry.register(Snapshot([jobs, queue, nodes, slots, gpus, points]))

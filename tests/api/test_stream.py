@@ -13,16 +13,9 @@ import httpx
 import pytest
 import redis
 
+from contract.records import CheckpointRecord, JobStream, Keys, LogRecord, MetricRecord, StateRecord
 from scheduler.lifecycle import transition
 from scheduler.models import Job, JobState
-from workers.events import (
-    JobStream,
-    encode_checkpoint,
-    encode_log,
-    encode_metric,
-    encode_state,
-)
-from workers.metrics import MetricRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 MLP = (ROOT / "examples" / "digits_mlp.yaml").read_text()
@@ -55,7 +48,7 @@ def test_live_records_and_state_changes_arrive_while_the_job_runs(
 ) -> None:
     job_id = api.submit(MLP)["id"]
     stream = JobStream(api.redis, api.keys, job_id)
-    stream.publish(encode_log("written before the client came: not replayed"))
+    stream.publish(LogRecord("written before the client came: not replayed"))
     checkpoint = tmp_path / "step-10.safetensors"
     checkpoint.write_bytes(b"0123456789")
     received: list[dict[str, Any]] = []
@@ -69,15 +62,15 @@ def test_live_records_and_state_changes_arrive_while_the_job_runs(
             received.append(event)
             kind = event["event"]
             if kind == "state" and event["data"]["state"] == "QUEUED":
-                stream.publish(encode_metric(MetricRecord(10, {"train/loss": 0.5}, time=1.0)))
-                stream.publish(encode_log("step 10: loss 0.5", group=0, rank=0))
-                stream.publish(encode_metric(MetricRecord(20, {"train/loss": float("nan")})))
-                stream.publish(encode_checkpoint(10, checkpoint))
+                stream.publish(MetricRecord(10, {"train/loss": 0.5}, time=1.0))
+                stream.publish(LogRecord("step 10: loss 0.5", group=0, rank=0))
+                stream.publish(MetricRecord(20, {"train/loss": float("nan")}))
+                stream.publish(CheckpointRecord.of_file(10, checkpoint))
             elif kind == "checkpoint":
                 move(api, job_id, JobState.SCHEDULED, JobState.RUNNING, step=20)
-                stream.publish(encode_state(1, "RUNNING"))
+                stream.publish(StateRecord(1, "RUNNING"))
             elif kind == "state" and event["data"]["state"] == "RUNNING":
-                stream.publish(encode_state(1, "DONE", exit_code=0))
+                stream.publish(StateRecord(1, "DONE", exit_code=0))
                 move(api, job_id, JobState.SUCCEEDED, step=2000)
     kinds = [event["event"] for event in received]
     assert kinds == ["state", "metric", "log", "metric", "checkpoint", "state", "state", "end"]
@@ -105,7 +98,7 @@ def test_resume_after_last_event_id_then_end(api: Any) -> None:
     job_id = api.submit(MLP)["id"]
     stream = JobStream(api.redis, api.keys, job_id)
     for step in (1, 2, 3):
-        stream.publish(encode_metric(MetricRecord(step, {"loss": step / 10})))
+        stream.publish(MetricRecord(step, {"loss": step / 10}))
     move(api, job_id, JobState.CANCELLED)
     first_id = api.redis.xrange(api.keys.job_stream(job_id))[0][0].decode()
     url = f"/api/v1/jobs/{job_id}/stream"
@@ -159,10 +152,9 @@ def test_stream_against_the_machines_redis(
     from fastapi.testclient import TestClient
 
     from api.app import create_app
+    from contract.settings import Settings
     from scheduler import store
     from scheduler.db import Database, migrate
-    from contract.settings import Settings
-    from workers.events import Keys
 
     prefix = f"trainyard-test-{uuid.uuid4().hex}"
     settings = Settings(
@@ -181,7 +173,7 @@ def test_stream_against_the_machines_redis(
                 "/api/v1/jobs", content=MLP, headers={**auth, "content-type": "text/plain"}
             )
             job_id = created.json()["id"]
-            JobStream(client, Keys(prefix), job_id).publish(encode_log("hello", rank=1))
+            JobStream(client, Keys(prefix), job_id).publish(LogRecord("hello", rank=1))
             cancel = api_client.post(f"/api/v1/jobs/{job_id}/cancel", headers=auth)
             assert cancel.json()["state"] == "CANCELLED"
             assert client.get(Keys(prefix).cancel(job_id)) == b"1"

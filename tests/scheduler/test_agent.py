@@ -23,6 +23,8 @@ import pytest
 import redis
 from sqlalchemy import select
 
+from contract.records import Keys
+from contract.settings import Settings
 from dsl.compiler import load_spec
 from dsl.topology import resolve_topology
 from scheduler import store
@@ -40,8 +42,6 @@ from scheduler.models import (
     Node,
     NodeState,
 )
-from contract.settings import Settings
-from workers.events import Keys
 
 pytestmark = pytest.mark.slow
 

@@ -12,9 +12,11 @@ import pytest
 import redis
 from sqlalchemy import func, select
 
+import contract.records
+from contract.records import JobStream, Keys, LogRecord, MetricRecord, StateRecord, encode_record
 from scheduler import store
 from scheduler.db import Database, migrate
-from scheduler.ingest import GROUP, Ingester, ingest_once, ingested_points_key
+from scheduler.ingest import GROUP, Ingester, ingest_once
 from scheduler.lifecycle import transition
 from scheduler.models import (
     Allocation,
@@ -27,15 +29,6 @@ from scheduler.models import (
     Metric,
     Node,
 )
-from workers.events import (
-    JobStream,
-    Keys,
-    encode_checkpoint,
-    encode_log,
-    encode_metric,
-    encode_state,
-)
-from workers.metrics import MetricRecord
 
 TOPOLOGY = {
     "framework": "local",
@@ -140,7 +133,7 @@ def publish_metrics(env: Env, job_id: int, records: int, values: int = 2) -> int
     pipe = env.client.pipeline(transaction=False)
     for step in range(1, records + 1):
         record = MetricRecord(step, {f"m{i}": step + i / 10 for i in range(values)})
-        pipe.xadd(stream, encode_metric(record))  # type: ignore[arg-type]
+        pipe.xadd(stream, encode_record(record))  # type: ignore[arg-type]
         if step % 1000 == 0:
             pipe.execute()
     pipe.sadd(env.keys.streams_with_data, str(job_id))
@@ -162,7 +155,7 @@ def test_metrics_are_written_in_batches_with_nothing_lost(env: Env) -> None:
     assert ingester.run_once() == 4_000
     assert ingester.run_once() == 0
     assert env.count(Metric) == points == 14_000
-    assert int(env.client.get(ingested_points_key(env.keys)) or 0) == points
+    assert int(env.client.get(env.keys.ingested_points) or 0) == points
     job = env.job(job_id)
     assert job.step == 7000
     assert job.summary == {"m0": 7000.0, "m1": 7000.1}
@@ -192,12 +185,13 @@ def test_logs_checkpoints_and_malformed_records(env: Env, tmp_path: Path) -> Non
     job_id, _ = make_job(env)
     stream = JobStream(env.client, env.keys, job_id)
     for i in range(3):
-        stream.publish(encode_log(f"line {i}", rank=1))
+        stream.publish(LogRecord(f"line {i}", rank=1))
     ckpt = tmp_path / "step-00000010.safetensors"
     ckpt.write_bytes(b"x" * 123)
-    stream.publish(encode_checkpoint(10, ckpt))
-    stream.publish({"kind": "metric", "step": "oops"})  # dropped, still acknowledged
-    stream.publish({"kind": "telemetry"})
+    stream.publish(contract.records.CheckpointRecord.of_file(10, ckpt))
+    # Dropped, still acknowledged.
+    env.client.xadd(env.keys.job_stream(job_id), {"kind": "metric", "step": "oops"})
+    env.client.xadd(env.keys.job_stream(job_id), {"kind": "telemetry"})
     ingest_once(env.db, env.client, env.keys)
     assert pending(env, job_id) == 0
     with env.db.session() as session:
@@ -207,7 +201,7 @@ def test_logs_checkpoints_and_malformed_records(env: Env, tmp_path: Path) -> Non
     assert (record.job_id, record.step, record.path, record.size) == (job_id, 10, str(ckpt), 123)
     # The same step saved again (a later attempt) updates the record instead of failing.
     ckpt.write_bytes(b"y" * 50)
-    stream.publish(encode_checkpoint(10, ckpt))
+    stream.publish(contract.records.CheckpointRecord.of_file(10, ckpt))
     ingest_once(env.db, env.client, env.keys)
     with env.db.session() as session:
         [record] = session.scalars(select(CheckpointRecord)).all()
@@ -217,17 +211,17 @@ def test_logs_checkpoints_and_malformed_records(env: Env, tmp_path: Path) -> Non
 def test_state_records_start_and_finish_the_job(env: Env) -> None:
     job_id, (a0, a1) = make_job(env, state=JobState.SCHEDULED)
     stream = JobStream(env.client, env.keys, job_id)
-    stream.publish(encode_state(a0, "RUNNING"))
+    stream.publish(StateRecord(a0, "RUNNING"))
     ingest_once(env.db, env.client, env.keys)
     job = env.job(job_id)
     assert job.state == JobState.RUNNING and job.started_at is not None
     assert env.allocation(a0).state == AllocationState.RUNNING
-    stream.publish(encode_state(a1, "RUNNING"))
-    stream.publish(encode_metric(MetricRecord(5, {"test/accuracy": 0.5, "loss": math.nan})))
-    stream.publish(encode_state(a0, "DONE", exit_code=0))
+    stream.publish(StateRecord(a1, "RUNNING"))
+    stream.publish(MetricRecord(5, {"test/accuracy": 0.5, "loss": math.nan}))
+    stream.publish(StateRecord(a0, "DONE", exit_code=0))
     ingest_once(env.db, env.client, env.keys)
     assert env.job(job_id).state == JobState.RUNNING  # one worker of two is done
-    stream.publish(encode_state(a1, "DONE", exit_code=0))
+    stream.publish(StateRecord(a1, "DONE", exit_code=0))
     ingest_once(env.db, env.client, env.keys)
     job = env.job(job_id)
     assert job.state == JobState.SUCCEEDED and job.ended_at is not None
@@ -247,12 +241,12 @@ def test_state_records_start_and_finish_the_job(env: Env) -> None:
 def test_a_failed_worker_fails_the_job_and_stops_its_siblings(env: Env) -> None:
     job_id, (a0, a1) = make_job(env)
     stream = JobStream(env.client, env.keys, job_id)
-    stream.publish(encode_state(a1, "FAILED", reason="ValueError: boom", exit_code=1))
+    stream.publish(StateRecord(a1, "FAILED", reason="ValueError: boom", exit_code=1))
     ingest_once(env.db, env.client, env.keys)
     job = env.job(job_id)
     assert job.state == JobState.FAILED and job.error == "ValueError: boom"
     assert env.client.exists(env.keys.cancel(job_id))  # the sibling's agent stops it
-    stream.publish(encode_state(a0, "CANCELLED", reason="cancelled", exit_code=-15))
+    stream.publish(StateRecord(a0, "CANCELLED", reason="cancelled", exit_code=-15))
     ingest_once(env.db, env.client, env.keys)
     assert env.allocation(a0).state == AllocationState.CANCELLED
     assert env.job(job_id).state == JobState.FAILED
@@ -264,7 +258,7 @@ def test_a_cancelled_job_ends_cancelled(env: Env) -> None:
         job = session.get(Job, job_id)
         assert job is not None
         job.cancel_requested = True
-    JobStream(env.client, env.keys, job_id).publish(encode_state(a0, "CANCELLED", exit_code=-15))
+    JobStream(env.client, env.keys, job_id).publish(StateRecord(a0, "CANCELLED", exit_code=-15))
     ingest_once(env.db, env.client, env.keys)
     job = env.job(job_id)
     assert job.state == JobState.CANCELLED
@@ -281,7 +275,7 @@ def test_records_of_written_off_allocations_change_nothing(env: Env) -> None:
         alloc = session.get(Allocation, a0)
         assert alloc is not None
         alloc.state = AllocationState.FAILED  # its node was lost
-    JobStream(env.client, env.keys, job_id).publish(encode_state(a0, "DONE", exit_code=0))
+    JobStream(env.client, env.keys, job_id).publish(StateRecord(a0, "DONE", exit_code=0))
     ingest_once(env.db, env.client, env.keys)
     assert env.allocation(a0).state == AllocationState.FAILED
     assert env.job(job_id).state == JobState.RUNNING
@@ -291,13 +285,13 @@ def test_finished_jobs_leave_the_ingest_set_once_drained(env: Env) -> None:
     job_id, (a0,) = make_job(env, workers=1)
     stream = JobStream(env.client, env.keys, job_id)
     publish_metrics(env, job_id, 10, values=1)
-    stream.publish(encode_state(a0, "DONE", exit_code=0))
+    stream.publish(StateRecord(a0, "DONE", exit_code=0))
     ingest_once(env.db, env.client, env.keys)
     assert env.job(job_id).state == JobState.SUCCEEDED
     assert not env.client.sismember(env.keys.streams_with_data, str(job_id))
     assert 0 < env.client.ttl(env.keys.job_stream(job_id)) <= 24 * 3600
     # A straggler record puts the job back in the set and is not lost.
-    stream.publish(encode_log("late line"))
+    stream.publish(LogRecord("late line"))
     assert env.client.sismember(env.keys.streams_with_data, str(job_id))
     ingest_once(env.db, env.client, env.keys)
     assert env.count(LogLine) == 1
@@ -321,7 +315,7 @@ def test_with_the_machines_redis(tmp_path: Path) -> None:
     for env in _env(f"sqlite:///{tmp_path / 'db.sqlite'}", client):
         job_id, (a0,) = make_job(env, workers=1)
         points = publish_metrics(env, job_id, 2500, values=3)
-        JobStream(env.client, env.keys, job_id).publish(encode_state(a0, "DONE", exit_code=0))
+        JobStream(env.client, env.keys, job_id).publish(StateRecord(a0, "DONE", exit_code=0))
         assert env.drain() == points
         assert env.count(Metric) == points
         assert env.job(job_id).state == JobState.SUCCEEDED

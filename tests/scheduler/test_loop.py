@@ -10,10 +10,12 @@ import pytest
 import redis
 from sqlalchemy import select
 
+from contract.records import DISPATCHED, Keys, StateRecord
+from contract.settings import Settings
 from scheduler import store
 from scheduler.cluster import node_capacities, queue_view
 from scheduler.db import Database, migrate
-from scheduler.ingest import MAX_SHARD_REPLACEMENTS, StateRecord, apply_state
+from scheduler.ingest import MAX_SHARD_REPLACEMENTS, apply_state
 from scheduler.loop import (
     KeySweeper,
     NodeTracker,
@@ -24,9 +26,6 @@ from scheduler.loop import (
     undispatched,
 )
 from scheduler.models import Allocation, AllocationState, Job, JobEvent, JobState, Node, NodeState
-from contract.settings import Settings
-from workers.allocation import DISPATCHED
-from workers.events import Keys
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.orm import Session
 
+from contract.records import CANCEL_TTL_SECONDS, JobStream, Keys, LogRecord
 from scheduler import store
 from scheduler.db import Database
 from scheduler.lifecycle import transition
@@ -32,7 +33,6 @@ from scheduler.models import (
     User,
     utcnow,
 )
-from workers.events import JobStream, Keys, encode_log
 
 
 @pytest.fixture
@@ -249,7 +249,7 @@ def test_cancel_ends_a_queued_job_at_once_and_flags_a_running_one(
         assert job.state == JobState.RUNNING and job.cancel_requested
     for job_id in (queued.id, running.id):
         assert rclient.get(keys.cancel(job_id)) == b"1"
-        assert 0 < int(rclient.ttl(keys.cancel(job_id))) <= store.CANCEL_KEY_TTL_SECONDS
+        assert 0 < int(rclient.ttl(keys.cancel(job_id))) <= CANCEL_TTL_SECONDS
     with db.session() as session:
         job = store.get_job(session, alice, queued.id)
         with pytest.raises(store.Conflict, match="already CANCELLED"):
@@ -274,7 +274,7 @@ def test_delete_removes_rows_files_and_redis_keys_of_finished_jobs_only(
         session.add(Metric(job_id=job.id, name="loss", step=1, value=0.5, at=time.time()))
         session.add(LogLine(job_id=job.id, at=time.time(), line="hello"))
         transition(session, job, JobState.CANCELLED, "test")
-    JobStream(rclient, keys, job.id).publish(encode_log("hello"))
+    JobStream(rclient, keys, job.id).publish(LogRecord("hello"))
     rclient.set(keys.cancel(job.id), "1")
     with db.session() as session:
         with pytest.raises(store.Conflict, match="QUEUED"):

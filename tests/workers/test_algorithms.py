@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 import torch
 
+from contract.records import MetricRecord
 from dsl.compiler import CompiledJob
 from dsl.schema import BPTTConfig
 from workers.algorithms import ALGORITHMS, BatchResult, bptt
 from workers.data import Dataset
 from workers.jobs import prepare_job
-from workers.metrics import MetricRecord
 from workers.trainer import Trainer, TrainOptions
 
 Grads = dict[str, torch.Tensor]

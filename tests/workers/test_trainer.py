@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 import torch
 
+from contract.records import MetricRecord
 from workers.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
 from workers.jobs import prepare_job
-from workers.metrics import JsonlSink, MetricRecord, read_metrics
+from workers.metrics import JsonlSink, read_metrics
 from workers.trainer import Summary, Trainer, TrainOptions
 
 # Wall-clock fields: the only ones two runs of the same job may disagree on.

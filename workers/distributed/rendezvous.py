@@ -18,8 +18,7 @@ from urllib.parse import urlparse
 import redis
 import torch.distributed as dist
 
-# The address stays in Redis a day at most, so an abandoned job leaves nothing behind for good.
-ADDRESS_TTL_SECONDS = 86_400
+from contract.records import RENDEZVOUS_TTL_SECONDS
 
 
 class RendezvousError(RuntimeError):
@@ -73,7 +72,7 @@ def redis_store(
         store = dist.TCPStore(
             "0.0.0.0", 0, member.world, is_master=True, timeout=limit, wait_for_workers=False
         )
-        client.set(key, f"{advertise}:{store.port}", ex=ADDRESS_TTL_SECONDS)
+        client.set(key, f"{advertise}:{store.port}", ex=RENDEZVOUS_TTL_SECONDS)
         return store
     deadline = time.monotonic() + timeout
     last_error = "no address published yet"

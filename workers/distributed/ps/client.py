@@ -21,6 +21,7 @@ from typing import Any
 import redis
 import torch
 
+from contract.records import MetricRecord
 from dsl.net import NeuralNet
 from workers.distributed.ps.plan import BLOCK_SECONDS, Connections, PSKeys, PSPlan
 from workers.distributed.ps.slicing import ParamInfo, Slice, SliceMap, plan_slices
@@ -31,7 +32,6 @@ from workers.distributed.ps.wire import (
     encode_grad_message,
     wire_dtype,
 )
-from workers.metrics import MetricRecord
 from workers.trainer import Trainer
 
 FINISHED_CLOCK = 2**62  # a finished worker never holds the others back

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import redis
 from redis.connection import Encoder, PythonRespSerializer
 
+from contract.records import delete_matching
 from dsl.topology import Topology
-from workers.events import delete_matching
 
 # Shards read gradients from their stream as members of this consumer group, always under the
 # same consumer name, so a replacement shard receives what its predecessor read but never

@@ -33,6 +33,7 @@ import redis
 import safetensors.torch
 import torch
 
+from contract.records import NORMS_TTL_SECONDS
 from dsl.schema import JobSpec
 from dsl.topology import Topology
 from dsl.updater_config import UpdaterConfig
@@ -325,7 +326,7 @@ class ShardServer:
         key = self.keys.norms(self.server_group, update.group, update.step)
         pipe = self.connections.main.pipeline(transaction=False)
         pipe.hset(key, str(self.shard), repr(mine))
-        pipe.expire(key, 3600)
+        pipe.expire(key, NORMS_TTL_SECONDS)
         pipe.execute()
 
     def _collect_norms(self) -> None:
