@@ -16,8 +16,9 @@ import torch
 from dsl.topology import Topology
 from scheduler.redis_server import RedisServer
 from workers.distributed.ps.client import PSClient
+from workers.distributed.ps.journal import SNAPSHOT_EVERY
 from workers.distributed.ps.plan import Connections, PSKeys, PSPlan
-from workers.distributed.ps.shard import SNAPSHOT_EVERY, ShardReport, ShardServer, run_shard
+from workers.distributed.ps.shard import ShardReport, ShardServer, run_shard
 from workers.jobs import prepare_job
 
 torch.set_num_threads(1)

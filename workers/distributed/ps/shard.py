@@ -1,17 +1,9 @@
 """A parameter-server shard: the process that owns some slices of the model and updates them.
 
-Everything a shard knows lives in Redis, so a replacement continues exactly where a killed one
-stopped. Each commit is one MULTI/EXEC: the new parameters (one blob, see wire.py) and version,
-the acknowledgement of the gradient messages the updates consumed, a log record per update
-(its group, step, clipping norm and messages) and the notices to the waiting workers. Every
-`SNAPSHOT_EVERY` updates the commit also takes a snapshot - a server-side copy of the
-parameters and the updater state (safetensors bytes) - empties the log and deletes the messages
-it named; writing the updater state at every update cost as much as the parameters. A
-replacement loads the snapshot and applies the logged updates again from their messages, which
-the stream keeps until the next snapshot: the same inputs in the same order, so the same bits
-as the committed parameters (checked). Gradients arrive on a Redis stream read through a
-consumer group; a message read but not yet acknowledged when the shard dies is read again by
-its successor.
+Everything a shard knows lives in Redis (journal.py: parameters, snapshots and a log of the
+updates since), so a replacement continues exactly where a killed one stopped. Gradients arrive
+on a Redis stream read through a consumer group; a message read but not yet acknowledged when
+the shard dies is read again by its successor.
 
 An update is the average of one worker group's gradients for one step (`pushers_per_group`
 messages), clipped by the global gradient norm when the job clips, then the job's `Updater`
@@ -21,7 +13,6 @@ with each parameter's lr_scale / wd_scale and the learning rate of that step. Se
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -30,13 +21,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-import safetensors.torch
 import torch
 
 from contract.records import NORMS_TTL_SECONDS
 from dsl.schema import JobSpec
 from dsl.topology import Topology
 from dsl.updater_config import UpdaterConfig
+from workers.distributed.ps.journal import (
+    POLL_SECONDS,
+    SNAPSHOT_EVERY,
+    ShardError,
+    ShardJournal,
+    Update,
+)
 from workers.distributed.ps.plan import (
     CONSUMER,
     CONSUMER_GROUP,
@@ -58,15 +55,6 @@ log = logging.getLogger(__name__)
 
 READ_BLOCK_MS = 200
 NORM_POLL_MS = 1  # while an update waits for the other shards' parts of its gradient norm
-POLL_SECONDS = 0.05
-NOTICES_KEPT = 8
-# Updates between snapshots of the parameters and updater state. The stream keeps the messages
-# of the updates since the last one (here 10 x 5 MB for the MLP of bench/ps_throughput.py).
-SNAPSHOT_EVERY = 10
-
-
-class ShardError(RuntimeError):
-    """A shard cannot start or go on (no parameters to start from, inconsistent messages)."""
 
 
 @dataclass(frozen=True)
@@ -75,22 +63,6 @@ class ShardReport:
     updates: int
     peer_syncs: int
     seconds: float
-
-
-@dataclass
-class _Update:
-    """One worker group's averaged gradients for one step, waiting to be applied."""
-
-    group: int
-    step: int
-    grads: dict[int, torch.Tensor]
-    entry_ids: list[bytes]
-    norm: float | None = None  # of the whole gradient; None until every shard's part is in
-
-    def record(self) -> str:
-        """The log record: what it takes to apply this update again from its messages."""
-        ids = [eid.decode() for eid in self.entry_ids]
-        return json.dumps({"group": self.group, "step": self.step, "norm": self.norm, "ids": ids})
 
 
 def wait_for_slice_map(client: redis.Redis, keys: PSKeys, timeout: float) -> SliceMap:
@@ -127,6 +99,7 @@ class ShardServer:
         self.connections, self.keys, self.plan = connections, keys, plan
         self.server_group, self.shard = server_group, shard
         self.client = connections.shard_client(plan, server_group, shard)
+        self.journal = ShardJournal(self.client, keys, server_group, shard)
         self.slices = slice_map.shard_slices(shard)
         # The slices live in the parameters blob that every commit sends as it is.
         self._blob = FrameBuffer(((s.id, torch.zeros(s.shape)) for s in self.slices), 0)
@@ -150,57 +123,34 @@ class ShardServer:
         self.peer_syncs = 0
         self._since_sync = 0
         self._snapshot_version = 0
-        self._logged_ids: list[bytes] = []  # messages of the logged updates, kept for replays
         # (worker group, step) -> worker -> (stream entry id, header, frames)
         self._pending: dict[tuple[int, int], dict[int, tuple[bytes, GradHeader, list[Frame]]]] = {}
-        self._queue: list[_Update] = []  # complete, in arrival order, maybe awaiting norms
+        self._queue: list[Update] = []  # complete, in arrival order, maybe awaiting norms
 
     # -- state in Redis ------------------------------------------------------------------------
     def load(self, timeout: float) -> None:
         """Continue from the last snapshot and the updates logged since, or start from the
         parameters a worker wrote (and take the first snapshot of them)."""
-        sg, shard = self.server_group, self.shard
-        params_key = self.keys.params(sg, shard)
-        deadline = time.monotonic() + timeout
-        while True:
-            pipe = self.client.pipeline(transaction=False)
-            pipe.get(params_key)
-            pipe.hgetall(self.keys.state(sg, shard))
-            pipe.get(self.keys.snapshot(sg, shard))
-            pipe.lrange(self.keys.log(sg, shard), 0, -1)
-            blob, state, snapshot, log_records = pipe.execute()
-            if blob is not None:
-                break
-            if time.monotonic() > deadline:
-                raise ShardError(f"no initial parameters at {params_key} after {timeout:.0f} s")
-            time.sleep(POLL_SECONDS)
-        resumed = snapshot is not None and b"snapshot" in state
-        self._load_params(snapshot if resumed else blob, params_key)
-        if resumed:
-            self.updater.load_state_tensors(safetensors.torch.load(state[b"updater"]))
+        blob, snapshot = self.journal.read(timeout)
+        key = self.keys.params(self.server_group, self.shard)
+        self._load_params(snapshot.params if snapshot else blob, key)
+        if snapshot is not None:
+            self.updater.load_state_tensors(snapshot.updater)
             self._snapshot_version = self.version
-            for record in log_records:
-                self._replay(record)
-            self._check_replay(blob, int(state[b"version"]))
-        try:
-            self.client.xgroup_create(
-                self.keys.grads(self.server_group, self.shard),
-                CONSUMER_GROUP,
-                id="0",
-                mkstream=True,
-            )
-        except redis.ResponseError as exc:  # BUSYGROUP: a predecessor created it
-            if "BUSYGROUP" not in str(exc):
-                raise
-        if not resumed:
+            for logged in self.journal.logged_updates(snapshot.log):
+                grads = self._average(logged.messages)
+                self.apply(Update(logged.group, logged.step, grads, logged.entry_ids, logged.norm))
+            self._check_replay(blob, snapshot.version)
+        self.journal.create_consumer_group()
+        if snapshot is None:
             self.commit((), (), snapshot=True)  # the base that later updates are replayed on
         log.info(
             "shard %d/%d %s at version %d (%d updates replayed)",
-            sg,
-            shard,
-            "resumed" if resumed else "started",
+            self.server_group,
+            self.shard,
+            "resumed" if snapshot else "started",
             self.version,
-            len(log_records) if resumed else 0,
+            len(snapshot.log) if snapshot else 0,
         )
 
     def _load_params(self, blob: bytes, key: str) -> None:
@@ -211,25 +161,6 @@ class ShardServer:
         for frame in frames:
             self.tensors[frame.slice_id].copy_(frame.tensor)
         self.version = frames[0].version if frames else 0
-
-    def _replay(self, record: bytes) -> None:
-        """Apply a logged update again, from the messages the stream kept for it."""
-        fields = json.loads(record)
-        stream = self.keys.grads(self.server_group, self.shard)
-        pipe = self.client.pipeline(transaction=False)
-        for entry_id in fields["ids"]:
-            pipe.xrange(stream, entry_id, entry_id)
-        messages = []
-        for entry_id, entries in zip(fields["ids"], pipe.execute(), strict=True):
-            if not entries:
-                raise ShardError(f"message {entry_id} of a logged update is gone from {stream}")
-            messages.append(decode_grad_message(entries[0][1][b"m"]))
-        entry_ids = [eid.encode() for eid in fields["ids"]]
-        update = _Update(
-            fields["group"], fields["step"], self._average(messages), entry_ids, fields["norm"]
-        )
-        self.apply(update)
-        self._logged_ids.extend(entry_ids)
 
     def _check_replay(self, blob: bytes, version: int) -> None:
         """The replayed parameters must be the committed ones, bit for bit."""
@@ -243,55 +174,22 @@ class ShardServer:
                 f"parameters than the committed version {version}"
             )
 
-    def _params_blob(self) -> memoryview:
-        self._blob.set_version(self.version)
-        return self._blob.view()
-
     def commit(
         self,
-        updates: Sequence[_Update],
+        updates: Sequence[Update],
         notify: Sequence[int],
         empty_ids: Sequence[bytes] = (),
         *,
         snapshot: bool = False,
     ) -> None:
-        """Publish the new version, acknowledge the messages consumed (`empty_ids`: deleted
-        ones), log the updates or take a snapshot, and wake the workers waiting for this
-        version, all or nothing."""
-        sg, shard = self.server_group, self.shard
-        params, grads = self.keys.params(sg, shard), self.keys.grads(sg, shard)
-        consumed = [eid for update in updates for eid in update.entry_ids]
-        pipe = self.client.pipeline(transaction=True)
-        pipe.set(params, self._params_blob())
-        pipe.hset(self.keys.state(sg, shard), "version", self.version)
-        if consumed or empty_ids:
-            pipe.xack(grads, CONSUMER_GROUP, *consumed, *empty_ids)
-        if empty_ids:
-            pipe.xdel(grads, *empty_ids)
-        if snapshot:
-            pipe.copy(params, self.keys.snapshot(sg, shard), replace=True)
-            pipe.hset(
-                self.keys.state(sg, shard),
-                mapping={
-                    "snapshot": self.version,
-                    "updater": safetensors.torch.save(self.updater.state_tensors()),
-                },
-            )
-            pipe.delete(self.keys.log(sg, shard))
-            if self._logged_ids or consumed:
-                pipe.xdel(grads, *self._logged_ids, *consumed)
-        elif updates:
-            pipe.rpush(self.keys.log(sg, shard), *(update.record() for update in updates))
-        for worker in notify:
-            key = self.keys.notify(sg, shard, worker)
-            pipe.rpush(key, self.version)
-            pipe.ltrim(key, -NOTICES_KEPT, -1)  # a worker that only pushes never reads them
-        pipe.execute()
+        """Commit this version (ShardJournal.commit), with a snapshot when asked."""
+        self._blob.set_version(self.version)
+        state = self.updater.state_tensors() if snapshot else None
+        self.journal.commit(
+            self._blob.view(), self.version, updates, notify, empty_ids, updater_state=state
+        )
         if snapshot:
             self._snapshot_version = self.version
-            self._logged_ids = []
-        else:
-            self._logged_ids.extend(consumed)
 
     # -- updates -------------------------------------------------------------------------------
     def _average(self, messages: list[tuple[GradHeader, list[Frame]]]) -> dict[int, torch.Tensor]:
@@ -315,7 +213,7 @@ class ShardServer:
                 g.div_(len(messages))
         return grads
 
-    def _publish_norm(self, update: _Update) -> None:
+    def _publish_norm(self, update: Update) -> None:
         """Add this shard's part of the squared norm of a group's averaged gradient to the
         job-wide hash where every shard of the server group adds its own."""
         norms = [torch.linalg.vector_norm(g) for g in update.grads.values()]
@@ -342,7 +240,7 @@ class ShardServer:
             if len(values) >= self.plan.nshards:
                 update.norm = math.sqrt(sum(float(v) for v in values))
 
-    def apply(self, update: _Update) -> None:
+    def apply(self, update: Update) -> None:
         """One update from the averaged gradients of one worker group for one step."""
         if self.clip_norm is not None:
             assert update.norm is not None
@@ -377,7 +275,7 @@ class ShardServer:
             if len(waiting) < self.plan.pushers_per_group:
                 continue
             del self._pending[key]
-            update = _Update(
+            update = Update(
                 group=header.group,
                 step=header.step,
                 grads=self._average([(h, f) for _, h, f in waiting.values()]),
@@ -391,7 +289,7 @@ class ShardServer:
             self._queue.append(update)
         if self.clip_norm is not None:
             self._collect_norms()
-        applied: list[_Update] = []
+        applied: list[Update] = []
         notify: list[int] = []
         while self._queue and (self.clip_norm is None or self._queue[0].norm is not None):
             update = self._queue.pop(0)
