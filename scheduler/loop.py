@@ -20,15 +20,8 @@ from celery import Celery
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from contract.records import (
-    CLAIMED,
-    DISPATCHED,
-    STOP,
-    AllocationInfo,
-    Keys,
-    decode,
-    delete_matching,
-)
+from contract import records
+from contract.records import AllocationInfo, Keys, decode, delete_matching
 from contract.settings import Settings
 from scheduler.celery_app import RUN_ALLOCATION, create_celery
 from scheduler.cluster import (
@@ -343,7 +336,7 @@ def dispatch(celery: Celery, client: redis.Redis, keys: Keys, items: list[Dispat
         pipe.hset(key, mapping=fields)
         pipe.execute()
         celery.send_task(RUN_ALLOCATION, args=[item.allocation_id], queue=item.queue)
-        client.hset(key, DISPATCHED, "1")
+        client.hset(key, records.DISPATCHED, "1")
 
 
 def undispatched(session: Session, settings: Settings, client: redis.Redis) -> list[Dispatch]:
@@ -357,7 +350,7 @@ def undispatched(session: Session, settings: Settings, client: redis.Redis) -> l
     for alloc in pending:
         fields = decode(client.hgetall(keys.allocation(alloc.id)))
         same_job = fields.get("job_id") == str(alloc.job_id)
-        if same_job and (DISPATCHED in fields or CLAIMED in fields):
+        if same_job and (records.DISPATCHED in fields or records.CLAIMED in fields):
             continue
         job, node = session.get(Job, alloc.job_id), session.get(Node, alloc.node_id)
         if job is None or node is None or JobState(job.state).terminal:
@@ -371,7 +364,7 @@ def stop_allocations(client: redis.Redis, keys: Keys, allocation_ids: list[int])
         return
     pipe = client.pipeline(transaction=False)
     for alloc_id in allocation_ids:
-        pipe.hset(keys.allocation(alloc_id), STOP, "1")
+        pipe.hset(keys.allocation(alloc_id), records.STOP, "1")
     pipe.execute()
 
 
