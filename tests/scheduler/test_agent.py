@@ -23,6 +23,7 @@ import pytest
 import redis
 from sqlalchemy import select
 
+from contract.settings import Settings
 from dsl.compiler import load_spec
 from dsl.topology import resolve_topology
 from scheduler import store
@@ -40,7 +41,6 @@ from scheduler.models import (
     Node,
     NodeState,
 )
-from contract.settings import Settings
 from workers.events import Keys
 
 pytestmark = pytest.mark.slow
