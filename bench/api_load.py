@@ -40,7 +40,7 @@ import httpx
 from api.schemas import JobPage
 from scheduler.db import migrate
 from scheduler.redis_server import RedisServer, free_port
-from sdk.stack import HEALTH_PATH, ensure_admin_token
+from scheduler.stack import HEALTH_PATH, ensure_admin_token
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB_TEXT = (ROOT / "examples" / "digits_mlp.yaml").read_text()

@@ -31,8 +31,8 @@ from pathlib import Path
 import redis
 
 from scheduler.redis_server import free_port
+from scheduler.stack import StackFile, read_stack_file
 from sdk.client import Client
-from sdk.stack import StackFile, read_stack_file
 from workers.events import Keys, decode
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dsl.overrides import parse_overrides
-from sdk.cli import app
+from scheduler.cli import app
 from workers.jobs import prepare_job
 from workers.metrics import MetricRecord
 from workers.trainer import Summary, Trainer, TrainOptions
