@@ -100,7 +100,7 @@ def start_api(tmp: Path, workers: int) -> tuple[RedisServer, subprocess.Popen[by
     env.update(TRAINYARD_DATA_DIR=str(tmp), REDIS_URL=redis_url, DATABASE_URL=database_url)
     process = subprocess.Popen(
         [
-            *(sys.executable, "-m", "sdk", "api", "--no-migrate"),
+            *(sys.executable, "-m", "scheduler", "api", "--no-migrate"),
             *("--port", str(port), "--workers", str(workers)),
         ],
         cwd=ROOT,

@@ -48,7 +48,7 @@ def start_stack(data_dir: Path) -> tuple[subprocess.Popen[bytes], StackFile]:
         [
             sys.executable,
             "-m",
-            "sdk",
+            "scheduler",
             "up",
             "--data-dir",
             str(data_dir),
