@@ -31,8 +31,9 @@ def descendants(pid: int) -> list[psutil.Process]:
 
 
 def child_named(stack: RunningStack, word: str) -> psutil.Process:
+    """The child `python -m scheduler <word> ...` (every child's command names `scheduler`)."""
     for process in psutil.Process(stack.process.pid).children():
-        if word in process.cmdline():
+        if process.cmdline()[3:4] == [word]:
             return process
     raise AssertionError(f"no {word} child of trainyard up")
 
