@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench install clean web
+.PHONY: run test lint bench install clean web types
 
 $(STAMP): pyproject.toml constraints.txt
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; set PYTHON=/path/to/python3.11"; exit 1; }
@@ -34,6 +34,10 @@ bench: $(STAMP)
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/submit_latency.py
 	$(BIN)/python bench/api_load.py
+
+# Regenerate the clients' types (sdk/models.py, web/src/types.gen.ts) from the API's schemas.
+types: $(STAMP)
+	$(BIN)/python scripts/gen_types.py
 
 # Rebuild the dashboard's committed assets (web/dist) from web/src; needs node and npm.
 web:

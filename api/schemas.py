@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from scheduler.models import AllocationState, JobState, NodeState
+from scheduler.models import AllocationState, JobOut, JobState, NodeState
 
 PRIORITY_RANGE = 1_000_000
 
@@ -61,32 +61,6 @@ class SubmitRequest(BaseModel):
         description="admins only: the folder relative file paths in the job resolve against "
         "(the SDK sends the job file's folder); default the server's data directory",
     )
-
-
-class JobOut(BaseModel):
-    id: int
-    name: str
-    owner: str = Field(description="the submitting user's name")
-    state: JobState
-    priority: int
-    framework: str = Field(description="cluster.framework of the job")
-    train_steps: int
-    step: int = Field(description="the last training step reported")
-    progress: float = Field(description="step / train_steps, 0..1")
-    created_at: datetime
-    scheduled_at: datetime | None
-    started_at: datetime | None
-    ended_at: datetime | None
-    duration_seconds: float | None = Field(
-        description="running time so far (from start to end, or to now)"
-    )
-    summary: dict[str, Any] = Field(description="final metrics once the job ends")
-    best_metric: float | None = Field(description="the highest test/accuracy reported, if any")
-    error: str | None = Field(description="why the job failed")
-    cancel_requested: bool
-    overrides: dict[str, Any]
-    topology: dict[str, Any] = Field(description="the resolved cluster: worker and server groups")
-    queue_position: int | None = Field(description="1-based place in the queue while QUEUED")
 
 
 class JobDetail(JobOut):

@@ -40,7 +40,7 @@ import httpx
 from api.schemas import JobPage
 from scheduler.db import migrate
 from scheduler.redis_server import RedisServer, free_port
-from sdk.stack import HEALTH_PATH, ensure_admin_token
+from scheduler.stack import HEALTH_PATH, ensure_admin_token
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB_TEXT = (ROOT / "examples" / "digits_mlp.yaml").read_text()
@@ -100,7 +100,7 @@ def start_api(tmp: Path, workers: int) -> tuple[RedisServer, subprocess.Popen[by
     env.update(TRAINYARD_DATA_DIR=str(tmp), REDIS_URL=redis_url, DATABASE_URL=database_url)
     process = subprocess.Popen(
         [
-            *(sys.executable, "-m", "sdk", "api", "--no-migrate"),
+            *(sys.executable, "-m", "scheduler", "api", "--no-migrate"),
             *("--port", str(port), "--workers", str(workers)),
         ],
         cwd=ROOT,

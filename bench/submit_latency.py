@@ -32,8 +32,8 @@ import redis
 
 from contract.records import Keys, decode
 from scheduler.redis_server import free_port
+from scheduler.stack import StackFile, read_stack_file
 from sdk.client import Client
-from sdk.stack import StackFile, read_stack_file
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB = ROOT / "examples" / "digits_mlp.yaml"
@@ -48,7 +48,7 @@ def start_stack(data_dir: Path) -> tuple[subprocess.Popen[bytes], StackFile]:
         [
             sys.executable,
             "-m",
-            "sdk",
+            "scheduler",
             "up",
             "--data-dir",
             str(data_dir),

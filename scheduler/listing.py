@@ -5,15 +5,18 @@ The page is one statement that returns one row: the items as a JSON array, how m
 matched (up to one past the page) and the last id of the page. Built this way a page costs the
 API process one fetch instead of a row, a type conversion and a validation per job, and the
 database builds the text without the interpreter lock, so the event loop keeps serving other
-requests meanwhile. Each item has the fields of the API's JobOut (api/schemas.py), computed as
-`api.routes.jobs.job_fields` computes them for one job; tests hold the two to each other on both
-SQLite and PostgreSQL.
+requests meanwhile. Each item has the fields of JobOut (scheduler/models.py, served by the API),
+computed as `api.routes.jobs.job_fields` computes them for one job; tests hold the two to each
+other on both SQLite and PostgreSQL. The fields come from the model: one that is a Job column of
+the same name is read and written as its type says (a time, a float, a document, a flag).
 """
 
 from __future__ import annotations
 
 import functools
 import string
+import types
+import typing
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -38,7 +41,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.orm import Session
 
-from scheduler.models import QUEUE_ORDER, Job, JobState, User, utcnow
+from scheduler.models import QUEUE_ORDER, Job, JobOut, JobState, User, utcnow
 
 NOW = bindparam("now", type_=Job.created_at.type)
 LIMIT = bindparam("limit", type_=Job.id.type)
@@ -55,26 +58,18 @@ _QUEUE = (
     .prefix_with("MATERIALIZED")
 )
 
-# Every field of JobOut but the queue position; the two documents (spec, spec_yaml) stay unread.
+# The fields of JobOut that are not the Job column of their name: the owner's name and the
+# queue position join other tables; progress and the duration are computed from these columns.
+_COMPUTED = ("owner", "progress", "duration_seconds", "queue_position")
+_INPUTS = ("step", "train_steps", "started_at", "ended_at")
+# The columns a page reads; the two documents (spec, spec_yaml) stay unread.
 _LISTED = (
-    Job.id,
-    Job.name,
+    *(
+        getattr(Job, name)
+        for name in dict.fromkeys([*JobOut.model_fields, *_INPUTS])
+        if name not in _COMPUTED
+    ),
     User.name.label("owner"),
-    Job.state,
-    Job.priority,
-    Job.framework,
-    Job.train_steps,
-    Job.step,
-    Job.created_at,
-    Job.scheduled_at,
-    Job.started_at,
-    Job.ended_at,
-    Job.summary,
-    Job.best_metric,
-    Job.error,
-    Job.cancel_requested,
-    Job.overrides,
-    Job.topology,
 )
 
 
@@ -181,35 +176,34 @@ def _item(page: Subquery, sql: Dialect) -> ColumnElement[Any]:
         (c.started_at.is_(None), None),
         else_=sql.seconds(c.started_at, func.coalesce(c.ended_at, NOW)),
     )
-    fields: dict[str, Any] = {
-        "id": c.id,
-        "name": c.name,
+    computed: dict[str, Any] = {
         "owner": c.owner,
-        "state": c.state,
-        "priority": c.priority,
-        "framework": c.framework,
-        "train_steps": c.train_steps,
-        "step": c.step,
-        "progress": sql.number(progress),
-        "created_at": sql.iso(c.created_at),
-        "scheduled_at": sql.iso(c.scheduled_at),
-        "started_at": sql.iso(c.started_at),
-        "ended_at": sql.iso(c.ended_at),
-        "duration_seconds": sql.number(duration),
-        "summary": sql.document(c.summary),
-        "best_metric": sql.number(c.best_metric),
-        "error": c.error,
-        "cancel_requested": sql.flag(c.cancel_requested),
-        "overrides": sql.document(c.overrides),
-        "topology": sql.document(c.topology),
+        "progress": progress,
+        "duration_seconds": duration,
         "queue_position": c.queue_position,
     }
-    # The keys are this module's constants, written into the statement as literals: a bound
+    # The keys are JobOut's field names, written into the statement as literals: a bound
     # parameter has no type PostgreSQL could infer inside json_build_object.
     pairs: list[Any] = []
-    for key, value in fields.items():
-        pairs += (literal_column(f"'{key}'"), value)
+    for key, field in JobOut.model_fields.items():
+        value = computed[key] if key in computed else c[key]
+        pairs += (literal_column(f"'{key}'"), _as_json(sql, field.annotation, value))
     return sql.obj(*pairs)
+
+
+def _as_json(sql: Dialect, annotation: Any, value: ColumnElement[Any]) -> ColumnElement[Any]:
+    """A field's value as its JSON form: by the type of the field, optional or not."""
+    kinds = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else ()
+    kind = next((k for k in kinds if k is not type(None)), annotation)
+    if kind is datetime:
+        return sql.iso(value)
+    if kind is float:
+        return sql.number(value)
+    if kind is bool:
+        return sql.flag(value)
+    if typing.get_origin(kind) is dict:
+        return sql.document(value)
+    return value  # integers, strings and states: as stored
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import enum
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import BaseModel, Field
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -103,6 +104,35 @@ class Job(Base):
     scheduled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+# What clients see of a job: the API's JobOut (api/schemas.py serves it, the SDK and the
+# dashboard get it generated), defined here because the job list's SQL is built from its fields
+# (scheduler/listing.py): a field that is a Job column of the same name needs no other change.
+class JobOut(BaseModel):
+    id: int
+    name: str
+    owner: str = Field(description="the submitting user's name")
+    state: JobState
+    priority: int
+    framework: str = Field(description="cluster.framework of the job")
+    train_steps: int
+    step: int = Field(description="the last training step reported")
+    progress: float = Field(description="step / train_steps, 0..1")
+    created_at: datetime
+    scheduled_at: datetime | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    duration_seconds: float | None = Field(
+        description="running time so far (from start to end, or to now)"
+    )
+    summary: dict[str, Any] = Field(description="final metrics once the job ends")
+    best_metric: float | None = Field(description="the highest test/accuracy reported, if any")
+    error: str | None = Field(description="why the job failed")
+    cancel_requested: bool
+    overrides: dict[str, Any]
+    topology: dict[str, Any] = Field(description="the resolved cluster: worker and server groups")
+    queue_position: int | None = Field(description="1-based place in the queue while QUEUED")
 
 
 # The order the scheduler places queued jobs in (and the API numbers their positions by):

@@ -1,216 +1,26 @@
-"""The `trainyard` command line: local commands (train, validate) and the service commands."""
+"""The client's side of the `trainyard` command: the commands that talk to a server over HTTP
+(sdk/cli_client.py) and `schema`.
+
+The installed command (scheduler/cli.py) adds the server commands and the local training ones
+to these. This module imports nothing of the server side, of workers or of torch, so that
+`trainyard jobs` starts fast (tests/sdk/test_imports.py holds it to that).
+"""
 
 from __future__ import annotations
 
-import json
-import shutil
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import Annotated
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from dsl.errors import JobSpecError
-from sdk.console import (
-    describe_topology,
-    format_stats,
-    layer_table,
-    print_issues,
-    training_progress,
-)
+from sdk import cli_client
 
-if TYPE_CHECKING:
-    from dsl.compiler import CompiledJob
-    from workers.data import Dataset
-
-app = typer.Typer(
-    help="Trainyard: describe a deep-learning job in YAML, train it locally or on the service.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-)
-console = Console()
 err_console = Console(stderr=True)
 
-JobFile = Annotated[Path, typer.Argument(help="the job's YAML file", show_default=False)]
-SetOption = Annotated[
-    list[str] | None,
-    typer.Option("--set", help="override a key before validation: key.path=value (repeatable)"),
-]
 
-
-def _read_job(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError as exc:
-        err_console.print(f"[bold red]error[/] cannot read {path}: {exc.strerror}")
-        raise typer.Exit(2) from None
-
-
-def _overrides(items: list[str] | None) -> dict[str, Any]:
-    from dsl.overrides import parse_overrides
-
-    return parse_overrides(items or [])
-
-
-def _fail(exc: JobSpecError, filename: str) -> NoReturn:
-    print_issues(err_console, exc.issues, filename)
-    err_console.print(f"[red]{len(exc.issues)} problem(s); nothing was run.[/]")
-    raise typer.Exit(1)
-
-
-def _prepare(job: Path, set_: list[str] | None) -> tuple[CompiledJob, Dataset]:
-    """Validate and build the job, or print its located errors and exit 1."""
-    from workers.jobs import prepare_job
-
-    try:
-        return prepare_job(
-            _read_job(job),
-            cache_dir=_cache_dir(),
-            base_dir=job.parent,
-            overrides=_overrides(set_),
-            filename=str(job),
-        )
-    except JobSpecError as exc:
-        _fail(exc, str(job))
-
-
-def _cache_dir() -> Path:
-    from contract.settings import Settings
-
-    return Settings().cache_dir()
-
-
-@app.command()
-def validate(
-    job: JobFile,
-    set_: SetOption = None,
-    server: Annotated[
-        bool,
-        typer.Option(
-            "--server",
-            help="check on the server (TRAINYARD_URL or the local stack): also shows where "
-            "the scheduler would place the job's processes now",
-        ),
-    ] = False,
-) -> None:
-    """Check a job: its layer table (name, type, sources, output shape, parameters), totals and
-    resolved topology; with --server, its placement on the cluster too."""
-    if server:
-        from sdk.cli_client import validate_on_server
-
-        validate_on_server(job, set_)
-        return
-    import torch
-
-    from dsl.topology import resolve_topology
-
-    torch.set_num_threads(1)
-    compiled, _ = _prepare(job, set_)
-    rows = [row.__dict__ for row in compiled.table]
-    console.print(layer_table(rows, f"{compiled.spec.name}: {len(rows)} layers"))
-    console.print(
-        f"total parameters: [bold]{compiled.total_params:,}[/]   "
-        f"algorithm: {compiled.spec.train_one_batch.alg}   updater: {compiled.spec.updater.type}"
-        f"   framework: {compiled.spec.cluster.framework}"
-    )
-    console.print(describe_topology(resolve_topology(compiled.spec.cluster).to_dict()))
-
-
-@app.command()
-def train(
-    job: JobFile,
-    set_: SetOption = None,
-    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
-    run_dir: Annotated[
-        Path | None, typer.Option(help="where metrics, checkpoints and summary go")
-    ] = None,
-    resume: Annotated[bool, typer.Option(help="continue from the latest checkpoint")] = False,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="print the summary as one JSON line")
-    ] = False,
-    threads: Annotated[int, typer.Option(help="torch intra-op threads")] = 1,
-) -> None:
-    """Train a job locally in this process."""
-    import torch
-
-    from contract.records import MetricRecord
-    from workers.checkpoint import CheckpointError
-    from workers.metrics import JsonlSink
-    from workers.trainer import Trainer, TrainOptions
-
-    torch.set_num_threads(threads)
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        err_console.print("[bold red]error[/] --device cuda: torch sees no CUDA device here")
-        raise typer.Exit(2)
-    compiled, dataset = _prepare(job, set_)
-    spec = compiled.spec
-    if spec.cluster.framework != "local":
-        err_console.print(
-            f"[bold red]error[/] cluster.framework '{spec.cluster.framework}' needs the "
-            "service: submit it with `trainyard submit` (`trainyard train` runs one process)"
-        )
-        raise typer.Exit(2)
-    out_dir = run_dir or Path("runs") / spec.name
-    if not resume and out_dir.exists():
-        for stale in ("metrics.jsonl", "train.log", "summary.json", "checkpoints"):
-            target = out_dir / stale
-            if target.is_dir():
-                shutil.rmtree(target)
-            else:
-                target.unlink(missing_ok=True)
-    show = err_console if as_json else console
-    sink = JsonlSink(out_dir)
-    with training_progress(show) as progress:
-        task = progress.add_task(spec.name, total=spec.train_steps, stats="")
-
-        latest: dict[str, float] = {}
-
-        class ProgressSink:
-            def emit(self, record: MetricRecord) -> None:
-                latest.update(record.values)
-                progress.update(task, stats=format_stats(latest))
-
-            def log(self, line: str) -> None:
-                progress.console.print(line)
-
-            def checkpoint(self, step: int, path: Path) -> None:
-                return None
-
-            def close(self) -> None:
-                return None
-
-        trainer = Trainer(
-            compiled,
-            dataset,
-            TrainOptions(run_dir=out_dir, device=device, resume=resume, base_dir=job.parent),
-            sinks=[sink, ProgressSink()],
-        )
-        progress.update(task, completed=trainer.step)
-        try:
-            summary = trainer.run(on_step=lambda step: progress.update(task, completed=step))
-        except CheckpointError as exc:
-            sink.close()
-            err_console.print(f"[bold red]error[/] {exc}")
-            raise typer.Exit(2) from None
-    sink.close()
-    if as_json:
-        sys.stdout.write(json.dumps({"run_dir": str(out_dir), **summary.to_json()}) + "\n")
-    else:
-        final = summary.metrics
-        line = "  ".join(
-            f"{key} {value:.4f}" for key, value in sorted(final.items()) if key.startswith("test/")
-        )
-        console.print(
-            f"[bold]{summary.status}[/] after {summary.steps} steps in {summary.wall_time:.1f}s"
-            f"   {line}   run dir: {out_dir}"
-        )
-    if summary.status != "succeeded":
-        raise typer.Exit(1)
-
-
-@app.command()
 def schema(
     output: Annotated[Path | None, typer.Option(help="write to this file")] = None,
 ) -> None:
@@ -224,14 +34,23 @@ def schema(
         sys.stdout.write(text)
 
 
-from sdk import cli_client, cli_cluster, cli_stack  # noqa: E402  (they register on `app`)
+def new_app() -> typer.Typer:
+    """An empty `trainyard` command."""
+    return typer.Typer(
+        help="Trainyard: describe a deep-learning job in YAML, train it locally or on the service.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+    )
 
-cli_client.register(app)
-cli_stack.register(app)
-cli_cluster.register(app)
+
+def register(app: typer.Typer) -> None:
+    """Add the client commands to `app`."""
+    app.command()(schema)
+    cli_client.register(app)
 
 
-def main() -> None:
+def run(app: typer.Typer) -> None:
+    """Run a `trainyard` command; a bad setting is named without a traceback (exit 2)."""
     try:
         app()
     except ValidationError as error:
@@ -243,3 +62,8 @@ def main() -> None:
             why = problem["msg"].removeprefix("Value error, ")
             err_console.print(f"[red]bad setting[/] {where}: {why}", highlight=False)
         sys.exit(2)
+
+
+# The client commands alone (what tests of them drive).
+app = new_app()
+register(app)

@@ -1,7 +1,6 @@
 """Client commands of the `trainyard` CLI: talk to a server through the SDK.
 
-submit, jobs, show, logs, metrics, cancel, download, login, and `admin create-user` (which
-goes to the database directly: it makes the first users of a new installation).
+submit, jobs, show, logs, metrics, cancel, download and login (and `validate --server`).
 """
 
 from __future__ import annotations
@@ -20,14 +19,8 @@ from rich.console import Console
 from rich.table import Table
 
 from contract.settings import Settings
-from sdk.client import (
-    Client,
-    Job,
-    JobSpecRejected,
-    TrainyardError,
-    Unreachable,
-    client_file,
-)
+from sdk.client import Client, Job, JobSpecRejected, TrainyardError, Unreachable
+from sdk.connection import client_file, write_private_json
 from sdk.console import describe_topology, layer_table, placement_table, print_issues
 
 console = Console()
@@ -269,8 +262,6 @@ def login(
     token: Annotated[str | None, typer.Option(help="API token (asked for when not given)")] = None,
 ) -> None:
     """Check a server address and token, and remember them for the CLI and SDK."""
-    from sdk.stack import write_private_json
-
     if token is None:
         token = typer.prompt("API token", hide_input=True)
     with _reporting(), Client(url, token) as client:
@@ -281,35 +272,6 @@ def login(
     console.print(f"logged in to {url}; saved in {path}")
 
 
-admin_app = typer.Typer(help="Administration with direct database access.", no_args_is_help=True)
-
-
-@admin_app.command("create-user")
-def create_user(
-    name: Annotated[str, typer.Argument(help="the new user's name")],
-    admin: Annotated[bool, typer.Option(help="may see and manage every user's jobs")] = False,
-) -> None:
-    """Create a user and print their first API token (shown once)."""
-    from scheduler import store
-    from scheduler.db import Database, migrate
-
-    settings = Settings()
-    migrate(settings.sql_url())
-    db = Database(settings.sql_url())
-    try:
-        with db.session() as session:
-            if store.get_user(session, name) is not None:
-                err_console.print(f"[bold red]error[/] a user named {name!r} already exists")
-                raise typer.Exit(1)
-            user = store.create_user(session, name, admin)
-            token = store.create_token(session, user, "created by trainyard admin")
-    finally:
-        db.dispose()
-    err_console.print(f"created {'admin ' if admin else ''}user {name}; their token:")
-    sys.stdout.write(token + "\n")
-
-
 def register(app: typer.Typer) -> None:
     for command in (submit, jobs, show, logs, metrics, cancel, download, login):
         app.command()(command)
-    app.add_typer(admin_app, name="admin")

@@ -16,15 +16,23 @@ import json
 import math
 import time
 from collections.abc import Iterator, Mapping
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from contract.settings import Settings
 from dsl.errors import SpecIssue
+from sdk.connection import resolve_connection
+from sdk.models import (
+    CheckpointOut,
+    ClusterOut,
+    DatasetOut,
+    EventOut,
+    JobDetail,
+    JobOut,
+    LogLineOut,
+)
 
 API_PREFIX = "/api/v1"
 MAX_POINTS = 100_000  # the most points per series the server returns in one answer
@@ -145,141 +153,6 @@ def raise_for_response(response: httpx.Response) -> None:
     raise _BY_STATUS.get(status, RequestRejected)(message, status)
 
 
-# -- response models ----------------------------------------------------------------------------
-class _Model(BaseModel):
-    # Tolerate fields newer servers add; the SDK reads what it knows.
-    model_config = ConfigDict(extra="ignore")
-
-
-class JobInfo(_Model):
-    """A job as GET /jobs/{id} describes it."""
-
-    id: int
-    name: str
-    state: str = Field(description="QUEUED, SCHEDULED, RUNNING, SUCCEEDED, FAILED or CANCELLED")
-    owner: str | None = None
-    priority: int = 0
-    framework: str = Field(default="local", description="the job's cluster.framework")
-    train_steps: int = 0
-    step: int = Field(default=0, description="the last training step reported")
-    progress: float = Field(default=0.0, description="step / train_steps, 0..1")
-    created_at: datetime | None = None
-    scheduled_at: datetime | None = None
-    started_at: datetime | None = None
-    ended_at: datetime | None = None
-    duration_seconds: float | None = None
-    summary: dict[str, Any] = Field(default_factory=dict, description="final metrics")
-    best_metric: float | None = Field(default=None, description="the best test/accuracy")
-    error: str | None = Field(default=None, description="why the job failed")
-    overrides: dict[str, Any] = Field(default_factory=dict)
-    topology: dict[str, Any] = Field(
-        default_factory=dict, description="worker and server groups the job was resolved to"
-    )
-    queue_position: int | None = Field(
-        default=None, description="1 = placed next; null if not queued"
-    )
-    spec_yaml: str | None = Field(default=None, description="the document as submitted")
-
-
-class JobEventInfo(_Model):
-    at: datetime
-    state: str
-    reason: str = ""
-
-
-class CheckpointInfo(_Model):
-    step: int
-    size: int
-    created_at: datetime | None = None
-
-
-class DatasetInfo(_Model):
-    name: str
-    kind: str = Field(description="npz or csv")
-    size: int = Field(description="bytes")
-    owner: str | None = None
-    created_at: datetime | None = None
-
-
-class NodeInfo(_Model):
-    name: str
-    state: str
-    slots: int
-    gpus: int = 0
-    slots_used: int = 0
-    gpus_used: int = 0
-    last_heartbeat: datetime | None = None
-
-
-class AllocationInfo(_Model):
-    node: str
-    role: str
-    group: int
-    rank: int
-    state: str
-
-
-class RunningJobInfo(_Model):
-    job_id: int | None = Field(description="null for other users' jobs (unless admin)")
-    name: str | None
-    state: str
-    allocations: list[AllocationInfo] = Field(default_factory=list)
-
-
-class QueuedJobInfo(_Model):
-    job_id: int | None = Field(description="null for other users' jobs (unless admin)")
-    name: str | None
-    priority: int = 0
-    position: int
-    slots: int = 0
-    gpus: int = 0
-    reason: str = ""
-
-
-class ClusterInfo(_Model):
-    nodes: list[NodeInfo] = Field(default_factory=list)
-    running: list[RunningJobInfo] = Field(default_factory=list)
-    queue: list[QueuedJobInfo] = Field(default_factory=list)
-
-
-class LogLineInfo(_Model):
-    id: int
-    at: float
-    group: int = 0
-    rank: int = 0
-    line: str
-
-
-# -- where the server is ------------------------------------------------------------------------
-class Connection(_Model):
-    url: str | None = None
-    token: str | None = None
-
-
-def _read_connection(path: Path) -> Connection:
-    try:
-        return Connection.model_validate_json(path.read_text())
-    except (OSError, ValidationError):
-        return Connection()
-
-
-def client_file(settings: Settings) -> Path:
-    """Written by `trainyard login`: {url, token} of a remote server."""
-    return settings.resolved_data_dir() / "client.json"
-
-
-def resolve_connection(settings: Settings) -> Connection:
-    """The server address and token: environment > `trainyard login` file > local stack file.
-
-    The token comes from the environment, else from the first file that names the chosen URL,
-    so a login to one server never sends its token to another.
-    """
-    files = [_read_connection(client_file(settings)), _read_connection(settings.stack_file())]
-    url = settings.url or next((f.url for f in files if f.url), None)
-    token = settings.token or next((f.token for f in files if f.url == url and f.token), None)
-    return Connection(url=url, token=token)
-
-
 # -- the client ---------------------------------------------------------------------------------
 class Client:
     """A connection to one Trainyard server (thread-safe for concurrent requests, like httpx)."""
@@ -343,7 +216,7 @@ class Client:
             "priority": priority,
         }
         data = self.request("POST", "/jobs", json=body).json()
-        return Job(self, JobInfo.model_validate(data))
+        return Job(self, JobDetail.model_validate(data))
 
     def validate(
         self, job: str | Path | Mapping[str, Any], overrides: Mapping[str, Any] | None = None
@@ -354,7 +227,7 @@ class Client:
         return result
 
     def job(self, job_id: int) -> Job:
-        return Job(self, JobInfo.model_validate(self.get_json(f"/jobs/{job_id}")))
+        return Job(self, JobDetail.model_validate(self.get_json(f"/jobs/{job_id}")))
 
     def jobs(
         self, state: str | None = None, name: str | None = None, page_size: int = 50
@@ -364,16 +237,16 @@ class Client:
         while True:
             page = self.get_json("/jobs", state=state, name=name, limit=page_size, cursor=cursor)
             for item in page["items"]:
-                yield Job(self, JobInfo.model_validate(item))
+                yield Job(self, JobOut.model_validate(item))
             cursor = page.get("next_cursor")
             if not cursor:
                 return
 
     # -- cluster and datasets --------------------------------------------------------------------
-    def cluster(self) -> ClusterInfo:
-        return ClusterInfo.model_validate(self.get_json("/cluster"))
+    def cluster(self) -> ClusterOut:
+        return ClusterOut.model_validate(self.get_json("/cluster"))
 
-    def upload_dataset(self, path: str | Path, name: str) -> DatasetInfo:
+    def upload_dataset(self, path: str | Path, name: str) -> DatasetOut:
         """Upload an .npz or .csv file; jobs then use `data: {source: dataset, name: NAME}`."""
         path = Path(path)
         with path.open("rb") as handle:
@@ -383,10 +256,10 @@ class Client:
                 data={"name": name},
                 files={"file": (path.name, handle, "application/octet-stream")},
             )
-        return DatasetInfo.model_validate(response.json())
+        return DatasetOut.model_validate(response.json())
 
-    def datasets(self) -> list[DatasetInfo]:
-        return [DatasetInfo.model_validate(d) for d in self.get_json("/datasets")]
+    def datasets(self) -> list[DatasetOut]:
+        return [DatasetOut.model_validate(d) for d in self.get_json("/datasets")]
 
 
 def _value(raw: float | None) -> float:
@@ -409,9 +282,10 @@ def _job_document(job: str | Path | Mapping[str, Any]) -> str | dict[str, Any]:
 
 
 class Job:
-    """A submitted job; `info` is its last fetched state (call `refresh()` for a newer one)."""
+    """A submitted job; `info` is its last fetched state (call `refresh()` for a newer one): a
+    JobOut as listed, a JobDetail (with the submitted document) when fetched by id."""
 
-    def __init__(self, client: Client, info: JobInfo) -> None:
+    def __init__(self, client: Client, info: JobOut) -> None:
         self.client = client
         self.info = info
 
@@ -447,12 +321,12 @@ class Job:
         return self.info.state in TERMINAL_STATES
 
     def refresh(self) -> Job:
-        self.info = JobInfo.model_validate(self.client.get_json(f"/jobs/{self.id}"))
+        self.info = JobDetail.model_validate(self.client.get_json(f"/jobs/{self.id}"))
         return self
 
     def cancel(self) -> Job:
         data = self.client.request("POST", f"/jobs/{self.id}/cancel").json()
-        self.info = JobInfo.model_validate(data)
+        self.info = JobDetail.model_validate(data)
         return self
 
     def delete(self) -> None:
@@ -514,12 +388,10 @@ class Job:
         names: list[str] = self.client.get_json(f"/jobs/{self.id}/metrics/names")["names"]
         return names
 
-    def log_lines(
-        self, after: int | None = None, limit: int = 500
-    ) -> tuple[list[LogLineInfo], int]:
+    def log_lines(self, after: int | None = None, limit: int = 500) -> tuple[list[LogLineOut], int]:
         """One page of log lines after the line id `after`; returns (lines, next cursor)."""
         data = self.client.get_json(f"/jobs/{self.id}/logs", after=after, limit=limit)
-        lines = [LogLineInfo.model_validate(line) for line in data["lines"]]
+        lines = [LogLineOut.model_validate(line) for line in data["lines"]]
         cursor = data.get("next")
         return lines, int(cursor) if cursor is not None else (after or 0)
 
@@ -533,14 +405,12 @@ class Job:
             if not lines:
                 return out
 
-    def events(self) -> list[JobEventInfo]:
-        return [
-            JobEventInfo.model_validate(e) for e in self.client.get_json(f"/jobs/{self.id}/events")
-        ]
+    def events(self) -> list[EventOut]:
+        return [EventOut.model_validate(e) for e in self.client.get_json(f"/jobs/{self.id}/events")]
 
-    def checkpoints(self) -> list[CheckpointInfo]:
+    def checkpoints(self) -> list[CheckpointOut]:
         data = self.client.get_json(f"/jobs/{self.id}/checkpoints")
-        return [CheckpointInfo.model_validate(c) for c in data]
+        return [CheckpointOut.model_validate(c) for c in data]
 
     def download_checkpoint(self, directory: str | Path, step: int | None = None) -> Path:
         """Save a checkpoint (default: the newest) as <dir>/step-NNNNNNNN.safetensors."""

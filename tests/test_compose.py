@@ -11,8 +11,8 @@ import typer.main
 import yaml
 
 from contract.settings import Settings
-from sdk.cli import app
-from sdk.stack import HEALTH_PATH
+from scheduler.cli import app
+from scheduler.stack import HEALTH_PATH
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICES = {"api", "scheduler", "worker", "redis", "redis-ps", "postgres"}

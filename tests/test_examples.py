@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from contract.records import MetricRecord
 from dsl.overrides import parse_overrides
-from sdk.cli import app
+from scheduler.cli import app
 from workers.jobs import prepare_job
 from workers.trainer import Summary, Trainer, TrainOptions
 

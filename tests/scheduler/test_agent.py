@@ -73,7 +73,7 @@ class Cluster:
         )
         with (self.logs / f"{name}.log").open("ab") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "sdk", "worker"],
+                [sys.executable, "-m", "scheduler", "worker"],
                 cwd=ROOT,
                 env=env,
                 stdout=log,

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 import pytest
 from typer.testing import CliRunner, Result
 
+from scheduler.cli import app
 from scheduler.redis_server import free_port
-from sdk.cli import app
 
 if TYPE_CHECKING:
     from conftest import RunningStack

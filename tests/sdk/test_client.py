@@ -28,10 +28,8 @@ from sdk.client import (
     TrainyardError,
     Unreachable,
     WaitTimeout,
-    client_file,
-    resolve_connection,
 )
-from sdk.stack import write_private_json
+from sdk.connection import client_file, resolve_connection, write_private_json
 
 if TYPE_CHECKING:
     from conftest import RunningStack

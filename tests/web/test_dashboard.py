@@ -118,7 +118,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     log_path = data_dir / "up.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "sdk", "up", "--data-dir", str(data_dir), "--port", str(port)],
+            [
+                *(sys.executable, "-m", "scheduler", "up"),
+                *("--data-dir", str(data_dir), "--port", str(port)),
+            ],
             env=_stack_env(data_dir),
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -1,9 +1,30 @@
 // The dashboard's only door to the server: typed calls to /api/v1 with the signed-in token.
 
+import type {
+  CheckpointOut,
+  ClusterOut,
+  EventOut,
+  ExampleOut,
+  GraphNode as GraphNodeOut,
+  GraphOut,
+  Issue,
+  JobDetail,
+  JobOut,
+  JobPage,
+  JobState,
+  LogsOut,
+  MetricsOut,
+  SeriesOut,
+  ValidationOut,
+} from "./types.gen";
+
+export type { JobPage, JobState } from "./types.gen";
+
 export const API = "/api/v1";
 const TOKEN_KEY = "trainyard.token";
 
-export type JobState = "QUEUED" | "SCHEDULED" | "RUNNING" | "SUCCEEDED" | "FAILED" | "CANCELLED";
+// The response bodies come from types.gen.ts, generated from the API's schemas
+// (scripts/gen_types.py); the names below are the ones the pages use.
 export const JOB_STATES: JobState[] = [
   "QUEUED",
   "SCHEDULED",
@@ -14,150 +35,16 @@ export const JOB_STATES: JobState[] = [
 ];
 export const TERMINAL: ReadonlySet<string> = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
 
-export interface Job {
-  id: number;
-  name: string;
-  owner: string;
-  state: JobState;
-  priority: number;
-  framework: string;
-  train_steps: number;
-  step: number;
-  progress: number;
-  created_at: string;
-  scheduled_at: string | null;
-  started_at: string | null;
-  ended_at: string | null;
-  duration_seconds: number | null;
-  summary: Record<string, unknown>;
-  best_metric: number | null;
-  error: string | null;
-  overrides: Record<string, unknown>;
-  topology: Record<string, unknown>;
-  queue_position: number | null;
-  cancel_requested: boolean;
-  spec_yaml?: string;
-}
-
-export interface JobPage {
-  items: Job[];
-  next_cursor: string | null;
-}
-
+/** A job as listed; fetched by id (JobDetail) it also carries the submitted document. */
+export type Job = JobOut & Partial<Pick<JobDetail, "spec_yaml">>;
 /** A located problem in a job document; `line`/`column` are 1-based. */
-export interface SpecIssue {
-  path: string;
-  message: string;
-  line: number | null;
-  column: number | null;
-  hint: string | null;
-}
-
-export interface LayerRow {
-  name: string;
-  type: string;
-  sources: string[];
-  out_shape: number[] | number[][];
-  params: number;
-  partition_dim: number;
-}
-
-export interface Assignment {
-  role: string;
-  group: number;
-  rank: number;
-  node: string;
-  slots: number;
-  gpus: number;
-}
-
-export interface Validation {
-  name: string;
-  layers: LayerRow[];
-  total_params: number;
-  topology: Record<string, unknown>;
-  placement: { feasible: boolean; reason: string; assignments: Assignment[] };
-}
-
-export interface Series {
-  name: string;
-  group: number;
-  rank: number;
-  /** [step, value]; null where the value was NaN or infinite. */
-  points: [number, number | null][];
-}
-
-export interface LogLine {
-  id: number;
-  /** Unix time (seconds) the worker wrote the line. */
-  at: number;
-  group: number;
-  rank: number;
-  line: string;
-}
-
-export interface JobEvent {
-  at: string;
-  state: string;
-  reason: string;
-}
-
-export interface GraphNode {
-  name: string;
-  type: string;
-  out_shape: number[] | number[][];
-  params: number;
-  partition_dim: number;
-  /** Phases the layer runs in (train, test); null for both. */
-  include: string[] | null;
-}
-
-export interface Graph {
-  nodes: GraphNode[];
-  edges: { source: string; target: string }[];
-}
-
-export interface Checkpoint {
-  step: number;
-  size: number;
-  created_at: string;
-}
-
-export interface ClusterNode {
-  name: string;
-  state: string;
-  slots: number;
-  gpus: number;
-  slots_used: number;
-  gpus_used: number;
-  last_heartbeat: string;
-}
-
-export interface Cluster {
-  nodes: ClusterNode[];
-  // Other users' jobs show without id and name (unless the caller is an admin).
-  running: {
-    job_id: number | null;
-    name: string | null;
-    state: string;
-    allocations: { node: string; role: string; group: number; rank: number; state: string }[];
-  }[];
-  queue: {
-    job_id: number | null;
-    name: string | null;
-    priority: number;
-    position: number;
-    slots: number;
-    gpus: number;
-    reason: string;
-  }[];
-}
-
-export interface Example {
-  name: string;
-  description: string;
-  yaml: string;
-}
+export type SpecIssue = Issue;
+export type Validation = ValidationOut;
+export type Series = SeriesOut;
+export type GraphNode = GraphNodeOut;
+export type Graph = GraphOut;
+export type Cluster = ClusterOut;
+export type Example = ExampleOut;
 
 export class ApiError extends Error {
   constructor(
@@ -239,7 +126,7 @@ export const api = {
 
   jobs: (query: { state?: string; name?: string; limit?: number; cursor?: string | null }, signal?: AbortSignal) =>
     json<JobPage>("/jobs", { query, signal }),
-  job: (id: number, signal?: AbortSignal) => json<Job>(`/jobs/${id}`, { signal }),
+  job: (id: number, signal?: AbortSignal) => json<JobDetail>(`/jobs/${id}`, { signal }),
   validate: (yaml: string, signal?: AbortSignal) =>
     json<Validation>("/jobs/validate", {
       method: "POST",
@@ -248,27 +135,27 @@ export const api = {
       signal,
     }),
   submit: (yaml: string, priority: number) =>
-    json<Job>("/jobs", {
+    json<JobDetail>("/jobs", {
       method: "POST",
       body: yaml,
       contentType: "application/yaml",
       query: { priority },
     }),
-  cancel: (id: number) => json<Job>(`/jobs/${id}/cancel`, { method: "POST" }),
+  cancel: (id: number) => json<JobDetail>(`/jobs/${id}/cancel`, { method: "POST" }),
   metrics: (id: number, maxPoints: number, signal?: AbortSignal) =>
-    json<{ series: Series[] }>(`/jobs/${id}/metrics`, {
+    json<MetricsOut>(`/jobs/${id}/metrics`, {
       query: { max_points: maxPoints },
       signal,
     }),
   logs: (id: number, after: number | null, signal?: AbortSignal) =>
-    json<{ lines: LogLine[]; next: number }>(`/jobs/${id}/logs`, {
+    json<LogsOut>(`/jobs/${id}/logs`, {
       query: { after, limit: 500 },
       signal,
     }),
-  events: (id: number, signal?: AbortSignal) => json<JobEvent[]>(`/jobs/${id}/events`, { signal }),
+  events: (id: number, signal?: AbortSignal) => json<EventOut[]>(`/jobs/${id}/events`, { signal }),
   graph: (id: number, signal?: AbortSignal) => json<Graph>(`/jobs/${id}/graph`, { signal }),
   checkpoints: (id: number, signal?: AbortSignal) =>
-    json<Checkpoint[]>(`/jobs/${id}/checkpoints`, { signal }),
+    json<CheckpointOut[]>(`/jobs/${id}/checkpoints`, { signal }),
   checkpointFile: async (id: number, step: number): Promise<Blob> =>
     (await send(`/jobs/${id}/checkpoints/${step}`)).blob(),
   cluster: (signal?: AbortSignal) => json<Cluster>("/cluster", { signal }),

@@ -1,8 +1,16 @@
-"""Server commands of the `trainyard` CLI: `up` (the whole local stack) and `api` (one server)."""
+"""The `trainyard` command: the client commands of the SDK (sdk/cli.py), the local ones that
+train in this process (workers/cli.py), and the server's: `up` (the whole local stack), `api`
+(one server), `scheduler`, `worker` (a node agent) and `admin` (direct database access).
+
+The heavy imports (torch, SQLAlchemy, uvicorn, Celery) wait inside the commands' bodies, so
+the client commands start fast (tests/sdk/test_imports.py).
+"""
 
 from __future__ import annotations
 
+import logging
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Annotated, Any
@@ -11,9 +19,13 @@ import typer
 from rich.console import Console
 
 from contract.settings import Settings
+from sdk import cli as sdk_cli
+from workers import cli as local_cli
 
 console = Console()
 err_console = Console(stderr=True)
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 Host = Annotated[str | None, typer.Option(help="address to listen on [default: 127.0.0.1]")]
 Port = Annotated[int | None, typer.Option(help="port to listen on [default: 8000]")]
@@ -63,7 +75,7 @@ def up(
     ] = None,
 ) -> None:
     """Start the whole service here: Redis, API, scheduler and a node agent, until Ctrl-C."""
-    from sdk.stack import Stack, StackError
+    from scheduler.stack import Stack, StackError
 
     settings = _settings(host=host, port=port, data_dir=data_dir)
     stop = threading.Event()
@@ -136,6 +148,97 @@ def api(
     )
 
 
+def _cluster_settings(**given: Any) -> Settings:
+    """Settings for a cluster process, which needs the stack's Redis."""
+    settings = Settings(**{k: v for k, v in given.items() if v is not None})
+    if not settings.redis_url:
+        err_console.print(
+            "[bold red]error[/] no Redis to connect to: set REDIS_URL to the stack's Redis "
+            "(`trainyard up` prints it; it is also in the stack's stack.json)"
+        )
+        raise typer.Exit(2)
+    return settings
+
+
+def scheduler(
+    migrate_db: Annotated[
+        bool, typer.Option("--migrate/--no-migrate", help="upgrade the SQL schema first")
+    ] = True,
+) -> None:
+    """Run the scheduler: node tracking, gang placement of queued jobs, metric ingestion."""
+    from scheduler.db import migrate
+    from scheduler.loop import run_scheduler
+
+    settings = _cluster_settings()
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    if migrate_db:
+        migrate(settings.sql_url())
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    run_scheduler(settings, stop)
+
+
+def worker(
+    name: Annotated[
+        str | None, typer.Option(help="node name [default: TRAINYARD_NODE_NAME or the hostname]")
+    ] = None,
+    slots: Annotated[
+        int | None, typer.Option(help="CPU slots to offer [default: the CPU count]", min=1)
+    ] = None,
+    gpus: Annotated[
+        int | None, typer.Option(help="GPUs to offer [default: those torch sees]", min=0)
+    ] = None,
+) -> None:
+    """Start a node agent: run the job processes the scheduler places on this machine."""
+    from scheduler.agent import run_agent
+
+    settings = _cluster_settings(node_name=name, node_slots=slots, node_gpus=gpus)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    run_agent(settings)
+
+
+admin_app = typer.Typer(help="Administration with direct database access.", no_args_is_help=True)
+
+
+@admin_app.command("create-user")
+def create_user(
+    name: Annotated[str, typer.Argument(help="the new user's name")],
+    admin: Annotated[bool, typer.Option(help="may see and manage every user's jobs")] = False,
+) -> None:
+    """Create a user and print their first API token (shown once)."""
+    from scheduler import store
+    from scheduler.db import Database, migrate
+
+    settings = Settings()
+    migrate(settings.sql_url())
+    db = Database(settings.sql_url())
+    try:
+        with db.session() as session:
+            if store.get_user(session, name) is not None:
+                err_console.print(f"[bold red]error[/] a user named {name!r} already exists")
+                raise typer.Exit(1)
+            user = store.create_user(session, name, admin)
+            token = store.create_token(session, user, "created by trainyard admin")
+    finally:
+        db.dispose()
+    err_console.print(f"created {'admin ' if admin else ''}user {name}; their token:")
+    sys.stdout.write(token + "\n")
+
+
 def register(app: typer.Typer) -> None:
-    app.command()(up)
-    app.command()(api)
+    """Add the server commands to `app`."""
+    for command in (up, api, scheduler, worker):
+        app.command()(command)
+    app.add_typer(admin_app, name="admin")
+
+
+app = sdk_cli.new_app()
+local_cli.register(app)
+sdk_cli.register(app)
+register(app)
+
+
+def main() -> None:
+    """The `trainyard` console script (and `python -m scheduler`)."""
+    sdk_cli.run(app)

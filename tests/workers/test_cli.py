@@ -10,7 +10,7 @@ import pytest
 import torch
 from typer.testing import CliRunner, Result
 
-from sdk.cli import app
+from scheduler.cli import app
 from workers.checkpoint import load_checkpoint, resolve_checkpoint
 from workers.metrics import read_metrics
 
@@ -263,7 +263,7 @@ def test_a_bad_setting_is_named_without_a_traceback(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINYARD_", "REDIS_"))}
     env.update(TRAINYARD_DATA_DIR=str(tmp_path), DATABASE_URL="mysql://u@db-host/trainyard")
     done = subprocess.run(
-        [sys.executable, "-m", "sdk", "api", "--port", "0"],
+        [sys.executable, "-m", "scheduler", "api", "--port", "0"],
         cwd=ROOT,
         env={**env, "COLUMNS": "200"},
         capture_output=True,

@@ -15,8 +15,8 @@ import httpx
 import psutil
 import pytest
 
+from scheduler.stack import HEALTH_PATH, read_stack_file
 from sdk.client import Client
-from sdk.stack import HEALTH_PATH, read_stack_file
 
 if TYPE_CHECKING:
     from conftest import RunningStack
@@ -31,8 +31,9 @@ def descendants(pid: int) -> list[psutil.Process]:
 
 
 def child_named(stack: RunningStack, word: str) -> psutil.Process:
+    """The child `python -m scheduler <word> ...` (every child's command names `scheduler`)."""
     for process in psutil.Process(stack.process.pid).children():
-        if word in process.cmdline():
+        if process.cmdline()[3:4] == [word]:
             return process
     raise AssertionError(f"no {word} child of trainyard up")
 
@@ -73,7 +74,7 @@ def test_up_serves_and_stops_every_process(
 
     # A second stack on the same data directory refuses to start.
     second = subprocess.run(
-        [sys.executable, "-m", "sdk", "up", "--port", "1", "--data-dir", str(data_dir)],
+        [sys.executable, "-m", "scheduler", "up", "--port", "1", "--data-dir", str(data_dir)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -84,7 +85,16 @@ def test_up_serves_and_stops_every_process(
     # Nor does one on another data directory but the same port.
     port = stack.url.rsplit(":", 1)[1]
     third = subprocess.run(
-        [sys.executable, "-m", "sdk", "up", "--port", port, "--data-dir", str(data_dir) + "-b"],
+        [
+            sys.executable,
+            "-m",
+            "scheduler",
+            "up",
+            "--port",
+            port,
+            "--data-dir",
+            str(data_dir) + "-b",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -105,7 +115,9 @@ def test_up_serves_and_stops_every_process(
     assert any("redis-server" in c for c in commands)
     assert any("workers.entry" in c for c in commands)
     roles = {
-        p.cmdline()[3] for p in psutil.Process(stack.process.pid).children() if "sdk" in p.cmdline()
+        p.cmdline()[3]
+        for p in psutil.Process(stack.process.pid).children()
+        if "scheduler" in p.cmdline()
     }
     assert roles == {"api", "scheduler", "worker"}
 

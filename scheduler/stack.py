@@ -11,7 +11,6 @@ so nothing is left running.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -31,11 +30,12 @@ from pydantic import BaseModel
 
 from contract.settings import Settings
 from scheduler.redis_server import RedisServer, RedisStartError
+from sdk.connection import write_private_json
 
 HEALTH_PATH = "/healthz"
 ADMIN_USER = "admin"
-# Each child is `python -m sdk <args>`, started in this order. The stack migrates the schema
-# itself before they start.
+# Each child is `python -m scheduler <args>` (the `trainyard` command), started in this order.
+# The stack migrates the schema itself before they start.
 CHILDREN: dict[str, list[str]] = {
     "api": ["api", "--no-migrate"],
     "scheduler": ["scheduler", "--no-migrate"],
@@ -63,17 +63,6 @@ def read_stack_file(path: Path) -> StackFile | None:
         return StackFile.model_validate_json(path.read_text())
     except (OSError, ValueError):
         return None
-
-
-def write_private_json(path: Path, data: dict[str, object]) -> None:
-    """Write a file only its owner can read (it holds a token), atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle, indent=2)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
 
 
 def client_url(host: str, port: int) -> str:
@@ -240,7 +229,7 @@ class Stack:
         log_path = logs / f"{name}.log"
         log = log_path.open("ab")
         process = subprocess.Popen(
-            [sys.executable, "-m", "sdk", *CHILDREN[name]],
+            [sys.executable, "-m", "scheduler", *CHILDREN[name]],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,
