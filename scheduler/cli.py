@@ -1,6 +1,6 @@
 """The `trainyard` command: the client commands of the SDK (sdk/cli.py), the local ones that
-train in this process (workers/cli.py), and the server's: `up` (the whole local stack), `api`
-(one server), `scheduler`, `worker` (a node agent) and `admin` (direct database access).
+train in this process (scheduler/cli_local.py), and the server's: `up` (the whole local stack),
+`api` (one server), `scheduler`, `worker` (a node agent) and `admin` (direct database access).
 
 The heavy imports (torch, SQLAlchemy, uvicorn, Celery) wait inside the commands' bodies, so
 the client commands start fast (tests/sdk/test_imports.py).
@@ -19,8 +19,8 @@ import typer
 from rich.console import Console
 
 from contract.settings import Settings
+from scheduler import cli_local
 from sdk import cli as sdk_cli
-from workers import cli as local_cli
 
 console = Console()
 err_console = Console(stderr=True)
@@ -129,17 +129,22 @@ def api(
     """Run the API server alone (docker-compose's api service; `trainyard up` starts one)."""
     import uvicorn
 
-    from api.app import create_app
     from scheduler.db import migrate
 
     settings = _settings(host=host, port=port)
+    if not settings.redis_url:
+        err_console.print(
+            "error: the API server needs Redis: set REDIS_URL (`trainyard up` starts one and "
+            "sets it)"
+        )
+        raise typer.Exit(2)
     if migrate_db:
         migrate(settings.sql_url())
-    # Several processes need an import path: each builds its app from the same environment.
-    target: Any = create_app(settings) if workers == 1 else "api.app:create_app"
+    # By its import path, so the scheduler package does not import the API's: each process
+    # builds its app from the environment (host and port are uvicorn's, not the app's).
     uvicorn.run(
-        target,
-        factory=workers > 1,
+        "api.app:create_app",
+        factory=True,
         workers=workers,
         host=settings.host,
         port=settings.port,
@@ -234,7 +239,7 @@ def register(app: typer.Typer) -> None:
 
 
 app = sdk_cli.new_app()
-local_cli.register(app)
+cli_local.register(app)
 sdk_cli.register(app)
 register(app)
 

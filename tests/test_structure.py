@@ -1,0 +1,154 @@
+"""The layering of docs/architecture.md, held against the code's imports and sizes."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("contract", "dsl", "workers", "scheduler", "api", "sdk")
+# What each package may import of the others (any import, at module level or in a function).
+ALLOWED = {
+    "contract": set(),
+    "dsl": set(),
+    "workers": {"contract", "dsl"},
+    "scheduler": {"contract", "dsl", "workers", "sdk"},
+    "api": {"contract", "dsl", "workers", "scheduler"},
+    "sdk": {"contract", "dsl"},
+}
+MAX_LINES = 450
+
+
+def _python_files() -> list[Path]:
+    skip = {".venv", "node_modules", ".git", "build", "dist"}
+    return sorted(p for p in ROOT.rglob("*.py") if not skip & set(p.relative_to(ROOT).parts))
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path, *, module_level_only: bool) -> set[str]:
+    """Absolute names `path` imports; with `module_level_only`, those run when it is imported
+    (not inside functions, nor under `if TYPE_CHECKING:`)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module)
+                found.update(f"{node.module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.If):
+                if not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+                    visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+                for handler in node.handlers:
+                    visit(handler.body)
+                visit(node.orelse)
+                visit(node.finalbody)
+
+    if module_level_only:
+        visit(tree.body)
+    else:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module)
+    return found
+
+
+def _package_files() -> dict[str, list[Path]]:
+    files: dict[str, list[Path]] = defaultdict(list)
+    for path in _python_files():
+        top = path.relative_to(ROOT).parts[0]
+        if top in PACKAGES:
+            files[top].append(path)
+    return files
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_package_imports_only_what_the_layering_allows(package: str) -> None:
+    wrong = sorted(
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in _package_files()[package]
+        for name in _imports(path, module_level_only=False)
+        if name.split(".")[0] in PACKAGES
+        and name.split(".")[0] != package
+        and name.split(".")[0] not in ALLOWED[package]
+    )
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_allowed_package_graph_has_no_cycle() -> None:
+    seen: dict[str, str] = {}
+
+    def walk(package: str) -> None:
+        seen[package] = "open"
+        for dep in ALLOWED[package]:
+            assert seen.get(dep) != "open", f"cycle through {package} -> {dep}"
+            if dep not in seen:
+                walk(dep)
+        seen[package] = "done"
+
+    for package in PACKAGES:
+        if package not in seen:
+            walk(package)
+
+
+def test_no_import_cycle_between_modules() -> None:
+    modules = {_module_name(p): p for files in _package_files().values() for p in files}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps = set()
+        for imported in _imports(path, module_level_only=True):
+            # `from a.b import c` names a.b.c: a submodule if there is one, else a.b's attribute.
+            target = imported if imported in modules else imported.rpartition(".")[0]
+            if target in modules and target != name:
+                deps.add(target)
+        graph[name] = deps
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                cycle = [*stack[stack.index(dep) :], dep]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if dep not in state:
+                visit(dep)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+
+
+def test_no_python_file_is_over_the_limit() -> None:
+    long = sorted(
+        f"{path.relative_to(ROOT)}: {n} lines"
+        for path in _python_files()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    )
+    assert not long, "\n".join(long)
+
+
+def test_the_checks_see_the_code() -> None:
+    # A walker that found no files or no imports would pass everything above.
+    files = _package_files()
+    assert all(files[p] for p in PACKAGES), {p: len(files[p]) for p in PACKAGES}
+    assert "dsl.layers.base" in _imports(ROOT / "dsl" / "schema.py", module_level_only=True)
