@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import functools
 import string
-import types
-import typing
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -41,7 +39,16 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.orm import Session
 
-from scheduler.models import QUEUE_ORDER, Job, JobOut, JobState, User, utcnow
+from scheduler.models import (
+    JOB_COMPUTED_FIELDS,
+    QUEUE_ORDER,
+    Job,
+    JobOut,
+    JobState,
+    User,
+    field_kind,
+    utcnow,
+)
 
 NOW = bindparam("now", type_=Job.created_at.type)
 LIMIT = bindparam("limit", type_=Job.id.type)
@@ -58,16 +65,15 @@ _QUEUE = (
     .prefix_with("MATERIALIZED")
 )
 
-# The fields of JobOut that are not the Job column of their name: the owner's name and the
-# queue position join other tables; progress and the duration are computed from these columns.
-_COMPUTED = ("owner", "progress", "duration_seconds", "queue_position")
+# The computed fields of JobOut: the owner's name and the queue position join other tables;
+# progress and the duration are computed from these columns.
 _INPUTS = ("step", "train_steps", "started_at", "ended_at")
 # The columns a page reads; the two documents (spec, spec_yaml) stay unread.
 _LISTED = (
     *(
         getattr(Job, name)
         for name in dict.fromkeys([*JobOut.model_fields, *_INPUTS])
-        if name not in _COMPUTED
+        if name not in JOB_COMPUTED_FIELDS
     ),
     User.name.label("owner"),
 )
@@ -193,17 +199,16 @@ def _item(page: Subquery, sql: Dialect) -> ColumnElement[Any]:
 
 def _as_json(sql: Dialect, annotation: Any, value: ColumnElement[Any]) -> ColumnElement[Any]:
     """A field's value as its JSON form: by the type of the field, optional or not."""
-    kinds = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else ()
-    kind = next((k for k in kinds if k is not type(None)), annotation)
-    if kind is datetime:
+    kind = field_kind(annotation)
+    if kind == "time":
         return sql.iso(value)
-    if kind is float:
+    if kind == "float":
         return sql.number(value)
-    if kind is bool:
+    if kind == "flag":
         return sql.flag(value)
-    if typing.get_origin(kind) is dict:
+    if kind == "document":
         return sql.document(value)
-    return value  # integers, strings and states: as stored
+    return value
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,10 @@ Changes to these models go through an Alembic migration in scheduler/migrations/
 from __future__ import annotations
 
 import enum
+import types
+import typing
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 from sqlalchemy import (
@@ -133,6 +135,28 @@ class JobOut(BaseModel):
     overrides: dict[str, Any]
     topology: dict[str, Any] = Field(description="the resolved cluster: worker and server groups")
     queue_position: int | None = Field(description="1-based place in the queue while QUEUED")
+
+
+# JobOut's fields that are not the Job column of their name: computed for one job by the API
+# (api/routes/jobs.py) and for a page by the database (scheduler/listing.py). Every other field
+# of JobOut is the Job column of the same name, written as its type says (`field_kind`).
+JOB_COMPUTED_FIELDS = ("owner", "progress", "duration_seconds", "queue_position")
+FieldKind = Literal["time", "float", "flag", "document", "plain"]
+
+
+def field_kind(annotation: Any) -> FieldKind:
+    """How a JobOut field's value is written, by its type (optional or not)."""
+    kinds = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else ()
+    kind = next((k for k in kinds if k is not type(None)), annotation)
+    if kind is datetime:
+        return "time"
+    if kind is float:
+        return "float"
+    if kind is bool:
+        return "flag"
+    if typing.get_origin(kind) is dict:
+        return "document"
+    return "plain"  # integers, strings and states: as stored
 
 
 # The order the scheduler places queued jobs in (and the API numbers their positions by):

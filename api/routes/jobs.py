@@ -31,7 +31,14 @@ from api.schemas import (
 from api.submit import SUBMIT_BODY, Submission, check_submission, placement_preview, read_submission
 from dsl.graph import SourceRef
 from scheduler import store
-from scheduler.models import Job, JobState, utcnow
+from scheduler.models import (
+    FieldKind,
+    Job,
+    JobOut,
+    JobState,
+    field_kind,
+    utcnow,
+)
 from scheduler.store import aware
 from scheduler.submission import compile_stored
 
@@ -45,30 +52,29 @@ def job_fields(job: Job, owner: str, position: int | None) -> dict[str, Any]:
     the same fields, computed by the database (scheduler/listing.py)."""
     started = aware(job.started_at) if job.started_at else None
     ended = aware(job.ended_at) if job.ended_at else None
-    duration = ((ended or utcnow()) - started).total_seconds() if started else None
-    return {
-        "id": job.id,
-        "name": job.name,
+    computed = {
         "owner": owner,
-        "state": job.state,
-        "priority": job.priority,
-        "framework": job.framework,
-        "train_steps": job.train_steps,
-        "step": job.step,
         "progress": min(job.step / job.train_steps, 1.0) if job.train_steps else 0.0,
-        "created_at": aware(job.created_at),
-        "scheduled_at": aware(job.scheduled_at) if job.scheduled_at else None,
-        "started_at": started,
-        "ended_at": ended,
-        "duration_seconds": duration,
-        "summary": finite(job.summary or {}),
-        "best_metric": finite(job.best_metric),
-        "error": job.error,
-        "cancel_requested": job.cancel_requested,
-        "overrides": job.overrides or {},
-        "topology": job.topology or {},
+        "duration_seconds": ((ended or utcnow()) - started).total_seconds() if started else None,
         "queue_position": position,
     }
+    return {
+        name: computed[name]
+        if name in computed
+        else _as_field(field_kind(field.annotation), getattr(job, name))
+        for name, field in JobOut.model_fields.items()
+    }
+
+
+def _as_field(kind: FieldKind, value: Any) -> Any:
+    """A Job column's value as its JobOut field, by the field's type."""
+    if kind == "time":
+        return aware(value) if value else None
+    if kind == "document":
+        return finite(value or {})
+    if kind == "float":
+        return finite(value)
+    return value
 
 
 def detail_of(session: Session, job: Job) -> JobDetail:
