@@ -24,8 +24,8 @@ from api.errors import install_error_handlers
 from api.limits import BodyLimit
 from api.routes import cluster, datasets, examples, jobs, system
 from api.stream import router as stream_router
-from scheduler.db import Database
 from contract.settings import Settings
+from scheduler.db import Database
 from workers.events import Keys
 
 API_PREFIX = "/api/v1"

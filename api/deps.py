@@ -15,11 +15,11 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
+from contract.settings import Settings
 from dsl.compiler import CompiledJob
 from scheduler import store
 from scheduler.db import Database
 from scheduler.models import Job, User
-from contract.settings import Settings
 from workers.events import Keys
 
 # Ids and steps are 32-bit integer columns; larger numbers cannot name anything.

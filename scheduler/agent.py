@@ -24,10 +24,10 @@ import redis
 from celery import Celery
 from celery.signals import worker_shutting_down
 
+from contract.settings import Settings
 from scheduler.celery_app import RUN_ALLOCATION, create_celery, node_queue
 from scheduler.models import AllocationState
 from scheduler.process import StandbyPool, WorkerProcess
-from contract.settings import Settings
 from workers.allocation import CLAIMED, FINISHED, AllocationInfo, stop_requested
 from workers.entry import EXIT_CANCELLED
 from workers.events import JobStream, Keys, decode, encode_state

@@ -20,6 +20,7 @@ from celery import Celery
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from contract.settings import Settings
 from scheduler.celery_app import RUN_ALLOCATION, create_celery
 from scheduler.cluster import (
     ACTIVE_ALLOCATIONS,
@@ -43,7 +44,6 @@ from scheduler.models import (
     utcnow,
 )
 from scheduler.placement import plan_queue
-from contract.settings import Settings
 from scheduler.store import job_run_dir
 from workers.allocation import CLAIMED, DISPATCHED, STOP, AllocationInfo
 from workers.events import Keys, decode, delete_matching

@@ -23,8 +23,8 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dsl.errors import SpecIssue
 from contract.settings import Settings
+from dsl.errors import SpecIssue
 
 API_PREFIX = "/api/v1"
 MAX_POINTS = 100_000  # the most points per series the server returns in one answer

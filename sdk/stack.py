@@ -29,8 +29,8 @@ import psutil
 import redis
 from pydantic import BaseModel
 
-from scheduler.redis_server import RedisServer, RedisStartError
 from contract.settings import Settings
+from scheduler.redis_server import RedisServer, RedisStartError
 
 HEALTH_PATH = "/healthz"
 ADMIN_USER = "admin"

@@ -21,11 +21,11 @@ import uvicorn
 from fastapi import FastAPI
 
 from api.app import create_app
+from contract.settings import Settings
 from scheduler import store
 from scheduler.db import Database
 from scheduler.models import Job
 from scheduler.redis_server import free_port
-from contract.settings import Settings
 from workers.events import Keys
 
 warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")

@@ -159,9 +159,9 @@ def test_stream_against_the_machines_redis(
     from fastapi.testclient import TestClient
 
     from api.app import create_app
+    from contract.settings import Settings
     from scheduler import store
     from scheduler.db import Database, migrate
-    from contract.settings import Settings
     from workers.events import Keys
 
     prefix = f"trainyard-test-{uuid.uuid4().hex}"

@@ -10,6 +10,7 @@ import pytest
 import redis
 from sqlalchemy import select
 
+from contract.settings import Settings
 from scheduler import store
 from scheduler.cluster import node_capacities, queue_view
 from scheduler.db import Database, migrate
@@ -24,7 +25,6 @@ from scheduler.loop import (
     undispatched,
 )
 from scheduler.models import Allocation, AllocationState, Job, JobEvent, JobState, Node, NodeState
-from contract.settings import Settings
 from workers.allocation import DISPATCHED
 from workers.events import Keys
 

@@ -15,8 +15,8 @@ import sqlalchemy as sa
 import yaml
 from safetensors import safe_open
 
-from scheduler.redis_server import free_port
 from contract.settings import Settings
+from scheduler.redis_server import free_port
 from sdk.client import (
     AuthError,
     Client,
