@@ -14,12 +14,12 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from api.schemas import PRIORITY_RANGE, AssignmentOut, PlacementOut, SubmitRequest
+from contract.settings import Settings
 from dsl.errors import JobSpecError, SpecIssue
 from dsl.topology import Topology
 from scheduler.cluster import node_capacities
 from scheduler.models import Job, JobState, User
 from scheduler.placement import PlacementRequest, fits_empty_cluster, plan_placement
-from contract.settings import Settings
 from scheduler.submission import CheckedJob, check_job
 
 YAML_TYPES = frozenset(
@@ -129,9 +129,9 @@ def check_submission(
         base = base / Path(submission.base_dir).expanduser()  # an absolute one replaces it
     try:
         return check_job(
-            session,
-            user,
             submission.document,
+            session=session,
+            owner=user,
             overrides=submission.overrides,
             cache_dir=settings.cache_dir(),
             base_dir=base,

@@ -38,12 +38,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from overhead import JOB
 
+from dsl.compiler import compile_job
 from dsl.topology import Topology
 from scheduler.redis_server import RedisServer
+from workers.data import TrainingData
 from workers.distributed.launch import LaunchConfig, LocalCluster
 from workers.distributed.ps.client import PSClient
 from workers.distributed.ps.plan import Connections, PSKeys, PSPlan, clear_ps_keys
-from workers.jobs import prepare_job
 
 
 def main() -> None:
@@ -89,7 +90,7 @@ def run(
     tmp: Path,
     redis_pids: dict[str, int],
 ) -> None:
-    job, _ = prepare_job(job_doc, cache_dir=tmp / "cache")
+    job = compile_job(job_doc, TrainingData(cache_dir=tmp / "cache"))
     net = job.net
     gen = torch.Generator().manual_seed(0)
     for p in net.named_params().values():

@@ -74,7 +74,7 @@ def warm_up() -> None:
     import sklearn.datasets  # noqa: F401  (the digits source imports it lazily: ~1 s)
     import torch
 
-    import workers.jobs
+    import workers.data
     import workers.trainer  # noqa: F401
 
     # torch imports more on first use: the first optimizer pulls in torch._dynamo (seconds),
@@ -96,14 +96,19 @@ def train(
 ) -> int:
     import torch
 
+    from dsl.compiler import compile_job
     from dsl.errors import JobSpecError
-    from workers.jobs import prepare_job
+    from dsl.schema import JobSpec
+    from workers.data import TrainingData
 
     torch.set_num_threads(max(info.slots, 1))
+    data = TrainingData(cache_dir=cache_dir)
     try:
-        compiled, dataset = prepare_job(
-            info.spec, cache_dir=cache_dir, filename=f"job {info.job_id}"
+        # The service checked the job at submission: build from its execution spec as it is.
+        compiled = compile_job(
+            JobSpec.model_validate(info.spec), data, filename=f"job {info.job_id}"
         )
+        dataset = data.dataset
     except JobSpecError as exc:
         print(f"the job cannot be built here: {exc}", file=sys.stderr)
         return EXIT_INVALID

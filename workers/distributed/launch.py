@@ -157,8 +157,7 @@ def run_server(
 class LaunchConfig:
     """Everything a launched process needs, written once as JSON next to the run."""
 
-    job: str  # the job document (YAML)
-    overrides: dict[str, Any]
+    spec: dict[str, Any]  # the validated job, as the service stores it for its workers
     topology: dict[str, Any]
     redis_url: str
     scope: str
@@ -318,19 +317,18 @@ def prepare_launch(
     `job_yaml` is a path or the YAML text; the run's Redis keys live under `scope` (default a
     fresh one).
     """
-    from dsl.compiler import load_spec
+    from dsl.compiler import compile_job
     from dsl.topology import resolve_topology
-    from workers.data import load_dataset
+    from workers.data import TrainingData
 
     text = Path(job_yaml).read_text() if isinstance(job_yaml, Path) else job_yaml
     base_dir = job_yaml.parent if isinstance(job_yaml, Path) else Path.cwd()
-    spec, _ = load_spec(text, overrides=overrides)
-    topology = topology or resolve_topology(spec.cluster)
     # Generated data is made once here rather than by every process at the same time.
-    load_dataset(spec.data, seed=spec.seed, cache_dir=cache_dir, base_dir=base_dir)
+    data = TrainingData(cache_dir=cache_dir, base_dir=base_dir)
+    spec = compile_job(text, data, overrides=overrides).spec
+    topology = topology or resolve_topology(spec.cluster)
     return LaunchConfig(
-        job=text,
-        overrides=dict(overrides or {}),
+        spec=spec.model_dump(mode="json", exclude_unset=True),
         topology=topology.to_dict(),
         redis_url=redis_url,
         scope=scope or f"local:{uuid.uuid4().hex[:12]}",
@@ -380,16 +378,16 @@ def launch_local(
 def _run_process(config: LaunchConfig, kind: str, group: int, rank: int) -> int:
     import torch
 
-    from dsl.compiler import load_spec
+    from dsl.compiler import compile_job
     from workers.checkpoint import write_json_atomic
-    from workers.jobs import prepare_job
+    from workers.data import TrainingData
     from workers.metrics import JsonlSink
 
     torch.set_num_threads(config.threads)
     topology = topology_from_dict(config.topology)
     run_dir = Path(config.run_dir)
+    spec = JobSpec.model_validate(config.spec)
     if kind == "server":
-        spec, _ = load_spec(config.job, overrides=config.overrides)
         report = run_server(
             spec,
             topology=topology,
@@ -401,12 +399,9 @@ def _run_process(config: LaunchConfig, kind: str, group: int, rank: int) -> int:
         )
         logging.getLogger(__name__).info("server %d/%d done: %s", group, rank, report)
         return 0
-    job, dataset = prepare_job(
-        config.job,
-        cache_dir=Path(config.cache_dir),
-        base_dir=Path(config.base_dir),
-        overrides=config.overrides,
-    )
+    data = TrainingData(cache_dir=Path(config.cache_dir), base_dir=Path(config.base_dir))
+    job = compile_job(spec, data)
+    dataset = data.dataset
     own_dir = worker_dir(run_dir, group, rank)
     sink = JsonlSink(own_dir)
     try:

@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from dsl.schema import ClusterConfig
 from dsl.topology import resolve_topology
+from tests.conftest import compile_with_data
 from workers.checkpoint import load_checkpoint, resolve_checkpoint
 from workers.distributed.allreduce import GradientSync, attach_allreduce
 from workers.distributed.group import group_trainer
@@ -33,7 +34,6 @@ from workers.distributed.rendezvous import (
     reachable_address,
     redis_store,
 )
-from workers.jobs import prepare_job
 from workers.metrics import read_metrics
 from workers.trainer import Trainer, TrainOptions
 
@@ -92,7 +92,7 @@ def _worker(rank: int, redis_url: str, scope: str, tmp: Path) -> None:
     results: dict[str, Any] = {}
 
     # Buckets of a few kilobytes, so several all-reduces overlap the backward pass.
-    compiled, data = prepare_job(MLP, cache_dir=tmp)
+    compiled, data = compile_with_data(MLP, cache_dir=tmp)
     trainer = Trainer(compiled, data, TrainOptions(tmp / "mlp", rank=rank, world=WORLD))
     sync = attach_allreduce(trainer, bucket_mb=0.01)
     results["buckets"] = len(sync.buckets)
@@ -101,14 +101,14 @@ def _worker(rank: int, redis_url: str, scope: str, tmp: Path) -> None:
     params = {n: p.detach().contiguous() for n, p in trainer.net.named_params().items()}
     save_file(params, str(tmp / f"mlp-rank{rank}.safetensors"))
 
-    compiled, data = prepare_job({**MLP, "cluster": {"compression": "bf16"}}, cache_dir=tmp)
+    compiled, data = compile_with_data({**MLP, "cluster": {"compression": "bf16"}}, cache_dir=tmp)
     trainer, sync = group_trainer(
         compiled, data, TrainOptions(tmp / "bf16", rank=rank, world=WORLD)
     )
     results["bf16_loss"] = trainer.run().metrics["train/loss"]
     results["bf16_bytes"] = sync.wire_bytes
 
-    compiled, data = prepare_job(GRU, cache_dir=tmp)
+    compiled, data = compile_with_data(GRU, cache_dir=tmp)
     trainer, sync = group_trainer(compiled, data, TrainOptions(tmp / "gru", rank=rank, world=WORLD))
     results["gru_overlap"] = sync.overlap
     trainer.run()
@@ -134,7 +134,7 @@ def _results(tmp: Path, rank: int) -> dict[str, Any]:
 
 
 def _local(tmp: Path, job: dict[str, Any], name: str) -> Path:
-    compiled, data = prepare_job(job, cache_dir=tmp)
+    compiled, data = compile_with_data(job, cache_dir=tmp)
     Trainer(compiled, data, TrainOptions(tmp / name)).run()
     return resolve_checkpoint(tmp / name)
 
