@@ -149,6 +149,33 @@ def _train_worker(rank: int, world: int, tmp: Path) -> None:
     leave_group()
 
 
+def _metric_worker(rank: int, world: int, tmp: Path) -> None:
+    """Two metric layers that report the same name: the split net keeps both, as the whole
+    net does (the second under `<layer>/accuracy`)."""
+    _join(rank, world, tmp / "store")
+    document = job("feature", batch=8)
+    document["neuralnet"]["layers"].append(
+        {"name": "top2", "type": "accuracy", "srclayers": ["fc2"], "topk": 2}
+    )
+    compiled, data = compile_with_data(document, cache_dir=tmp)
+    whole = copy.deepcopy(compiled.net)
+    net = partition_net(compiled.net, net_dim=1, rank=rank, world=world)
+    assert isinstance(net, PartitionedNet)
+    x, y = data.x_test[:10], data.y_test[:10]
+    with torch.no_grad():
+        got = net(x, y, "test", with_metrics=True).metrics
+        want = whole(x, y, "test", with_metrics=True).metrics
+    assert sorted(got) == sorted(want) == ["accuracy", "top2/accuracy"]
+    for key, value in want.items():
+        torch.testing.assert_close(got[key], value, **TOL, msg=key)
+    leave_group()
+
+
+@pytest.mark.slow
+def test_a_split_net_reports_every_metric_layer_as_the_whole_net_does(tmp_path: Path) -> None:
+    _spawn(_metric_worker, 2, tmp_path)
+
+
 def _local(tmp: Path, steps: int, resume: bool) -> tuple[Trainer, dict[str, float]]:
     compiled, data = compile_with_data(job("hybrid", batch=8, steps=steps), cache_dir=tmp)
     trainer = Trainer(compiled, data, TrainOptions(tmp / "local", resume=resume))
