@@ -34,8 +34,8 @@ from overhead import BATCH, JOB
 
 from dsl.compiler import compile_job
 from workers.data import TrainingData
-from workers.distributed.group import group_trainer
 from workers.distributed.rendezvous import GroupMember, file_store, join_group
+from workers.parallel import group_trainer
 from workers.trainer import TrainOptions
 
 WORLD = 2

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -23,10 +24,13 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+from local_cluster import LaunchError, launch_local
+
 from dsl.compiler import compile_job
 from scheduler.redis_server import RedisServer
+from workers.context import worker_dir
 from workers.data import TrainingData
-from workers.distributed.launch import LaunchError, launch_local, worker_dir
 from workers.metrics import JsonlSink, read_metrics
 from workers.trainer import Trainer, TrainOptions
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,9 +23,8 @@ from workers.allocation import AllocationInfo, stop_requested
 from workers.events import JobStream, Keys, RedisSink, decode
 
 if TYPE_CHECKING:
-    from dsl.compiler import CompiledJob
-    from dsl.schema import JobSpec
-    from workers.data import Dataset
+    from workers.context import RunContext
+    from workers.metrics import MetricSink
     from workers.trainer import Summary
 
 EXIT_OK = 0
@@ -74,8 +74,7 @@ def warm_up() -> None:
     import sklearn.datasets  # noqa: F401  (the digits source imports it lazily: ~1 s)
     import torch
 
-    import workers.data
-    import workers.trainer  # noqa: F401
+    import workers.parallel  # noqa: F401  (the trainer, the data sources, the frameworks)
 
     # torch imports more on first use: the first optimizer pulls in torch._dynamo (seconds),
     # the first backward pass starts autograd's machinery. Pay for both now.
@@ -99,29 +98,34 @@ def train(
     from dsl.compiler import compile_job
     from dsl.errors import JobSpecError
     from dsl.schema import JobSpec
+    from dsl.topology import Topology
+    from workers.context import RunContext
     from workers.data import TrainingData
 
     torch.set_num_threads(max(info.slots, 1))
     data = TrainingData(cache_dir=cache_dir)
     try:
         # The service checked the job at submission: build from its execution spec as it is.
-        compiled = compile_job(
-            JobSpec.model_validate(info.spec), data, filename=f"job {info.job_id}"
-        )
-        dataset = data.dataset
+        job = compile_job(JobSpec.model_validate(info.spec), data, filename=f"job {info.job_id}")
     except JobSpecError as exc:
         print(f"the job cannot be built here: {exc}", file=sys.stderr)
         return EXIT_INVALID
-    device = "cuda" if info.gpus and torch.cuda.is_available() else "cpu"
-    stop = StopPoll(client, keys, info)
-    if info.framework == "local":
-        summary = _train_local(info, client, keys, compiled, dataset, device, stop)
-    elif info.role == "server":
-        return _serve(info, compiled.spec, redis_url, keys, ps_urls, stop)
-    else:
-        summary = _train_distributed(
-            info, client, keys, compiled, dataset, device, stop, redis_url, ps_urls
-        )
+    context = RunContext(
+        job=job,
+        dataset=data.dataset,
+        topology=Topology.from_dict(info.topology),
+        run_dir=info.run_dir,
+        group=info.group,
+        rank=info.rank,
+        redis_url=redis_url,
+        ps_urls=ps_urls,
+        scope=keys.job_scope(info.job_id),
+        device="cuda" if info.gpus and torch.cuda.is_available() else "cpu",
+        should_stop=StopPoll(client, keys, info),
+    )
+    if info.role == "server":
+        return _serve(context)
+    summary = _train(context, JobStream(client, keys, info.job_id))
     if summary.status == "succeeded":
         return EXIT_OK
     if summary.status == "cancelled":
@@ -130,103 +134,37 @@ def train(
     return EXIT_FAILED
 
 
-def _train_local(
-    info: AllocationInfo,
-    client: redis.Redis,
-    keys: Keys,
-    compiled: CompiledJob,
-    dataset: Dataset,
-    device: str,
-    stop: StopPoll,
-) -> Summary:
+def _train(context: RunContext, stream: JobStream) -> Summary:
+    """Train this allocation's worker: rank 0 of group 0 writes the job's run directory, the
+    other workers of a distributed topology their own."""
     from workers.checkpoint import list_checkpoints
+    from workers.context import worker_dir
     from workers.metrics import JsonlSink
-    from workers.trainer import Trainer, TrainOptions
+    from workers.parallel import train
 
-    # A job placed again after its node was lost continues from its last checkpoint.
-    resume = bool(list_checkpoints(info.run_dir / "checkpoints"))
-    stream = JobStream(client, keys, info.job_id)
-    jsonl = JsonlSink(info.run_dir)
-    trainer = Trainer(
-        compiled,
-        dataset,
-        TrainOptions(
-            run_dir=info.run_dir,
-            device=device,
-            resume=resume,
-            rank=info.rank,
-            world=info.world,
-            group=info.group,
-            should_stop=stop,
-        ),
-        sinks=[RedisSink(stream, group=info.group, rank=info.rank), jsonl, StderrLog()],
-    )
-    try:
-        return trainer.run()
-    finally:
-        jsonl.close()
-
-
-def _train_distributed(
-    info: AllocationInfo,
-    client: redis.Redis,
-    keys: Keys,
-    compiled: CompiledJob,
-    dataset: Dataset,
-    device: str,
-    stop: StopPoll,
-    redis_url: str,
-    ps_urls: list[str],
-) -> Summary:
-    """A worker of a distributed topology: rank 0 of group 0 writes the job's run directory."""
-    from workers.distributed.launch import run_worker, topology_from_dict, worker_dir
-    from workers.metrics import JsonlSink
-
-    lead = info.group == 0 and info.rank == 0
-    run_dir = info.run_dir if lead else worker_dir(info.run_dir, info.group, info.rank)
-    stream = JobStream(client, keys, info.job_id)
+    lead = context.group == 0 and context.rank == 0
+    run_dir = context.run_dir if lead else worker_dir(context.run_dir, context.group, context.rank)
+    # A local job placed again after its node was lost continues from its last checkpoint.
+    local = context.topology.framework == "local"
+    resume = local and bool(list_checkpoints(context.run_dir / "checkpoints"))
     jsonl = JsonlSink(run_dir)
+    sinks: list[MetricSink] = [
+        RedisSink(stream, group=context.group, rank=context.rank),
+        jsonl,
+        StderrLog(),
+    ]
     try:
-        return run_worker(
-            compiled,
-            dataset,
-            topology=topology_from_dict(info.topology),
-            group=info.group,
-            rank=info.rank,
-            redis_url=redis_url,
-            scope=keys.job_scope(info.job_id),
-            run_dir=run_dir,
-            ps_urls=ps_urls,
-            sinks=[RedisSink(stream, group=info.group, rank=info.rank), jsonl, StderrLog()],
-            should_stop=stop,
-            device=device,
-        )
+        return train(replace(context, run_dir=run_dir, sinks=sinks, resume=resume))
     finally:
         jsonl.close()
 
 
-def _serve(
-    info: AllocationInfo,
-    spec: JobSpec,
-    redis_url: str,
-    keys: Keys,
-    ps_urls: list[str],
-    stop: StopPoll,
-) -> int:
+def _serve(context: RunContext) -> int:
     """A parameter-server shard: serves until the workers of its group finish."""
-    from workers.distributed.launch import run_server, topology_from_dict
+    from workers.parallel import serve
 
-    run_server(
-        spec,
-        topology=topology_from_dict(info.topology),
-        group=info.group,
-        rank=info.rank,
-        redis_url=redis_url,
-        scope=keys.job_scope(info.job_id),
-        ps_urls=ps_urls,
-        should_stop=stop,
-    )
-    return EXIT_CANCELLED if stop() else EXIT_OK
+    serve(context)
+    return EXIT_CANCELLED if context.should_stop() else EXIT_OK
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -18,7 +18,6 @@ from tests.conftest import compile_with_data
 from workers.checkpoint import load_checkpoint, resolve_checkpoint
 from workers.distributed.allreduce import GradientSync
 from workers.distributed.comm import piece_bounds, split_sizes, take_piece
-from workers.distributed.group import checkpoint_due, group_trainer
 from workers.distributed.partition import (
     PartitionedNet,
     PartitionError,
@@ -27,6 +26,7 @@ from workers.distributed.partition import (
     sharded_params,
 )
 from workers.distributed.rendezvous import GroupMember, file_store, join_group, leave_group
+from workers.parallel import checkpoint_due, group_trainer
 from workers.trainer import Trainer, TrainOptions
 
 torch.set_num_threads(1)

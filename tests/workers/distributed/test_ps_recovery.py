@@ -10,9 +10,9 @@ import pytest
 import redis
 import torch
 
+from bench.local_cluster import LocalCluster, prepare_launch
 from tests.conftest import EXAMPLES, compile_with_data
 from workers.checkpoint import load_checkpoint, resolve_checkpoint
-from workers.distributed.launch import LocalCluster, prepare_launch
 from workers.distributed.ps.plan import PSKeys
 from workers.trainer import Trainer, TrainOptions
 
