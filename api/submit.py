@@ -129,9 +129,9 @@ def check_submission(
         base = base / Path(submission.base_dir).expanduser()  # an absolute one replaces it
     try:
         return check_job(
-            session,
-            user,
             submission.document,
+            session=session,
+            owner=user,
             overrides=submission.overrides,
             cache_dir=settings.cache_dir(),
             base_dir=base,

@@ -32,9 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a pack
 
 from overhead import BATCH, JOB
 
-from workers.distributed.group import group_trainer
+from dsl.compiler import compile_job
+from workers.data import TrainingData
 from workers.distributed.rendezvous import GroupMember, file_store, join_group
-from workers.jobs import prepare_job
+from workers.parallel import group_trainer
 from workers.trainer import TrainOptions
 
 WORLD = 2
@@ -74,7 +75,9 @@ def worker(rank: int, steps: int, block: int, compression: str, tmp: Path) -> No
     member = GroupMember(rank, WORLD)
     join_group(file_store(tmp / "store", member), member)
     job = {**JOB, "train_steps": steps, "cluster": {"compression": compression}}
-    compiled, data = prepare_job(job, cache_dir=tmp)
+    loaded = TrainingData(cache_dir=tmp)
+    compiled = compile_job(job, loaded)
+    data = loaded.dataset
     ddp = DDPLoop(data.x_train, data.y_train, rank)
     ddp.steps(20)  # warm-up
     options = TrainOptions(run_dir=tmp / "run", rank=rank, world=WORLD)

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from workers.data import Dataset
-from workers.jobs import prepare_job
+from dsl.compiler import compile_job
+from workers.data import Dataset, TrainingData
 from workers.trainer import Trainer, TrainOptions
 
 BATCH = 64
@@ -89,7 +89,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        job, data = prepare_job({**JOB, "train_steps": args.steps}, cache_dir=Path(tmp))
+        loaded = TrainingData(cache_dir=Path(tmp))
+        job = compile_job({**JOB, "train_steps": args.steps}, loaded)
+        data = loaded.dataset
         plain = PlainLoop(data)
         plain.steps(20)  # warm-up
         trainer = Trainer(job, data, TrainOptions(run_dir=Path(tmp) / "run"))

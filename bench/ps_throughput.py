@@ -2,7 +2,7 @@
 raw redis-py SET + GET of the same bytes.
 
 The model is the 1.3M-parameter MLP of bench/overhead.py (784-1000-500-10, 5.2 MB of fp32); the
-shards are separate processes started here (`python -m workers.distributed.launch ... server`)
+shards are separate processes started here (bench/local_cluster.py)
 applying the job's updater (SGD, momentum 0.9). Three kinds of step alternate in blocks inside
 one run against the same Redis, so machine noise falls on all alike:
 
@@ -36,14 +36,15 @@ import psutil
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from local_cluster import LaunchConfig, LocalCluster
 from overhead import JOB
 
+from dsl.compiler import compile_job
 from dsl.topology import Topology
 from scheduler.redis_server import RedisServer
-from workers.distributed.launch import LaunchConfig, LocalCluster
+from workers.data import TrainingData
 from workers.distributed.ps.client import PSClient
 from workers.distributed.ps.plan import Connections, PSKeys, PSPlan, clear_ps_keys
-from workers.jobs import prepare_job
 
 
 def main() -> None:
@@ -89,7 +90,7 @@ def run(
     tmp: Path,
     redis_pids: dict[str, int],
 ) -> None:
-    job, _ = prepare_job(job_doc, cache_dir=tmp / "cache")
+    job = compile_job(job_doc, TrainingData(cache_dir=tmp / "cache"))
     net = job.net
     gen = torch.Generator().manual_seed(0)
     for p in net.named_params().values():

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -23,9 +24,13 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+from local_cluster import LaunchError, launch_local
+
+from dsl.compiler import compile_job
 from scheduler.redis_server import RedisServer
-from workers.distributed.launch import LaunchError, launch_local, worker_dir
-from workers.jobs import prepare_job
+from workers.context import worker_dir
+from workers.data import TrainingData
 from workers.metrics import JsonlSink, read_metrics
 from workers.trainer import Trainer, TrainOptions
 
@@ -95,7 +100,9 @@ def _time_to(curve: list[tuple[float, float]]) -> float | None:
 def run_local(case: Case, overrides: dict[str, object], run_dir: Path, cache: Path) -> Result:
     started = time.perf_counter()
     text = (EXAMPLES / case.job).read_text()
-    job, data = prepare_job(text, cache_dir=cache, overrides={**case.overrides, **overrides})
+    loaded = TrainingData(cache_dir=cache)
+    job = compile_job(text, loaded, overrides={**case.overrides, **overrides})
+    data = loaded.dataset
     sink = JsonlSink(run_dir)
     Trainer(job, data, TrainOptions(run_dir=run_dir), [sink]).run()
     sink.close()

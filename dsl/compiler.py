@@ -1,7 +1,8 @@
 """The compile pipeline, in its fixed order:
 
-parse YAML with positions -> apply overrides -> validate with pydantic -> cross-field checks ->
-resolve the layer DAG -> infer shapes -> build and initialise modules.
+parse YAML with positions -> apply overrides -> validate with pydantic -> cross-field checks
+(and the caller's rules) -> describe the data -> resolve the layer DAG -> infer shapes -> build
+and initialise modules. `compile_job` runs it; everything else here is a step of it.
 
 Every failure on the way is a `JobSpecError` whose issues carry the YAML path, line:column, a
 message and a hint. Several problems are reported together where the stage allows it.
@@ -9,14 +10,14 @@ message and a hint. Several problems are reported together where the stage allow
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from pydantic import ValidationError
 
-from dsl.errors import JobSpecError, SpecIssue
+from dsl.errors import DataSourceError, JobSpecError, SpecIssue
 from dsl.graph import SourceRef, resolve_dag
 from dsl.init import initialise
 from dsl.layers.base import BuildContext, LayerConfig, LayerShapeError, Shape
@@ -52,13 +53,43 @@ class CompiledJob:
         return sum(row.params for row in self.table)
 
 
-def load_spec(
-    document: str | Mapping[str, Any],
+DataDescription = BuildContext | Callable[[JobSpec], BuildContext]
+Rules = Callable[[JobSpec, SourceMap], list[SpecIssue]]
+
+
+def compile_job(
+    job: str | Mapping[str, Any] | JobSpec,
+    data: DataDescription,
     *,
     overrides: Mapping[str, Any] | None = None,
     filename: str = "<job>",
+    rules: Rules | None = None,
+) -> CompiledJob:
+    """The one way from a job to its checked, compiled net.
+
+    `job` is the document (YAML text or a mapping, with `overrides` applied) or a `JobSpec`
+    that was validated before (a stored execution spec): that one is trusted and goes straight
+    to the build. `data` describes the samples, or is called with the spec to describe them
+    (and may load them); its `DataSourceError`s are reported at `data.<field>`. `rules` adds
+    the caller's own checks (a service's limits) to the cross-field ones.
+    """
+    if isinstance(job, JobSpec):
+        if overrides:
+            raise ValueError("overrides apply to a job document, not to a validated JobSpec")
+        spec, source = job, SourceMap(filename)
+    else:
+        spec, source = _validate(job, overrides, filename)
+        issues = cross_field_issues(spec, source) + (rules(spec, source) if rules else [])
+        if issues:
+            raise JobSpecError(issues)
+    ctx = _describe(data, spec, source)
+    net, table = _build_net(spec, source, ctx)
+    return CompiledJob(spec, net, table, source)
+
+
+def _validate(
+    document: str | Mapping[str, Any], overrides: Mapping[str, Any] | None, filename: str
 ) -> tuple[JobSpec, SourceMap]:
-    """Parse, override and validate a job document; check everything that needs no data."""
     if isinstance(document, str):
         raw, source = parse_document(document, filename)
     else:
@@ -66,13 +97,31 @@ def load_spec(
     if overrides:
         raw = apply_overrides(raw, overrides)
     try:
-        spec = JobSpec.model_validate(raw)
+        return JobSpec.model_validate(raw), source
     except ValidationError as exc:
         raise JobSpecError(translate_validation_error(exc, raw, source)) from None
-    issues = cross_field_issues(spec, source)
-    if issues:
-        raise JobSpecError(issues)
-    return spec, source
+
+
+def _describe(data: DataDescription, spec: JobSpec, source: SourceMap) -> BuildContext:
+    if isinstance(data, BuildContext):
+        ctx = data
+    else:
+        try:
+            ctx = data(spec)
+        except DataSourceError as exc:
+            path = ("data", exc.field or "source")
+            raise JobSpecError(source.issue(path, exc.message, exc.hint)) from None
+    train = ctx.train_samples
+    if train is not None and spec.data.batch_size > train:
+        # Caught here rather than when the first batch is drawn, so `validate` reports it too.
+        raise JobSpecError(
+            source.issue(
+                ("data", "batch_size"),
+                f"batch_size {spec.data.batch_size} is larger than the {train} training samples",
+                f"use at most {train}",
+            )
+        )
+    return ctx
 
 
 def cross_field_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
@@ -114,7 +163,7 @@ def _is_loss_type(layer_type: str) -> bool:
     return layer_type.endswith("_loss")
 
 
-def build_net(
+def _build_net(
     spec: JobSpec, source: SourceMap, ctx: BuildContext
 ) -> tuple[NeuralNet, list[LayerRow]]:
     """Infer every layer's output shape from the data's sample shape and build the modules."""
@@ -166,18 +215,6 @@ def build_net(
         for c in compiled
     ]
     return net, table
-
-
-def compile_job(
-    document: str | Mapping[str, Any],
-    ctx: BuildContext,
-    *,
-    overrides: Mapping[str, Any] | None = None,
-    filename: str = "<job>",
-) -> CompiledJob:
-    spec, source = load_spec(document, overrides=overrides, filename=filename)
-    net, table = build_net(spec, source, ctx)
-    return CompiledJob(spec, net, table, source)
 
 
 def _shape_of(shape: Shape | list[Shape], ref: SourceRef) -> Shape:

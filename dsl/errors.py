@@ -63,3 +63,11 @@ class JobSpecError(Exception):
 
     def to_list(self) -> list[dict[str, object]]:
         return [issue.to_dict() for issue in self.issues]
+
+
+class DataSourceError(ValueError):
+    """The data cannot be loaded as configured; the compiler reports it at `data.<field>`."""
+
+    def __init__(self, message: str, hint: str | None = None, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.hint, self.field = message, hint, field

@@ -28,7 +28,7 @@ class NetOutput:
 
 
 @dataclass(frozen=True)
-class _Step:
+class Step:
     name: str
     module: Layer
     sources: tuple[SourceRef, ...]
@@ -43,9 +43,9 @@ class NeuralNet(nn.Module):
         super().__init__()
         self.compiled = layers
         self.layers = nn.ModuleDict({layer.config.name: layer.module for layer in layers})
-        self._plans: dict[Phase, list[_Step]] = {
+        self._plans: dict[Phase, list[Step]] = {
             phase: [
-                _Step(
+                Step(
                     name=layer.config.name,
                     module=layer.module,
                     sources=tuple(layer.sources),
@@ -101,20 +101,20 @@ class NeuralNet(nn.Module):
 
         `stop_at` ends the pass after that layer (the cd algorithm needs an rbm's input).
         """
-        outputs: dict[str, torch.Tensor | tuple[torch.Tensor, ...]] = {}
+        flow = self._flow(x, y, phase)
         losses: list[torch.Tensor] = []
         metrics: dict[str, torch.Tensor] = {}
         for step in self._plans[phase]:
             if step.is_input:
-                outputs[step.name] = x
+                flow.keep(step, x)
                 if step.name == stop_at:
                     break
                 continue
-            inputs = [_pick(outputs, ref) for ref in step.sources]
+            inputs = flow.inputs(step)
             if step.wants_label:
                 if y is None:
                     continue
-                inputs.append(y)
+                inputs.append(flow.label(step))
                 out = step.module(*inputs)
                 if step.module.is_loss:
                     losses.append(out)
@@ -124,14 +124,46 @@ class NeuralNet(nn.Module):
                             # A second layer reporting the same metric keeps its own name.
                             metrics[key if key not in metrics else f"{step.name}/{key}"] = value
             else:
-                out = step.module(*inputs)
-            outputs[step.name] = out
+                out = flow.after_layer(step, step.module(*inputs))
+            flow.keep(step, out)
             if step.name == stop_at:
                 break
         loss = None
         if losses:
             loss = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
-        return NetOutput(loss=loss, metrics=metrics, outputs=outputs)
+        return NetOutput(loss=loss, metrics=metrics, outputs=flow.outputs)
+
+    def _flow(self, x: torch.Tensor, y: torch.Tensor | None, phase: Phase) -> Flow:
+        """The bookkeeping of one pass; a net split over workers returns its own."""
+        return Flow(y)
+
+
+class Flow:
+    """The outputs of one forward pass, and how a layer reads them.
+
+    The hooks are where a net split over workers (workers/distributed/partition.py) differs:
+    the layout a layer reads its sources and labels in, and what becomes of a layer's output
+    (a feature-split layer gathers its slices).
+    """
+
+    def __init__(self, y: torch.Tensor | None) -> None:
+        self.y = y
+        self.outputs: dict[str, torch.Tensor | tuple[torch.Tensor, ...]] = {}
+
+    def inputs(self, step: Step) -> list[torch.Tensor]:
+        return [_pick(self.outputs, ref) for ref in step.sources]
+
+    def label(self, step: Step) -> torch.Tensor:
+        assert self.y is not None
+        return self.y
+
+    def after_layer(
+        self, step: Step, out: torch.Tensor | tuple[torch.Tensor, ...]
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        return out
+
+    def keep(self, step: Step, out: torch.Tensor | tuple[torch.Tensor, ...]) -> None:
+        self.outputs[step.name] = out
 
 
 def _pick(

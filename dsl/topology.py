@@ -5,7 +5,9 @@ The four named frameworks are presets of one topology; explicit fields override 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 from dsl.schema import ClusterConfig
 
@@ -34,6 +36,11 @@ class Topology:
 
     def to_dict(self) -> dict[str, object]:
         return {**asdict(self), "workers": self.workers, "servers": self.servers}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> Topology:
+        """The topology `to_dict` wrote (its derived counts are left out), or stored JSON."""
+        return cls(**{f.name: raw[f.name] for f in fields(cls)})
 
 
 # framework -> (worker groups, workers per group, server groups, servers per group, separate)

@@ -1,5 +1,6 @@
 """Local commands of the `trainyard` command: `validate` and `train` build the net on real data
-in this process (workers.jobs.prepare_job); `validate --server` asks a server instead."""
+in this process (dsl.compiler.compile_job on the data of workers.data.TrainingData);
+`validate --server` asks a server instead."""
 
 from __future__ import annotations
 
@@ -57,18 +58,15 @@ def _fail(exc: JobSpecError, filename: str) -> NoReturn:
 
 def _prepare(job: Path, set_: list[str] | None) -> tuple[CompiledJob, Dataset]:
     """Validate and build the job, or print its located errors and exit 1."""
-    from workers.jobs import prepare_job
+    from dsl.compiler import compile_job
+    from workers.data import TrainingData
 
+    data = TrainingData(cache_dir=_cache_dir(), base_dir=job.parent)
     try:
-        return prepare_job(
-            _read_job(job),
-            cache_dir=_cache_dir(),
-            base_dir=job.parent,
-            overrides=_overrides(set_),
-            filename=str(job),
-        )
+        compiled = compile_job(_read_job(job), data, overrides=_overrides(set_), filename=str(job))
     except JobSpecError as exc:
         _fail(exc, str(job))
+    return compiled, data.dataset
 
 
 def _cache_dir() -> Path:

@@ -1,10 +1,10 @@
 """Checking a submitted job: the whole compile pipeline up to built modules, without its data.
 
-`check_job` validates the document, applies the service's rules (who may read server files),
-resolves a named dataset to its stored file, describes the data and compiles the net from that
-description on torch's meta device (shapes and parameter counts, no weights). Its
-`execution_spec` is what workers run: the validated job with every file given by an absolute
-path. Every failure is a located `JobSpecError`.
+`check_job` validates the document with `dsl.compiler.compile_job`, adding the service's rules
+(who may read server files, the step limit), resolves a named dataset to its stored file,
+describes the data and compiles the net from that description on torch's meta device (shapes
+and parameter counts, no weights). Its `execution_spec` is what workers run: the validated job
+with every file given by an absolute path. Every failure is a located `JobSpecError`.
 """
 
 from __future__ import annotations
@@ -18,18 +18,18 @@ from typing import Any
 import torch
 from sqlalchemy.orm import Session
 
-from dsl.compiler import CompiledJob, load_spec
+from dsl.compiler import CompiledJob, compile_job
 from dsl.data_config import CsvData, DatasetData, DataSourceConfig, NpzData, TextData
-from dsl.errors import JobSpecError, SpecIssue
+from dsl.errors import DataSourceError, SpecIssue
+from dsl.layers.base import BuildContext
 from dsl.schema import JobSpec
 from dsl.source import SourceMap
 from dsl.topology import Topology, resolve_topology
 from scheduler.datasets import dataset_names, get_dataset
 from scheduler.models import User
 from scheduler.store import NewJob
-from workers.data import DataInfo, DataSourceError, describe
+from workers.data import DataInfo, describe
 from workers.data.uploaded import as_file_source
-from workers.jobs import compile_for_info
 
 # Steps are stored in 32-bit columns.
 MAX_STEPS = 2**31 - 1
@@ -65,17 +65,50 @@ class CheckedJob:
 
 
 def check_job(
+    job: str | Mapping[str, Any] | JobSpec,
+    *,
     session: Session,
     owner: User,
-    document: str | Mapping[str, Any],
-    *,
-    overrides: Mapping[str, Any] | None = None,
     cache_dir: Path,
     base_dir: Path,
+    overrides: Mapping[str, Any] | None = None,
 ) -> CheckedJob:
-    """Validate and compile `document` as `owner` would run it. Relative file paths (admins
-    only) resolve against `base_dir`."""
-    spec, source = load_spec(document, overrides=overrides, filename="<job>")
+    """Validate and compile `job` as `owner` would run it: the service's one way in.
+
+    A document (text or mapping) gets the service's rules; a `JobSpec` is a stored execution
+    spec, checked when it was submitted, and is compiled as it is (its files are absolute).
+    Relative file paths (admins only) resolve against `base_dir`.
+    """
+    resolved: list[DataSourceConfig] = []
+
+    def describe_data(spec: JobSpec) -> BuildContext:
+        stored = isinstance(job, JobSpec)
+        try:
+            data = spec.data if stored else _data_to_run(session, owner, spec, base_dir)
+            resolved.append(data)
+            return _describe(data, spec.seed, cache_dir).build_context()
+        except DataSourceError as exc:
+            if isinstance(spec.data, DatasetData):
+                raise _as_dataset_error(exc) from None
+            raise
+
+    # Shapes and parameter counts without memory: on torch's meta device a net of a billion
+    # parameters compiles in a millisecond and allocates nothing, so no document can exhaust
+    # the API. (The mode is thread-local; concurrent requests do not see it.)
+    with torch.device("meta"):
+        compiled = compile_job(
+            job,
+            describe_data,
+            overrides=overrides,
+            rules=functools.partial(_service_rules, owner),
+        )
+    spec = compiled.spec
+    return CheckedJob(
+        compiled, resolve_topology(spec.cluster), _execution_spec(spec, resolved[0], base_dir)
+    )
+
+
+def _service_rules(owner: User, spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
     issues = [] if owner.is_admin else _server_file_issues(spec, source)
     if spec.train_steps > MAX_STEPS:
         issues.append(
@@ -84,35 +117,7 @@ def check_job(
                 f"train_steps {spec.train_steps} is more than the service's limit of {MAX_STEPS}",
             )
         )
-    if issues:
-        raise JobSpecError(issues)
-    data = _data_to_run(session, owner, spec, source, base_dir)
-    try:
-        info = _describe(data, spec.seed, cache_dir)
-    except DataSourceError as exc:
-        raise JobSpecError(_data_issue(spec.data, source, exc)) from None
-    compiled = _compile_on_meta(spec, source, info)
-    return CheckedJob(
-        compiled, resolve_topology(spec.cluster), _execution_spec(spec, data, base_dir)
-    )
-
-
-def compile_stored(spec: Mapping[str, Any], *, cache_dir: Path) -> CompiledJob:
-    """Compile a stored execution spec again (its files are absolute; nothing to resolve)."""
-    job, source = load_spec(spec)
-    try:
-        info = _describe(job.data, job.seed, cache_dir)
-    except DataSourceError as exc:
-        raise JobSpecError(_data_issue(job.data, source, exc)) from None
-    return _compile_on_meta(job, source, info)
-
-
-def _compile_on_meta(spec: JobSpec, source: SourceMap, info: DataInfo) -> CompiledJob:
-    """Shapes and parameter counts without memory: on torch's meta device a net of a billion
-    parameters compiles in a millisecond and allocates nothing, so no document can exhaust
-    the API. (The mode is thread-local; concurrent requests do not see it.)"""
-    with torch.device("meta"):
-        return compile_for_info(spec, source, info)
+    return issues
 
 
 def _server_file_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
@@ -135,9 +140,7 @@ def _server_file_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
     return issues
 
 
-def _data_to_run(
-    session: Session, owner: User, spec: JobSpec, source: SourceMap, base_dir: Path
-) -> DataSourceConfig:
+def _data_to_run(session: Session, owner: User, spec: JobSpec, base_dir: Path) -> DataSourceConfig:
     """The data config workers get: a named dataset becomes its stored file, and relative
     paths become absolute (workers run elsewhere)."""
     data = spec.data
@@ -145,30 +148,26 @@ def _data_to_run(
         record = get_dataset(session, owner.id, data.name)
         if record is None:
             yours = dataset_names(session, owner.id)
-            raise JobSpecError(
-                source.issue(
-                    ("data", "name"),
-                    f"you have no dataset named '{data.name}'",
-                    f"your datasets: {', '.join(yours)}"
-                    if yours
-                    else "upload it first: POST /api/v1/datasets",
-                )
+            raise DataSourceError(
+                f"you have no dataset named '{data.name}'",
+                f"your datasets: {', '.join(yours)}"
+                if yours
+                else "upload it first: POST /api/v1/datasets",
+                field="name",
             )
-        try:
-            return as_file_source(data, "npz" if record.kind == "npz" else "csv", Path(record.path))
-        except DataSourceError as exc:
-            raise JobSpecError(_data_issue(data, source, exc)) from None
+        return as_file_source(data, "npz" if record.kind == "npz" else "csv", Path(record.path))
     if isinstance(data, NpzData | CsvData | TextData) and data.path:
         absolute = str((base_dir / data.path).expanduser().resolve())
         return data.model_copy(update={"path": absolute})
     return data
 
 
-def _data_issue(data: DataSourceConfig, source: SourceMap, exc: DataSourceError) -> SpecIssue:
+def _as_dataset_error(exc: DataSourceError) -> DataSourceError:
+    """The stored file's own keys (its path) are not the user's to fix: point at the name."""
     field = exc.field or "source"
-    if isinstance(data, DatasetData) and field not in DatasetData.model_fields:
-        field = "name"  # the stored file's own keys (its path) are not the user's to fix
-    return source.issue(("data", field), exc.message, exc.hint)
+    if field not in DatasetData.model_fields:
+        field = "name"
+    return DataSourceError(exc.message, exc.hint, field=field)
 
 
 def _execution_spec(spec: JobSpec, data: DataSourceConfig, base_dir: Path) -> dict[str, Any]:

@@ -7,17 +7,34 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+
+from dsl.compiler import CompiledJob, compile_job
+from workers.data import Dataset, TrainingData
 
 torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
+
+
+def compile_with_data(
+    document: str | Mapping[str, Any],
+    *,
+    cache_dir: Path,
+    base_dir: Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    filename: str = "<job>",
+) -> tuple[CompiledJob, Dataset]:
+    """A job compiled as a training run compiles it, with the samples it loaded."""
+    data = TrainingData(cache_dir=cache_dir, base_dir=base_dir)
+    return compile_job(document, data, overrides=overrides, filename=filename), data.dataset
 
 
 @pytest.fixture(scope="session")

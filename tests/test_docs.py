@@ -19,10 +19,10 @@ import torch
 import yaml
 from pydantic import BaseModel
 
-from dsl.compiler import build_net, load_spec
+from dsl.compiler import compile_job
 from dsl.data_config import DataConfig, DataSourceConfig
 from dsl.init import ParamSpec
-from dsl.layers.base import LAYERS, LayerConfig
+from dsl.layers.base import LAYERS, BuildContext, LayerConfig
 from dsl.schema import (
     BPTTConfig,
     CDConfig,
@@ -43,7 +43,6 @@ from dsl.updater_config import (
     UpdaterConfig,
 )
 from workers.data import DATA_SOURCES, describe
-from workers.jobs import build_context
 from workers.schedules import SCHEDULES
 from workers.updaters import UPDATERS
 
@@ -367,8 +366,11 @@ def test_yaml_snippet_is_valid(line: int, text: str, tmp_path: Path) -> None:
     else:
         JobSpec.model_validate({**SKELETON, **snippet})
         return
-    spec, source = load_spec(document)
-    info = describe(spec.data, seed=spec.seed, cache_dir=tmp_path, base_dir=ROOT)
-    net, table = build_net(spec, source, build_context(info))
-    assert [row.name for row in table]
-    assert sum(p.numel() for p in net.parameters()) > 0
+
+    def described(spec: JobSpec) -> BuildContext:
+        info = describe(spec.data, seed=spec.seed, cache_dir=tmp_path, base_dir=ROOT)
+        return info.build_context()
+
+    job = compile_job(document, described)
+    assert [row.name for row in job.table]
+    assert sum(p.numel() for p in job.net.parameters()) > 0

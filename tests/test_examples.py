@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from contract.records import MetricRecord
 from dsl.overrides import parse_overrides
 from scheduler.cli import app
-from workers.jobs import prepare_job
+from tests.conftest import compile_with_data
 from workers.trainer import Summary, Trainer, TrainOptions
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -51,7 +51,7 @@ class Run:
 
     def __init__(self, name: str, run_dir: Path, cache_dir: Path, *overrides: str) -> None:
         path = EXAMPLES / f"{name}.yaml"
-        job, data = prepare_job(
+        job, data = compile_with_data(
             path.read_text(),
             cache_dir=cache_dir,
             base_dir=EXAMPLES,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,9 +23,8 @@ from contract.records import AllocationInfo, ExitCode, JobStream, Keys, decode, 
 from workers.metrics import RedisSink
 
 if TYPE_CHECKING:
-    from dsl.compiler import CompiledJob
-    from dsl.schema import JobSpec
-    from workers.data import Dataset
+    from workers.context import RunContext
+    from workers.metrics import MetricSink
     from workers.trainer import Summary
 
 
@@ -69,8 +69,7 @@ def warm_up() -> None:
     import sklearn.datasets  # noqa: F401  (the digits source imports it lazily: ~1 s)
     import torch
 
-    import workers.jobs
-    import workers.trainer  # noqa: F401
+    import workers.parallel  # noqa: F401  (the trainer, the data sources, the frameworks)
 
     # torch imports more on first use: the first optimizer pulls in torch._dynamo (seconds),
     # the first backward pass starts autograd's machinery. Pay for both now.
@@ -91,27 +90,37 @@ def train(
 ) -> int:
     import torch
 
+    from dsl.compiler import compile_job
     from dsl.errors import JobSpecError
-    from workers.jobs import prepare_job
+    from dsl.schema import JobSpec
+    from dsl.topology import Topology
+    from workers.context import RunContext
+    from workers.data import TrainingData
 
     torch.set_num_threads(max(info.slots, 1))
+    data = TrainingData(cache_dir=cache_dir)
     try:
-        compiled, dataset = prepare_job(
-            info.spec, cache_dir=cache_dir, filename=f"job {info.job_id}"
-        )
+        # The service checked the job at submission: build from its execution spec as it is.
+        job = compile_job(JobSpec.model_validate(info.spec), data, filename=f"job {info.job_id}")
     except JobSpecError as exc:
         print(f"the job cannot be built here: {exc}", file=sys.stderr)
         return ExitCode.INVALID
-    device = "cuda" if info.gpus and torch.cuda.is_available() else "cpu"
-    stop = StopPoll(client, keys, info)
-    if info.framework == "local":
-        summary = _train_local(info, client, keys, compiled, dataset, device, stop)
-    elif info.role == "server":
-        return _serve(info, compiled.spec, redis_url, keys, ps_urls, stop)
-    else:
-        summary = _train_distributed(
-            info, client, keys, compiled, dataset, device, stop, redis_url, ps_urls
-        )
+    context = RunContext(
+        job=job,
+        dataset=data.dataset,
+        topology=Topology.from_dict(info.topology),
+        run_dir=info.run_dir,
+        group=info.group,
+        rank=info.rank,
+        redis_url=redis_url,
+        ps_urls=ps_urls,
+        scope=keys.job_scope(info.job_id),
+        device="cuda" if info.gpus and torch.cuda.is_available() else "cpu",
+        should_stop=StopPoll(client, keys, info),
+    )
+    if info.role == "server":
+        return _serve(context)
+    summary = _train(context, JobStream(client, keys, info.job_id))
     if summary.status == "succeeded":
         return ExitCode.OK
     if summary.status == "cancelled":
@@ -120,103 +129,37 @@ def train(
     return ExitCode.FAILED
 
 
-def _train_local(
-    info: AllocationInfo,
-    client: redis.Redis,
-    keys: Keys,
-    compiled: CompiledJob,
-    dataset: Dataset,
-    device: str,
-    stop: StopPoll,
-) -> Summary:
+def _train(context: RunContext, stream: JobStream) -> Summary:
+    """Train this allocation's worker: rank 0 of group 0 writes the job's run directory, the
+    other workers of a distributed topology their own."""
     from workers.checkpoint import list_checkpoints
+    from workers.context import worker_dir
     from workers.metrics import JsonlSink
-    from workers.trainer import Trainer, TrainOptions
+    from workers.parallel import train
 
-    # A job placed again after its node was lost continues from its last checkpoint.
-    resume = bool(list_checkpoints(info.run_dir / "checkpoints"))
-    stream = JobStream(client, keys, info.job_id)
-    jsonl = JsonlSink(info.run_dir)
-    trainer = Trainer(
-        compiled,
-        dataset,
-        TrainOptions(
-            run_dir=info.run_dir,
-            device=device,
-            resume=resume,
-            rank=info.rank,
-            world=info.world,
-            group=info.group,
-            should_stop=stop,
-        ),
-        sinks=[RedisSink(stream, group=info.group, rank=info.rank), jsonl, StderrLog()],
-    )
-    try:
-        return trainer.run()
-    finally:
-        jsonl.close()
-
-
-def _train_distributed(
-    info: AllocationInfo,
-    client: redis.Redis,
-    keys: Keys,
-    compiled: CompiledJob,
-    dataset: Dataset,
-    device: str,
-    stop: StopPoll,
-    redis_url: str,
-    ps_urls: list[str],
-) -> Summary:
-    """A worker of a distributed topology: rank 0 of group 0 writes the job's run directory."""
-    from workers.distributed.launch import run_worker, topology_from_dict, worker_dir
-    from workers.metrics import JsonlSink
-
-    lead = info.group == 0 and info.rank == 0
-    run_dir = info.run_dir if lead else worker_dir(info.run_dir, info.group, info.rank)
-    stream = JobStream(client, keys, info.job_id)
+    lead = context.group == 0 and context.rank == 0
+    run_dir = context.run_dir if lead else worker_dir(context.run_dir, context.group, context.rank)
+    # A local job placed again after its node was lost continues from its last checkpoint.
+    local = context.topology.framework == "local"
+    resume = local and bool(list_checkpoints(context.run_dir / "checkpoints"))
     jsonl = JsonlSink(run_dir)
+    sinks: list[MetricSink] = [
+        RedisSink(stream, group=context.group, rank=context.rank),
+        jsonl,
+        StderrLog(),
+    ]
     try:
-        return run_worker(
-            compiled,
-            dataset,
-            topology=topology_from_dict(info.topology),
-            group=info.group,
-            rank=info.rank,
-            redis_url=redis_url,
-            scope=keys.job_scope(info.job_id),
-            run_dir=run_dir,
-            ps_urls=ps_urls,
-            sinks=[RedisSink(stream, group=info.group, rank=info.rank), jsonl, StderrLog()],
-            should_stop=stop,
-            device=device,
-        )
+        return train(replace(context, run_dir=run_dir, sinks=sinks, resume=resume))
     finally:
         jsonl.close()
 
 
-def _serve(
-    info: AllocationInfo,
-    spec: JobSpec,
-    redis_url: str,
-    keys: Keys,
-    ps_urls: list[str],
-    stop: StopPoll,
-) -> int:
+def _serve(context: RunContext) -> int:
     """A parameter-server shard: serves until the workers of its group finish."""
-    from workers.distributed.launch import run_server, topology_from_dict
+    from workers.parallel import serve
 
-    run_server(
-        spec,
-        topology=topology_from_dict(info.topology),
-        group=info.group,
-        rank=info.rank,
-        redis_url=redis_url,
-        scope=keys.job_scope(info.job_id),
-        ps_urls=ps_urls,
-        should_stop=stop,
-    )
-    return ExitCode.CANCELLED if stop() else ExitCode.OK
+    serve(context)
+    return ExitCode.CANCELLED if context.should_stop() else ExitCode.OK
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -134,7 +134,7 @@ class Trainer:
         self.generator = torch.Generator(device=self.device).manual_seed(self.spec.seed + 7)
         self.apply_update: Callable[[int], None] = self.updater.step
         # A worker holding slices of the parameters maps between its tensors and the whole-model
-        # checkpoint here (workers/distributed/group.py); a whole net saves and loads as it is.
+        # checkpoint here (workers/parallel.py); a whole net saves and loads as it is.
         self.checkpoint_out: Callable[[Checkpoint], Checkpoint] = lambda ckpt: ckpt
         self.checkpoint_in: Callable[[Checkpoint], Checkpoint] = lambda ckpt: ckpt
         # Run after `restore` and before the first step: a worker fetches the shared parameters

@@ -30,6 +30,7 @@ from api.schemas import (
 )
 from api.submit import SUBMIT_BODY, Submission, check_submission, placement_preview, read_submission
 from dsl.graph import SourceRef
+from dsl.schema import JobSpec
 from scheduler import store
 from scheduler.models import (
     FieldKind,
@@ -40,7 +41,7 @@ from scheduler.models import (
     utcnow,
 )
 from scheduler.store import aware
-from scheduler.submission import compile_stored
+from scheduler.submission import check_job
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -304,10 +305,18 @@ def job_events(job: VisibleJob, session: SessionDep) -> list[EventOut]:
     description="Layers with output shapes and parameter counts, and the edges between them.",
     responses=errors(401, 404, 422),
 )
-def job_graph(job: VisibleJob, services: ServicesDep) -> GraphOut:
+def job_graph(
+    job: VisibleJob, user: CurrentUser, session: SessionDep, services: ServicesDep
+) -> GraphOut:
     compiled = services.graphs.get(job.id)
     if compiled is None:
-        compiled = compile_stored(job.spec, cache_dir=services.settings.cache_dir())
+        compiled = check_job(
+            JobSpec.model_validate(job.spec),
+            session=session,
+            owner=user,
+            cache_dir=services.settings.cache_dir(),
+            base_dir=services.settings.resolved_data_dir(),
+        ).compiled
         services.graphs.put(job.id, compiled)
     include = {layer.name: layer.include for layer in compiled.spec.neuralnet.layers}
     return GraphOut(

@@ -40,6 +40,8 @@ class BuildContext:
     num_classes: int | None = None
     label_shape: Shape = ()
     label_is_index: bool = True
+    # Training samples, where they were loaded: a batch larger than the split is refused.
+    train_samples: int | None = None
 
 
 class Layer(nn.Module):

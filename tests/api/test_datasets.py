@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from sqlalchemy import select
 
-from dsl.compiler import load_spec
+from dsl.schema import JobSpec
 from scheduler.models import DatasetRecord, Job
 from workers.data import load_dataset
 
@@ -141,7 +141,7 @@ def test_a_job_trains_on_its_owners_dataset_by_name(api: Any, tmp_path: Path) ->
         "test_fraction": 0.25,
     }
     assert "source: dataset" in submitted["spec_yaml"]
-    execution, _ = load_spec(spec)
+    execution = JobSpec.model_validate(spec)
     data = load_dataset(execution.data, seed=0, cache_dir=tmp_path)
     assert data.info.sample_shape == (6,) and len(data.x_test) == 10
 

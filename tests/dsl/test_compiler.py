@@ -7,8 +7,8 @@ import textwrap
 import pytest
 import torch
 
-from dsl.compiler import build_net, compile_job, load_spec
-from dsl.errors import JobSpecError
+from dsl.compiler import compile_job
+from dsl.errors import DataSourceError, JobSpecError
 from dsl.layers.base import BuildContext
 
 CTX = BuildContext(sample_shape=(1, 8, 8), num_classes=10)
@@ -28,9 +28,9 @@ train_steps: 10
 """
 
 
-def errors_of(text: str, **kwargs: object) -> JobSpecError:
+def errors_of(text: str, data: object = CTX, **kwargs: object) -> JobSpecError:
     with pytest.raises(JobSpecError) as info:
-        compile_job(textwrap.dedent(text), CTX, **kwargs)  # type: ignore[arg-type]
+        compile_job(textwrap.dedent(text), data, **kwargs)  # type: ignore[arg-type]
     return info.value
 
 
@@ -143,11 +143,11 @@ def test_phases_restrict_layers() -> None:
 
 
 def test_overrides_address_layers_by_name() -> None:
-    spec, _ = load_spec(BASE, overrides={"neuralnet.layers.fc1.units": 32, "train_steps": 5})
-    assert spec.layer("fc1").units == 32  # type: ignore[attr-defined]
-    assert spec.train_steps == 5
+    job = compile_job(BASE, CTX, overrides={"neuralnet.layers.fc1.units": 32, "train_steps": 5})
+    assert job.spec.layer("fc1").units == 32  # type: ignore[attr-defined]
+    assert job.spec.train_steps == 5
     with pytest.raises(JobSpecError, match="no item named"):
-        load_spec(BASE, overrides={"neuralnet.layers.fc9.units": 3})
+        compile_job(BASE, CTX, overrides={"neuralnet.layers.fc9.units": 3})
 
 
 def test_malformed_yaml_is_located() -> None:
@@ -178,8 +178,35 @@ def test_unknown_param_key_lists_the_layers_params() -> None:
     assert "b, w" in (issue.hint or "")
 
 
-def test_build_net_needs_a_valid_spec_only_once() -> None:
-    spec, source = load_spec(BASE)
-    net_a, _ = build_net(spec, source, CTX)
-    net_b, _ = build_net(spec, source, CTX)
+def test_a_validated_spec_compiles_again_to_the_same_net() -> None:
+    spec = compile_job(BASE, CTX).spec
+    net_a = compile_job(spec, CTX).net
+    net_b = compile_job(spec, CTX).net
     assert torch.equal(net_a.named_params()["fc2/w"], net_b.named_params()["fc2/w"])
+
+
+def test_a_validated_spec_is_trusted_and_takes_no_overrides() -> None:
+    no_loss = BASE.replace("train_steps: 10", "train_steps: 10\ntrain_one_batch: {alg: cd}")
+    with pytest.raises(JobSpecError):
+        compile_job(no_loss, CTX)
+    spec = compile_job(BASE, CTX).spec.model_copy(update={"name": "stored"})
+    assert compile_job(spec, CTX).spec.name == "stored"
+    with pytest.raises(ValueError, match="overrides"):
+        compile_job(spec, CTX, overrides={"train_steps": 5})
+
+
+def test_data_errors_and_the_callers_rules_are_located() -> None:
+    def missing(_: object) -> BuildContext:
+        raise DataSourceError("no such file", hint="upload it", field="path")
+
+    (issue,) = errors_of(BASE, data=missing).issues
+    assert issue.path == "data.path" and issue.hint == "upload it"
+    small = BuildContext(sample_shape=(1, 8, 8), num_classes=10, train_samples=4)
+    (issue,) = errors_of(BASE, data=small).issues
+    assert issue.path == "data.batch_size" and "use at most 4" in (issue.hint or "")
+
+    def no_long_runs(spec: object, source: object) -> list[object]:
+        return [source.issue(("train_steps",), "too long")]  # type: ignore[attr-defined]
+
+    (issue,) = errors_of(BASE, rules=no_long_runs).issues
+    assert issue.path == "train_steps" and issue.line == 11

@@ -25,7 +25,8 @@ from sqlalchemy import select
 
 from contract.records import Keys
 from contract.settings import Settings
-from dsl.compiler import load_spec
+from dsl.compiler import compile_job
+from dsl.layers.base import BuildContext
 from dsl.topology import resolve_topology
 from scheduler import store
 from scheduler.cluster import node_capacities
@@ -47,6 +48,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB_TEXT = (ROOT / "examples" / "digits_mlp.yaml").read_text()
+DIGITS = BuildContext(sample_shape=(1, 8, 8), num_classes=10)
 TIMEOUT = 120.0  # a cold start imports torch in fresh processes; slow on a busy 2-core machine
 
 
@@ -84,7 +86,7 @@ class Cluster:
         return process
 
     def submit(self, **overrides: object) -> int:
-        spec, _ = load_spec(JOB_TEXT, overrides=overrides)
+        spec = compile_job(JOB_TEXT, DIGITS, overrides=overrides).spec
         with self.db.session() as session:
             owner = store.get_user(session, "alice") or store.create_user(session, "alice")
             job = store.create_job(

@@ -11,9 +11,9 @@ import torch
 from contract.records import MetricRecord
 from dsl.compiler import CompiledJob
 from dsl.schema import BPTTConfig
+from tests.conftest import compile_with_data
 from workers.algorithms import ALGORITHMS, BatchResult, bptt
 from workers.data import Dataset
-from workers.jobs import prepare_job
 from workers.trainer import Trainer, TrainOptions
 
 Grads = dict[str, torch.Tensor]
@@ -77,12 +77,12 @@ def adding_gru_job() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def char_lstm(cache_dir: Path) -> tuple[CompiledJob, Dataset]:
-    return prepare_job(char_lstm_job(), cache_dir=cache_dir)
+    return compile_with_data(char_lstm_job(), cache_dir=cache_dir)
 
 
 @pytest.fixture(scope="module")
 def adding_gru(cache_dir: Path) -> tuple[CompiledJob, Dataset]:
-    return prepare_job(adding_gru_job(), cache_dir=cache_dir)
+    return compile_with_data(adding_gru_job(), cache_dir=cache_dir)
 
 
 def bptt_grads(
@@ -179,7 +179,7 @@ class Recorder:
 
 
 def train(document: dict[str, Any], run_dir: Path, cache_dir: Path) -> tuple[Trainer, Recorder]:
-    job, data = prepare_job(document, cache_dir=cache_dir)
+    job, data = compile_with_data(document, cache_dir=cache_dir)
     recorder = Recorder()
     trainer = Trainer(job, data, TrainOptions(run_dir=run_dir), sinks=[recorder])
     return trainer, recorder

@@ -13,10 +13,10 @@ import torch
 from pydantic import TypeAdapter, ValidationError
 
 from dsl.data_config import DataConfig, SyntheticData
+from dsl.errors import DataSourceError
 from workers.data import (
     DATA_SOURCES,
     Dataset,
-    DataSourceError,
     TrainBatches,
     describe,
     eval_batches,

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from contract.records import MetricRecord
+from tests.conftest import compile_with_data
 from workers.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
-from workers.jobs import prepare_job
 from workers.metrics import JsonlSink, read_metrics
 from workers.trainer import Summary, Trainer, TrainOptions
 
@@ -138,7 +138,7 @@ def make_trainer(
     base_dir: Path | None = None,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> tuple[Trainer, Recorder, JsonlSink]:
-    job, data = prepare_job(document, cache_dir=cache_dir, overrides=overrides)
+    job, data = compile_with_data(document, cache_dir=cache_dir, overrides=overrides)
     recorder, sink = Recorder(), JsonlSink(run_dir)
     options = TrainOptions(
         run_dir=run_dir,

@@ -8,19 +8,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from dsl.data_config import DataSourceConfig
+from dsl.layers.base import BuildContext
+from dsl.schema import JobSpec
 
 # Imported for their side effect: each module registers its sources.
 from workers.data import builtin, files, synthetic, text, uploaded  # noqa: F401
-from workers.data.base import DATA_SOURCES, DataInfo, Dataset, DataSource, DataSourceError
+from workers.data.base import DATA_SOURCES, DataInfo, Dataset, DataSource
 from workers.data.batches import TrainBatches, eval_batches
 
 __all__ = [
     "DATA_SOURCES",
     "DataInfo",
     "DataSource",
-    "DataSourceError",
     "Dataset",
     "TrainBatches",
+    "TrainingData",
     "describe",
     "eval_batches",
     "load_dataset",
@@ -46,3 +48,31 @@ def describe(
     return source.describe(
         config, seed=seed, cache_dir=Path(cache_dir), base_dir=Path(base_dir or Path.cwd())
     )
+
+
+class TrainingData:
+    """`compile_job`'s data for a run that trains: loads the job's samples and describes them.
+
+        data = TrainingData(cache_dir=cache)
+        compiled = compile_job(document, data)
+        trainer = Trainer(compiled, data.dataset, options)
+
+    Relative file paths resolve against `base_dir` (default: the working directory).
+    """
+
+    def __init__(self, *, cache_dir: Path, base_dir: Path | None = None) -> None:
+        self.cache_dir, self.base_dir = Path(cache_dir), base_dir
+        self._dataset: Dataset | None = None
+
+    def __call__(self, spec: JobSpec) -> BuildContext:
+        dataset = load_dataset(
+            spec.data, seed=spec.seed, cache_dir=self.cache_dir, base_dir=self.base_dir
+        )
+        self._dataset = dataset
+        return dataset.info.build_context(train_samples=len(dataset.x_train))
+
+    @property
+    def dataset(self) -> Dataset:
+        if self._dataset is None:
+            raise RuntimeError("the samples are loaded when compile_job calls TrainingData")
+        return self._dataset

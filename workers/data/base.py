@@ -18,17 +18,11 @@ import numpy as np
 import torch
 
 from dsl.data_config import DataSourceConfig
+from dsl.errors import DataSourceError
+from dsl.layers.base import BuildContext
 from dsl.registry import Registry
 
 XDtype = Literal["float32", "int64"]
-
-
-class DataSourceError(ValueError):
-    """The data cannot be loaded as configured; the compiler reports it at `data.<field>`."""
-
-    def __init__(self, message: str, hint: str | None = None, field: str | None = None) -> None:
-        super().__init__(message)
-        self.message, self.hint, self.field = message, hint, field
 
 
 @dataclass(frozen=True)
@@ -43,6 +37,16 @@ class DataInfo:
     x_dtype: XDtype
     # The characters behind token ids (text only), to decode what a language model generates.
     vocabulary: str | None = None
+
+    def build_context(self, train_samples: int | None = None) -> BuildContext:
+        """What the compiler takes from these facts (and the training split's size, if known)."""
+        return BuildContext(
+            sample_shape=tuple(self.sample_shape),
+            num_classes=self.num_classes,
+            label_shape=tuple(self.label_shape),
+            label_is_index=self.label_is_index,
+            train_samples=train_samples,
+        )
 
 
 @dataclass

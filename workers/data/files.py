@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 
 from dsl.data_config import CsvData, NpzData
+from dsl.errors import DataSourceError
 from workers.data.base import (
     DataInfo,
     Dataset,
     DataSource,
-    DataSourceError,
     infer_labels,
     register_source,
     resolve_file,

@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 
 from dsl.data_config import TextData
+from dsl.errors import DataSourceError
 from workers.data.base import (
     DataInfo,
     Dataset,
     DataSource,
-    DataSourceError,
     register_source,
     resolve_file,
     split_train_test,

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Literal
 
 from dsl.data_config import CsvData, DatasetData, NpzData
+from dsl.errors import DataSourceError
 from workers.data.base import (
     DATA_SOURCES,
     DataInfo,
     Dataset,
     DataSource,
-    DataSourceError,
     register_source,
 )
 

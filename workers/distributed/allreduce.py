@@ -237,25 +237,3 @@ def gradient_sync(
         overlap=trainer.spec.train_one_batch.alg == "bp",
         clip_norm=clip.grad_norm if clip is not None else None,
     )
-
-
-def attach_allreduce(
-    trainer: Trainer,
-    process_group: ProcessGroup = None,
-    *,
-    compression: str | None = None,
-    bucket_mb: float = 25.0,
-) -> GradientSync:
-    """Make `trainer` average its gradients over the group before each local update.
-
-    Call it on every worker of the group, after partition_net (if any) and before run().
-    """
-    sync = gradient_sync(trainer, process_group, compression=compression, bucket_mb=bucket_mb)
-    update = trainer.updater.step
-
-    def apply_update(step: int) -> None:
-        sync.finish()
-        update(step)
-
-    trainer.apply_update = apply_update
-    return sync

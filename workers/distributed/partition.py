@@ -41,7 +41,7 @@ from dsl.graph import SourceRef
 from dsl.layers.base import Layer, LayerConfig, Phase
 from dsl.layers.conv import Conv, ConvConfigBase
 from dsl.layers.dense import Dense
-from dsl.net import CompiledLayer, NetOutput, NeuralNet
+from dsl.net import CompiledLayer, Flow, NeuralNet, Step
 from dsl.registry import Registry
 from workers.distributed.comm import (
     ProcessGroup,
@@ -149,80 +149,10 @@ class PartitionedNet(NeuralNet):
         self.shard_axes = shard_axes
         self.full_sizes = full_sizes
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        y: torch.Tensor | None,
-        phase: Phase = "train",
-        *,
-        with_metrics: bool = False,
-        stop_at: str | None = None,
-    ) -> NetOutput:
-        # The trainer hands each worker its rows for training and the whole batch for tests.
-        given = Layout.ROWS if phase == "train" else Layout.WHOLE
-        outputs: dict[str, torch.Tensor | tuple[torch.Tensor, ...]] = {}
-        layouts: dict[str, Layout] = {}
-        converted: dict[tuple[str, int | None, Layout], torch.Tensor] = {}
-        labels = {given: y}
-        losses: list[torch.Tensor] = []
-        metrics: dict[str, torch.Tensor] = {}
-        for step in self._plans[phase]:
-            if step.is_input:
-                outputs[step.name], layouts[step.name] = x, given
-                if step.name == stop_at:
-                    break
-                continue
-            plan = self.plans[step.name]
-            need = plan.input_layout(phase)
-            inputs = [
-                self._as_layout(outputs, layouts, ref, need, converted) for ref in step.sources
-            ]
-            if step.wants_label:
-                if y is None:
-                    continue
-                if need not in labels:
-                    labels[need] = self._relayout(y, given, need)
-                label = labels[need]
-                assert label is not None
-                inputs.append(label)
-                out = step.module(*inputs)
-                if step.module.is_loss:
-                    losses.append(out)
-                if with_metrics:
-                    with torch.no_grad():
-                        for key, value in step.module.metrics(*inputs).items():
-                            metrics.setdefault(key, value)
-            else:
-                out = step.module(*inputs)
-                if plan.mode == "feature":
-                    out = all_gather_along(out, plan.out_axis, list(plan.sizes), self.group)
-            outputs[step.name], layouts[step.name] = out, need
-            if step.name == stop_at:
-                break
-        loss = None
-        if losses:
-            loss = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
-        return NetOutput(loss=loss, metrics=metrics, outputs=outputs)
+    def _flow(self, x: torch.Tensor, y: torch.Tensor | None, phase: Phase) -> Flow:
+        return _SplitFlow(self, y, phase)
 
-    def _as_layout(
-        self,
-        outputs: dict[str, torch.Tensor | tuple[torch.Tensor, ...]],
-        layouts: dict[str, Layout],
-        ref: SourceRef,
-        need: Layout,
-        converted: dict[tuple[str, int | None, Layout], torch.Tensor],
-    ) -> torch.Tensor:
-        value = outputs[ref.layer]
-        tensor = value[ref.output or 0] if isinstance(value, tuple) else value
-        have = layouts[ref.layer]
-        if have == need:
-            return tensor
-        key = (ref.layer, ref.output, need)
-        if key not in converted:  # one collective however many layers read the same source
-            converted[key] = self._relayout(tensor, have, need)
-        return converted[key]
-
-    def _relayout(self, tensor: torch.Tensor, have: Layout, need: Layout) -> torch.Tensor:
+    def relayout(self, tensor: torch.Tensor, have: Layout, need: Layout) -> torch.Tensor:
         if have == need:
             return tensor
         if need == Layout.WHOLE:  # (B / world, ...) -> (B, ...)
@@ -270,6 +200,59 @@ class PartitionedNet(NeuralNet):
         if axis is None or tensor.dim() == 0:  # scalars such as the optimiser's step count
             return None
         return name if tensor.shape[axis] == self.full_sizes[name][self.rank] else None
+
+
+class _SplitFlow(Flow):
+    """A pass of a split net: every output has a layout, converted where a layer needs another."""
+
+    def __init__(self, net: PartitionedNet, y: torch.Tensor | None, phase: Phase) -> None:
+        super().__init__(y)
+        self.net, self.phase = net, phase
+        # The trainer hands each worker its rows for training and the whole batch for tests.
+        self.given = Layout.ROWS if phase == "train" else Layout.WHOLE
+        self.layouts: dict[str, Layout] = {}
+        self.converted: dict[tuple[str, int | None, Layout], torch.Tensor] = {}
+        self.labels = {self.given: y}
+
+    def _need(self, step: Step) -> Layout:
+        return self.net.plans[step.name].input_layout(self.phase)
+
+    def inputs(self, step: Step) -> list[torch.Tensor]:
+        need = self._need(step)
+        return [self._as_layout(ref, need) for ref in step.sources]
+
+    def label(self, step: Step) -> torch.Tensor:
+        need = self._need(step)
+        if need not in self.labels:
+            assert self.y is not None
+            self.labels[need] = self.net.relayout(self.y, self.given, need)
+        label = self.labels[need]
+        assert label is not None
+        return label
+
+    def after_layer(
+        self, step: Step, out: torch.Tensor | tuple[torch.Tensor, ...]
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        plan = self.net.plans[step.name]
+        if plan.mode == "feature":
+            assert isinstance(out, torch.Tensor)
+            return all_gather_along(out, plan.out_axis, list(plan.sizes), self.net.group)
+        return out
+
+    def keep(self, step: Step, out: torch.Tensor | tuple[torch.Tensor, ...]) -> None:
+        super().keep(step, out)
+        self.layouts[step.name] = self.given if step.is_input else self._need(step)
+
+    def _as_layout(self, ref: SourceRef, need: Layout) -> torch.Tensor:
+        value = self.outputs[ref.layer]
+        tensor = value[ref.output or 0] if isinstance(value, tuple) else value
+        have = self.layouts[ref.layer]
+        if have == need:
+            return tensor
+        key = (ref.layer, ref.output, need)
+        if key not in self.converted:  # one collective however many layers read the same source
+            self.converted[key] = self.net.relayout(tensor, have, need)
+        return self.converted[key]
 
 
 def partition_net(

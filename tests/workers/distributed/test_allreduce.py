@@ -17,13 +17,13 @@ import torch.multiprocessing as mp
 import yaml
 from safetensors.torch import load_file, save_file
 
+from bench.local_cluster import launch_local
 from dsl.schema import ClusterConfig
 from dsl.topology import resolve_topology
+from tests.conftest import compile_with_data
 from workers.checkpoint import load_checkpoint, resolve_checkpoint
-from workers.distributed.allreduce import GradientSync, attach_allreduce
-from workers.distributed.group import group_trainer
-from workers.distributed.hybrid import HybridError, check_topology, group_pushers
-from workers.distributed.launch import launch_local, worker_dir
+from workers.context import worker_dir
+from workers.distributed.allreduce import GradientSync
 from workers.distributed.rendezvous import (
     GroupMember,
     RendezvousError,
@@ -33,8 +33,14 @@ from workers.distributed.rendezvous import (
     reachable_address,
     redis_store,
 )
-from workers.jobs import prepare_job
 from workers.metrics import read_metrics
+from workers.parallel import (
+    TopologyError,
+    check_topology,
+    group_pushers,
+    group_trainer,
+    sync_in_group,
+)
 from workers.trainer import Trainer, TrainOptions
 
 torch.set_num_threads(1)
@@ -92,23 +98,23 @@ def _worker(rank: int, redis_url: str, scope: str, tmp: Path) -> None:
     results: dict[str, Any] = {}
 
     # Buckets of a few kilobytes, so several all-reduces overlap the backward pass.
-    compiled, data = prepare_job(MLP, cache_dir=tmp)
+    compiled, data = compile_with_data(MLP, cache_dir=tmp)
     trainer = Trainer(compiled, data, TrainOptions(tmp / "mlp", rank=rank, world=WORLD))
-    sync = attach_allreduce(trainer, bucket_mb=0.01)
+    sync = sync_in_group(trainer, compression="none", bucket_mb=0.01)
     results["buckets"] = len(sync.buckets)
     results["fp32_loss"] = trainer.run().metrics["train/loss"]
     results["fp32_bytes"] = sync.wire_bytes
     params = {n: p.detach().contiguous() for n, p in trainer.net.named_params().items()}
     save_file(params, str(tmp / f"mlp-rank{rank}.safetensors"))
 
-    compiled, data = prepare_job({**MLP, "cluster": {"compression": "bf16"}}, cache_dir=tmp)
+    compiled, data = compile_with_data({**MLP, "cluster": {"compression": "bf16"}}, cache_dir=tmp)
     trainer, sync = group_trainer(
         compiled, data, TrainOptions(tmp / "bf16", rank=rank, world=WORLD)
     )
     results["bf16_loss"] = trainer.run().metrics["train/loss"]
     results["bf16_bytes"] = sync.wire_bytes
 
-    compiled, data = prepare_job(GRU, cache_dir=tmp)
+    compiled, data = compile_with_data(GRU, cache_dir=tmp)
     trainer, sync = group_trainer(compiled, data, TrainOptions(tmp / "gru", rank=rank, world=WORLD))
     results["gru_overlap"] = sync.overlap
     trainer.run()
@@ -134,7 +140,7 @@ def _results(tmp: Path, rank: int) -> dict[str, Any]:
 
 
 def _local(tmp: Path, job: dict[str, Any], name: str) -> Path:
-    compiled, data = prepare_job(job, cache_dir=tmp)
+    compiled, data = compile_with_data(job, cache_dir=tmp)
     Trainer(compiled, data, TrainOptions(tmp / name)).run()
     return resolve_checkpoint(tmp / name)
 
@@ -252,9 +258,9 @@ def test_hybrid_groups_all_reduce_inside_and_share_shards_between(
 def test_allreduce_topologies_without_the_shards_they_need_are_refused() -> None:
     base = ClusterConfig(framework="allreduce")
     check_topology(resolve_topology(base))
-    with pytest.raises(HybridError, match="set nserver_groups >= 1"):
+    with pytest.raises(TopologyError, match="set nserver_groups >= 1"):
         check_topology(resolve_topology(base.model_copy(update={"nworker_groups": 2})))
-    with pytest.raises(HybridError, match="no use for server shards"):
+    with pytest.raises(TopologyError, match="no use for server shards"):
         check_topology(
             resolve_topology(
                 base.model_copy(

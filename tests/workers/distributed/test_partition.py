@@ -14,10 +14,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
+from tests.conftest import compile_with_data
 from workers.checkpoint import load_checkpoint, resolve_checkpoint
 from workers.distributed.allreduce import GradientSync
 from workers.distributed.comm import piece_bounds, split_sizes, take_piece
-from workers.distributed.group import checkpoint_due, group_trainer
 from workers.distributed.partition import (
     PartitionedNet,
     PartitionError,
@@ -26,7 +26,7 @@ from workers.distributed.partition import (
     sharded_params,
 )
 from workers.distributed.rendezvous import GroupMember, file_store, join_group, leave_group
-from workers.jobs import prepare_job
+from workers.parallel import checkpoint_due, group_trainer
 from workers.trainer import Trainer, TrainOptions
 
 torch.set_num_threads(1)
@@ -81,7 +81,7 @@ def _join(rank: int, world: int, store: Path) -> None:
 def _check_gradients(rank: int, world: int, tmp: Path) -> None:
     """Outputs, loss and gradients of one batch match the whole net on every worker."""
     for kind in ("feature", "hybrid"):
-        compiled, data = prepare_job(job(kind, batch=6 * world), cache_dir=tmp)
+        compiled, data = compile_with_data(job(kind, batch=6 * world), cache_dir=tmp)
         reference = copy.deepcopy(compiled.net)
         x, y = data.x_train[: 6 * world], data.y_train[: 6 * world]
         expected = reference(x, y, "train")
@@ -137,7 +137,7 @@ def _train_worker(rank: int, world: int, tmp: Path) -> None:
     _join(rank, world, tmp / "store")
     _check_gradients(rank, world, tmp)
     for steps, resume in ((6, False), (8, True)):
-        compiled, data = prepare_job(job("hybrid", batch=8, steps=steps), cache_dir=tmp)
+        compiled, data = compile_with_data(job("hybrid", batch=8, steps=steps), cache_dir=tmp)
         options = TrainOptions(tmp / "group", rank=rank, world=world, resume=resume)
         trainer, _ = group_trainer(compiled, data, options)
         summary = trainer.run()
@@ -149,8 +149,35 @@ def _train_worker(rank: int, world: int, tmp: Path) -> None:
     leave_group()
 
 
+def _metric_worker(rank: int, world: int, tmp: Path) -> None:
+    """Two metric layers that report the same name: the split net keeps both, as the whole
+    net does (the second under `<layer>/accuracy`)."""
+    _join(rank, world, tmp / "store")
+    document = job("feature", batch=8)
+    document["neuralnet"]["layers"].append(
+        {"name": "top2", "type": "accuracy", "srclayers": ["fc2"], "topk": 2}
+    )
+    compiled, data = compile_with_data(document, cache_dir=tmp)
+    whole = copy.deepcopy(compiled.net)
+    net = partition_net(compiled.net, net_dim=1, rank=rank, world=world)
+    assert isinstance(net, PartitionedNet)
+    x, y = data.x_test[:10], data.y_test[:10]
+    with torch.no_grad():
+        got = net(x, y, "test", with_metrics=True).metrics
+        want = whole(x, y, "test", with_metrics=True).metrics
+    assert sorted(got) == sorted(want) == ["accuracy", "top2/accuracy"]
+    for key, value in want.items():
+        torch.testing.assert_close(got[key], value, **TOL, msg=key)
+    leave_group()
+
+
+@pytest.mark.slow
+def test_a_split_net_reports_every_metric_layer_as_the_whole_net_does(tmp_path: Path) -> None:
+    _spawn(_metric_worker, 2, tmp_path)
+
+
 def _local(tmp: Path, steps: int, resume: bool) -> tuple[Trainer, dict[str, float]]:
-    compiled, data = prepare_job(job("hybrid", batch=8, steps=steps), cache_dir=tmp)
+    compiled, data = compile_with_data(job("hybrid", batch=8, steps=steps), cache_dir=tmp)
     trainer = Trainer(compiled, data, TrainOptions(tmp / "local", resume=resume))
     return trainer, trainer.run().metrics
 
@@ -192,7 +219,7 @@ def test_hybrid_training_and_checkpoints_equal_the_local_trainer(tmp_path: Path)
 
 
 def test_layer_modes_follow_the_layer_then_the_net(tmp_path: Path) -> None:
-    compiled, _ = prepare_job(job("hybrid", batch=8), cache_dir=tmp_path)
+    compiled, _ = compile_with_data(job("hybrid", batch=8), cache_dir=tmp_path)
     modes = {c.config.name: layer_mode(c.config, 0) for c in compiled.net.compiled}
     assert modes["conv1"] == modes["loss"] == "batch"
     assert modes["conv2"] == modes["fc1"] == modes["fc2"] == "feature"
@@ -204,19 +231,19 @@ def test_layer_modes_follow_the_layer_then_the_net(tmp_path: Path) -> None:
         {"name": "fc", "type": "dense", "srclayers": ["conv1"]},
         {"name": "loss", "type": "softmax_loss", "srclayers": ["fc"]},
     ]
-    data_parallel, _ = prepare_job(
+    data_parallel, _ = compile_with_data(
         {**job("hybrid", batch=8), "neuralnet": {"layers": layers}}, cache_dir=tmp_path
     )
     assert partition_net(data_parallel.net, net_dim=0, rank=1, world=2) is data_parallel.net
 
 
 def test_too_few_features_and_grouped_convolutions_are_refused(tmp_path: Path) -> None:
-    compiled, _ = prepare_job(job("hybrid", batch=8), cache_dir=tmp_path)
+    compiled, _ = compile_with_data(job("hybrid", batch=8), cache_dir=tmp_path)
     with pytest.raises(PartitionError, match=r"'conv2' \(conv2d\) has 4 output features"):
         partition_net(compiled.net, net_dim=0, rank=0, world=6, group=None)
     grouped = job("hybrid", batch=8)
     grouped["neuralnet"]["layers"][4]["groups"] = 2
-    compiled, _ = prepare_job(grouped, cache_dir=tmp_path)
+    compiled, _ = compile_with_data(grouped, cache_dir=tmp_path)
     with pytest.raises(PartitionError, match="groups=2"):
         partition_net(compiled.net, net_dim=0, rank=0, world=2, group=None)
 
@@ -231,6 +258,6 @@ def test_pieces_are_near_equal_and_cover_the_axis() -> None:
 
 
 def test_checkpoints_follow_the_trainer_schedule(tmp_path: Path) -> None:
-    compiled, _ = prepare_job(job("hybrid", batch=8, steps=10), cache_dir=tmp_path)
+    compiled, _ = compile_with_data(job("hybrid", batch=8, steps=10), cache_dir=tmp_path)
     due = [step for step in range(1, 11) if checkpoint_due(compiled.spec, step)]
     assert due == [4, 8, 10]

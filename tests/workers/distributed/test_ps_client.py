@@ -15,11 +15,11 @@ import torch
 
 from dsl.topology import Topology
 from scheduler.redis_server import RedisServer
+from tests.conftest import compile_with_data
 from workers.distributed.ps.client import PSClient
 from workers.distributed.ps.journal import SNAPSHOT_EVERY
 from workers.distributed.ps.plan import Connections, PSKeys, PSPlan
 from workers.distributed.ps.shard import ShardReport, ShardServer, run_shard
-from workers.jobs import prepare_job
 
 torch.set_num_threads(1)
 
@@ -50,7 +50,7 @@ class Shards:
     """Every shard of a topology, each serving from a thread."""
 
     def __init__(self, topology: Topology, redis_url: str, ps_urls: list[str], scope: str):
-        job, _ = prepare_job(JOB, cache_dir=Path("."))
+        job, _ = compile_with_data(JOB, cache_dir=Path("."))
         self.reports: list[ShardReport] = []
         self.threads = [
             threading.Thread(
@@ -74,7 +74,7 @@ class Shards:
 def _client(
     topology: Topology, group: int, connections: Connections, scope: str, staleness: int | None
 ) -> PSClient:
-    job, _ = prepare_job(JOB, cache_dir=Path("."))
+    job, _ = compile_with_data(JOB, cache_dir=Path("."))
     for p in job.net.named_params().values():
         p.grad = torch.full_like(p, 0.01)
     return PSClient(
@@ -151,7 +151,7 @@ def test_a_replacement_shard_replays_the_updates_since_the_snapshot(
     topology = Topology("sandblaster", 1, 1, 1, 1, True, 1, 0)
     plan = PSPlan.from_topology(topology)
     keys = PSKeys(scope)
-    job, _ = prepare_job(JOB, cache_dir=Path("."))
+    job, _ = compile_with_data(JOB, cache_dir=Path("."))
     client = _client(topology, 0, Connections(redis_url), scope, staleness=None)
     client.connect()
     slice_map = client.slice_map

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.local_cluster import launch_local
 from tests.conftest import EXAMPLES
-from workers.distributed.launch import launch_local
 
 torch.set_num_threads(1)
 

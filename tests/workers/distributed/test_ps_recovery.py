@@ -10,11 +10,10 @@ import pytest
 import redis
 import torch
 
-from tests.conftest import EXAMPLES
+from bench.local_cluster import LocalCluster, prepare_launch
+from tests.conftest import EXAMPLES, compile_with_data
 from workers.checkpoint import load_checkpoint, resolve_checkpoint
-from workers.distributed.launch import LocalCluster, prepare_launch
 from workers.distributed.ps.plan import PSKeys
-from workers.jobs import prepare_job
 from workers.trainer import Trainer, TrainOptions
 
 torch.set_num_threads(1)
@@ -65,7 +64,7 @@ def test_a_killed_shard_is_replaced_and_the_job_finishes_exactly(
 
     # The replacement loaded the parameters and the momentum of its predecessor: the result is
     # the uninterrupted run's.
-    job, data = prepare_job(JOB.read_text(), cache_dir=cache_dir, overrides=COMMON)
+    job, data = compile_with_data(JOB.read_text(), cache_dir=cache_dir, overrides=COMMON)
     Trainer(job, data, TrainOptions(run_dir=tmp_path / "local")).run()
     local = load_checkpoint(resolve_checkpoint(tmp_path / "local")).params
     distributed = load_checkpoint(resolve_checkpoint(tmp_path / "ps")).params

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.local_cluster import launch_local
 from tests.conftest import EXAMPLES
-from workers.distributed.launch import launch_local, worker_dir
+from workers.context import worker_dir
 from workers.metrics import read_metrics
 
 torch.set_num_threads(1)

@@ -8,10 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import EXAMPLES
+from bench.local_cluster import launch_local
+from tests.conftest import EXAMPLES, compile_with_data
 from workers.checkpoint import load_checkpoint, resolve_checkpoint
-from workers.distributed.launch import launch_local
-from workers.jobs import prepare_job
 from workers.metrics import read_metrics
 from workers.trainer import Trainer, TrainOptions
 
@@ -23,7 +22,7 @@ COMMON = {"train_steps": STEPS, "disp_freq": 10, "test.freq": 0, "checkpoint.fre
 
 
 def _local_params(cache_dir: Path, run_dir: Path) -> dict[str, torch.Tensor]:
-    job, data = prepare_job(JOB.read_text(), cache_dir=cache_dir, overrides=COMMON)
+    job, data = compile_with_data(JOB.read_text(), cache_dir=cache_dir, overrides=COMMON)
     Trainer(job, data, TrainOptions(run_dir=run_dir)).run()
     return load_checkpoint(resolve_checkpoint(run_dir)).params
 

@@ -21,7 +21,6 @@ from typing import Any
 import redis
 import torch
 
-from contract.records import MetricRecord
 from dsl.net import NeuralNet
 from workers.distributed.ps.plan import BLOCK_SECONDS, Connections, PSKeys, PSPlan
 from workers.distributed.ps.slicing import ParamInfo, Slice, SliceMap, plan_slices
@@ -32,7 +31,6 @@ from workers.distributed.ps.wire import (
     encode_grad_message,
     wire_dtype,
 )
-from workers.trainer import Trainer
 
 FINISHED_CLOCK = 2**62  # a finished worker never holds the others back
 POLL_SECONDS = 0.002
@@ -296,30 +294,3 @@ class PSClient:
             time.sleep(POLL_SECONDS)
             self._note_clocks(clock, main.hmget(key, [str(w) for w in self.peers]))
         self.pull()
-
-
-def attach_ps(trainer: Trainer, client: PSClient) -> None:
-    """Route the trainer's updates through the parameter server.
-
-    The client connects (stores the initial parameters, pulls the shards' values) after the
-    trainer restored its checkpoint and before its first step; each step then pushes the
-    gradients and pulls the new parameters instead of applying the local updater.
-    `ps/version` and `ps/staleness` are reported every disp_freq steps with the training metrics.
-    """
-    every = trainer.spec.disp_freq
-
-    def apply_update(step: int) -> None:
-        client.step(step)
-        if (step + 1) % every == 0:
-            values = {
-                "ps/version": float(client.stats.version),
-                "ps/staleness": float(client.stats.staleness),
-            }
-            record = MetricRecord(
-                step + 1, values, group=trainer.options.group, rank=trainer.options.metric_rank
-            )
-            for sink in trainer.sinks:
-                sink.emit(record)
-
-    trainer.start_hooks.append(client.connect)
-    trainer.apply_update = apply_update

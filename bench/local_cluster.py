@@ -1,13 +1,13 @@
-"""Entry points of distributed processes, and a launcher that runs a whole topology here.
+"""Run every process of a job's topology on this machine, supervised the way the service does.
 
-`run_worker` and `run_server` are what one placed process runs (workers/entry.py calls them
-for the non-local frameworks): a worker trains its replica and exchanges updates with the
-parameter-server shards of its server group; a server serves one shard until its workers finish.
-
-`launch_local` starts every process of a topology on this machine as separate OS processes
-(`python -m workers.distributed.launch`), talking only through Redis, and supervises them the
-way the service does: a server shard that dies is started again (it continues from its state in
-Redis); a worker that fails fails the run. Tests and benchmarks use it.
+`launch_local` starts each worker and server shard as a separate OS process (this file run
+as a script), talking only through Redis: a server shard that dies is started again (it
+continues from its state in Redis); a worker that fails fails the run. Tests
+(tests/workers/distributed/) and benchmarks (bench/ps_throughput.py, bench/time_to_accuracy.py)
+use it; the service runs processes through its node agents instead (workers/entry.py). Its
+home is bench/ because it is a tool for running topologies by hand and in benchmarks, which
+put bench/ on sys.path; tests import it as `bench.local_cluster` (pytest puts the repository
+root first).
 """
 
 from __future__ import annotations
@@ -21,135 +21,27 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dsl.compiler import CompiledJob
+# Run as a script (each launched process), this file needs the repository on sys.path.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from dsl.compiler import compile_job
 from dsl.schema import JobSpec
-from dsl.topology import Topology
-from workers.data import Dataset
-from workers.distributed.hybrid import group_pushers, run_allreduce_worker
-from workers.distributed.ps.client import PSClient, attach_ps
-from workers.distributed.ps.plan import Connections, PSKeys, PSPlan, clear_ps_keys
-from workers.distributed.ps.shard import ShardReport, run_shard
-from workers.metrics import MetricSink
-from workers.trainer import Summary, Trainer, TrainOptions
+from dsl.topology import Topology, resolve_topology
+from workers.checkpoint import write_json_atomic
+from workers.context import RunContext, worker_dir
+from workers.data import TrainingData
+from workers.distributed.ps.plan import Connections, PSKeys, clear_ps_keys
+from workers.metrics import JsonlSink
+from workers.parallel import serve, train
 
 
 class LaunchError(RuntimeError):
     """A distributed run that could not finish (a worker failed, or it ran out of time)."""
-
-
-def topology_from_dict(raw: Mapping[str, Any]) -> Topology:
-    """A Topology from `Topology.to_dict()` (which adds derived counts) or stored JSON."""
-    return Topology(**{f.name: raw[f.name] for f in fields(Topology)})
-
-
-def run_worker(
-    job: CompiledJob,
-    dataset: Dataset,
-    *,
-    topology: Topology,
-    group: int,
-    rank: int,
-    redis_url: str,
-    scope: str,
-    run_dir: Path,
-    ps_urls: Sequence[str] = (),
-    sinks: Sequence[MetricSink] = (),
-    should_stop: Callable[[], bool] = lambda: False,
-    device: str = "cpu",
-    base_dir: Path | None = None,
-) -> Summary:
-    """Train worker `rank` of worker group `group` to the end of the job.
-
-    With separate server shards (sandblaster, downpour, hogwild and their hybrids) the worker
-    takes part `worker_id` of `nworkers` of every global batch, pushes its gradients to the
-    shards of its server group and pulls the parameters back each step.
-    The allreduce framework (one group, or groups joined by shards) runs in hybrid.py.
-    """
-    if topology.framework == "allreduce":
-        return run_allreduce_worker(
-            job,
-            dataset,
-            topology=topology,
-            group=group,
-            rank=rank,
-            redis_url=redis_url,
-            scope=scope,
-            run_dir=run_dir,
-            ps_urls=ps_urls,
-            sinks=sinks,
-            should_stop=should_stop,
-            device=device,
-            base_dir=base_dir,
-        )
-    if not topology.server_worker_separate:
-        raise LaunchError(
-            f"cluster.framework '{topology.framework}' without separate server shards is not "
-            "run by the parameter server (server_worker_separate: false)"
-        )
-    plan = PSPlan.from_topology(topology)
-    spec = job.spec
-    options = TrainOptions(
-        run_dir=run_dir,
-        device=device,
-        rank=plan.worker_id(group, rank),
-        world=plan.nworkers,
-        group=group,
-        group_rank=rank,
-        base_dir=base_dir or Path.cwd(),
-        should_stop=should_stop,
-    )
-    trainer = Trainer(job, dataset, options, sinks)
-    connections = Connections(redis_url, ps_urls)
-    clip = spec.updater.clip
-    client = PSClient(
-        trainer.net,
-        plan=plan,
-        connections=connections,
-        keys=PSKeys(scope),
-        group=group,
-        rank=rank,
-        compression=spec.cluster.compression,
-        clip_norm=clip.grad_norm if clip is not None else None,
-        staleness=spec.cluster.staleness,
-    )
-    attach_ps(trainer, client)
-    try:
-        summary = trainer.run()
-        client.finish()
-        return summary
-    finally:
-        client.close()
-        connections.close()
-
-
-def run_server(
-    spec: JobSpec,
-    *,
-    topology: Topology,
-    group: int,
-    rank: int,
-    redis_url: str,
-    scope: str,
-    ps_urls: Sequence[str] = (),
-    should_stop: Callable[[], bool] = lambda: False,
-) -> ShardReport:
-    """Serve shard `rank` of server group `group` until the workers of that group finish."""
-    return run_shard(
-        redis_url,
-        scope,
-        group,
-        rank,
-        spec,
-        topology,
-        ps_urls=ps_urls,
-        pushers_per_group=group_pushers(topology),
-        should_stop=should_stop,
-    )
 
 
 # -- running a topology on this machine ------------------------------------------------------
@@ -157,8 +49,7 @@ def run_server(
 class LaunchConfig:
     """Everything a launched process needs, written once as JSON next to the run."""
 
-    job: str  # the job document (YAML)
-    overrides: dict[str, Any]
+    spec: dict[str, Any]  # the validated job, as the service stores it for its workers
     topology: dict[str, Any]
     redis_url: str
     scope: str
@@ -180,17 +71,12 @@ class LocalRun:
 Role = tuple[str, int, int]  # ("worker" | "server", group, rank)
 
 
-def worker_dir(run_dir: Path, group: int, rank: int) -> Path:
-    """Where worker (group, rank) of a local launch writes metrics.jsonl and summary.json."""
-    return run_dir / "workers" / f"g{group}r{rank}"
-
-
 class LocalCluster:
     """The processes of one topology on this machine, supervised like the service does."""
 
     def __init__(self, config: LaunchConfig, *, max_restarts: int = 3) -> None:
         self.config = config
-        self.topology = topology_from_dict(config.topology)
+        self.topology = Topology.from_dict(config.topology)
         self.run_dir = Path(config.run_dir)
         self.max_restarts = max_restarts
         self.restarts = 0
@@ -226,8 +112,7 @@ class LocalCluster:
         self.processes[role] = subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "workers.distributed.launch",
+                str(Path(__file__).resolve()),
                 str(self._config_path),
                 kind,
                 str(group),
@@ -318,19 +203,14 @@ def prepare_launch(
     `job_yaml` is a path or the YAML text; the run's Redis keys live under `scope` (default a
     fresh one).
     """
-    from dsl.compiler import load_spec
-    from dsl.topology import resolve_topology
-    from workers.data import load_dataset
-
     text = Path(job_yaml).read_text() if isinstance(job_yaml, Path) else job_yaml
     base_dir = job_yaml.parent if isinstance(job_yaml, Path) else Path.cwd()
-    spec, _ = load_spec(text, overrides=overrides)
-    topology = topology or resolve_topology(spec.cluster)
     # Generated data is made once here rather than by every process at the same time.
-    load_dataset(spec.data, seed=spec.seed, cache_dir=cache_dir, base_dir=base_dir)
+    data = TrainingData(cache_dir=cache_dir, base_dir=base_dir)
+    spec = compile_job(text, data, overrides=overrides).spec
+    topology = topology or resolve_topology(spec.cluster)
     return LaunchConfig(
-        job=text,
-        overrides=dict(overrides or {}),
+        spec=spec.model_dump(mode="json", exclude_unset=True),
         topology=topology.to_dict(),
         redis_url=redis_url,
         scope=scope or f"local:{uuid.uuid4().hex[:12]}",
@@ -380,49 +260,30 @@ def launch_local(
 def _run_process(config: LaunchConfig, kind: str, group: int, rank: int) -> int:
     import torch
 
-    from dsl.compiler import load_spec
-    from workers.checkpoint import write_json_atomic
-    from workers.jobs import prepare_job
-    from workers.metrics import JsonlSink
-
     torch.set_num_threads(config.threads)
-    topology = topology_from_dict(config.topology)
+    data = TrainingData(cache_dir=Path(config.cache_dir), base_dir=Path(config.base_dir))
+    job = compile_job(JobSpec.model_validate(config.spec), data)
     run_dir = Path(config.run_dir)
+    context = RunContext(
+        job=job,
+        dataset=data.dataset,
+        topology=Topology.from_dict(config.topology),
+        run_dir=run_dir,
+        group=group,
+        rank=rank,
+        redis_url=config.redis_url,
+        ps_urls=config.ps_urls,
+        scope=config.scope,
+        base_dir=Path(config.base_dir),
+    )
     if kind == "server":
-        spec, _ = load_spec(config.job, overrides=config.overrides)
-        report = run_server(
-            spec,
-            topology=topology,
-            group=group,
-            rank=rank,
-            redis_url=config.redis_url,
-            scope=config.scope,
-            ps_urls=config.ps_urls,
-        )
+        report = serve(context)
         logging.getLogger(__name__).info("server %d/%d done: %s", group, rank, report)
         return 0
-    job, dataset = prepare_job(
-        config.job,
-        cache_dir=Path(config.cache_dir),
-        base_dir=Path(config.base_dir),
-        overrides=config.overrides,
-    )
     own_dir = worker_dir(run_dir, group, rank)
     sink = JsonlSink(own_dir)
     try:
-        summary = run_worker(
-            job,
-            dataset,
-            topology=topology,
-            group=group,
-            rank=rank,
-            redis_url=config.redis_url,
-            scope=config.scope,
-            run_dir=run_dir,
-            ps_urls=config.ps_urls,
-            sinks=[sink],
-            base_dir=Path(config.base_dir),
-        )
+        summary = train(replace(context, sinks=[sink]))
     finally:
         sink.close()
     write_json_atomic(own_dir / "summary.json", summary.to_json())
@@ -431,7 +292,7 @@ def _run_process(config: LaunchConfig, kind: str, group: int, rank: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m workers.distributed.launch",
+        prog="bench/local_cluster.py",
         description="Run one process of a local distributed launch (see launch_local).",
     )
     parser.add_argument("config", type=Path, help="launch.json written by LocalCluster")

@@ -1,0 +1,66 @@
+"""What one process of a job needs to run its part: one value instead of long argument chains.
+
+The node agent's worker (workers/entry.py) and the local launcher of tests and benchmarks
+(bench/local_cluster.py) build a `RunContext`; workers/parallel.py reads it to apply the
+job's parallelism and train, or to serve a parameter-server shard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dsl.compiler import CompiledJob
+from dsl.schema import JobSpec
+from dsl.topology import Topology
+from workers.data import Dataset
+from workers.metrics import MetricSink
+from workers.trainer import TrainOptions
+
+
+def worker_dir(run_dir: Path, group: int, rank: int) -> Path:
+    """Where worker (group, rank) of a distributed run writes metrics.jsonl and summary.json;
+    worker 0 of group 0 writes the run directory itself."""
+    return run_dir / "workers" / f"g{group}r{rank}"
+
+
+@dataclass(frozen=True)
+class RunContext:
+    job: CompiledJob
+    dataset: Dataset
+    topology: Topology
+    run_dir: Path  # the job's run directory (checkpoints, worker 0's summary)
+    # The process's place: worker `rank` of worker group `group` (or shard `rank` of server
+    # group `group` for a parameter-server shard).
+    group: int = 0
+    rank: int = 0
+    # Connections: the job's Redis, the parameter-server shards' Redis servers, and the
+    # scope every key of the job lives under.
+    redis_url: str = ""
+    ps_urls: Sequence[str] = ()
+    scope: str = ""
+    device: str = "cpu"
+    sinks: Sequence[MetricSink] = ()
+    should_stop: Callable[[], bool] = lambda: False
+    base_dir: Path = field(default_factory=Path.cwd)  # relative paths of the job (init_from)
+    resume: bool = False
+
+    @property
+    def spec(self) -> JobSpec:
+        return self.job.spec
+
+    def train_options(self, *, rank: int | None = None, world: int = 1) -> TrainOptions:
+        """The trainer's options: it reads part `rank` (default: the worker's rank) of `world`
+        of every batch; its metrics carry the worker's group and rank in the group."""
+        return TrainOptions(
+            run_dir=self.run_dir,
+            device=self.device,
+            resume=self.resume,
+            rank=self.rank if rank is None else rank,
+            world=world,
+            group=self.group,
+            group_rank=self.rank,
+            base_dir=self.base_dir,
+            should_stop=self.should_stop,
+        )

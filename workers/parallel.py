@@ -1,0 +1,350 @@
+"""Parallelism, applied by plain functions to a trainer built without knowledge of it.
+
+Every framework applies its pieces in this one order:
+
+1. partition the net over the worker's group, by feature or by batch (`partition`; before the
+   trainer exists, so the updater is built over this worker's slices);
+   -- pipeline stages will be cut here, after partitioning and before the trainer;
+2. build the trainer on that net (workers/trainer.py, which knows nothing of the rest);
+3. synchronise the replicas before each update: all-reduce of the gradients inside a group
+   (`sync_in_group`), the parameter-server client between workers (`sync_through_servers`),
+   or both for a hybrid (the group's mean is pushed, once per group);
+4. gradient compression: the exchanges of step 3 send gradients in the wire type
+   `compression=` names (the job's cluster.compression);
+5. whole-model checkpoints for a net split by feature (`whole_checkpoints`).
+
+The framework is chosen in one place, `FRAMEWORKS` (framework -> how it is applied); `train`
+and `serve` are what one process of a job runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
+
+import redis
+import torch
+import torch.distributed as dist
+
+from dsl.compiler import CompiledJob
+from dsl.registry import Registry
+from dsl.schema import JobSpec
+from dsl.topology import Topology, topology_problems
+from workers.checkpoint import Checkpoint
+from workers.context import RunContext
+from workers.data import Dataset
+from workers.distributed.allreduce import (
+    GradientSync,
+    broadcast_replicas,
+    gradient_sync,
+    replicated_tensors,
+)
+from workers.distributed.comm import ProcessGroup
+from workers.distributed.partition import PartitionedNet, partition_net, sharded_params
+from workers.distributed.ps.client import PSClient
+from workers.distributed.ps.plan import Connections, PSKeys, PSPlan
+from workers.distributed.ps.shard import ShardReport, run_shard
+from workers.distributed.rendezvous import (
+    GroupMember,
+    join_group,
+    leave_group,
+    reachable_address,
+    redis_store,
+)
+from workers.metrics import MetricRecord, MetricSink
+from workers.trainer import Summary, Trainer, TrainOptions
+
+
+class TopologyError(ValueError):
+    """A topology a worker cannot run as asked."""
+
+
+# -- the pieces, in their order ----------------------------------------------------------------
+def partition(
+    job: CompiledJob, *, rank: int, world: int, group: ProcessGroup = None
+) -> CompiledJob:
+    """1. The job with worker `rank` of `world`'s part of the net (the whole net when the
+    net is split by batch only)."""
+    net = partition_net(
+        job.net, net_dim=job.spec.neuralnet.partition_dim, rank=rank, world=world, group=group
+    )
+    return replace(job, net=net)
+
+
+def sync_in_group(
+    trainer: Trainer,
+    *,
+    compression: str,
+    group: ProcessGroup = None,
+    bucket_mb: float = 25.0,
+) -> GradientSync:
+    """3 and 4. Average the gradients over the group before each local update.
+
+    Every worker of the group calls it, after `partition` and before `run()`.
+    """
+    sync = gradient_sync(trainer, group, compression=compression, bucket_mb=bucket_mb)
+    update = trainer.updater.step
+
+    def apply_update(step: int) -> None:
+        sync.finish()
+        update(step)
+
+    trainer.apply_update = apply_update
+    return sync
+
+
+def sync_through_servers(
+    trainer: Trainer, *, client: PSClient, group_sync: GradientSync | None = None
+) -> None:
+    """3. Route the updates through the parameter-server shards.
+
+    The client connects (stores the initial parameters, pulls the shards' values) after the
+    trainer restored its checkpoint and before its first step; each step then pushes the
+    gradients and pulls the new parameters instead of applying the local updater.
+    With `group_sync` (a hybrid) the group's mean gradient is what goes to the shards, and rank
+    0's values are broadcast after each pull, so the replicas of a group stay identical even
+    when another group's update lands between two pulls.
+    `ps/version` and `ps/staleness` are reported every disp_freq steps.
+    """
+    every = trainer.spec.disp_freq
+    replicas = replicated_tensors(trainer) if group_sync is not None else []
+
+    def apply_update(step: int) -> None:
+        if group_sync is not None:
+            group_sync.finish()  # the group's mean gradient, on every worker
+        client.step(step)
+        if (step + 1) % every == 0:
+            values = {
+                "ps/version": float(client.stats.version),
+                "ps/staleness": float(client.stats.staleness),
+            }
+            record = MetricRecord(
+                step + 1, values, group=trainer.options.group, rank=trainer.options.metric_rank
+            )
+            for sink in trainer.sinks:
+                sink.emit(record)
+        if group_sync is not None:
+            broadcast_replicas(replicas)
+
+    trainer.start_hooks.append(client.connect)
+    if group_sync is not None:
+        trainer.start_hooks.append(lambda: broadcast_replicas(replicas))
+    trainer.apply_update = apply_update
+
+
+def checkpoint_due(spec: JobSpec, done: int) -> bool:
+    """Whether the trainer saves a checkpoint once `done` steps are done (its own schedule)."""
+    return done == spec.train_steps or bool(
+        spec.checkpoint.freq and done % spec.checkpoint.freq == 0
+    )
+
+
+class WholeCheckpoints:
+    """Checkpoints of a net split by feature hold whole tensors, as a local run's do.
+
+    Joining the slices is a collective, and only rank 0 writes checkpoints, so every worker
+    joins them right after the update of a step the trainer will save at; rank 0's trainer
+    then writes the joined tensors. Loading takes each worker's slices of the whole tensors.
+    """
+
+    def __init__(self, trainer: Trainer, net: PartitionedNet) -> None:
+        self.trainer, self.net = trainer, net
+        self.step = -1
+        self.params: dict[str, torch.Tensor] = {}
+        self.updater: dict[str, torch.Tensor] = {}
+
+    def after_update(self, step: int) -> None:
+        if checkpoint_due(self.trainer.spec, step + 1):
+            self.params = self.net.gather_full(dict(self.net.named_params()))
+            self.updater = self.net.gather_full(self.trainer.updater.state_tensors())
+            self.step = step + 1
+
+    def to_whole(self, ckpt: Checkpoint) -> Checkpoint:
+        if ckpt.step != self.step:
+            raise RuntimeError(
+                f"checkpoint of step {ckpt.step} requested, but the workers joined their "
+                f"parameter slices at step {self.step}"
+            )
+        return replace(ckpt, params=self.params, updater=self.updater)
+
+    def to_local(self, ckpt: Checkpoint) -> Checkpoint:
+        return replace(
+            ckpt, params=self.net.take_local(ckpt.params), updater=self.net.take_local(ckpt.updater)
+        )
+
+
+def whole_checkpoints(trainer: Trainer) -> WholeCheckpoints | None:
+    """5. Make a trainer whose net is split by feature save and load whole-model checkpoints."""
+    net = trainer.net
+    if not isinstance(net, PartitionedNet) or not net.shard_axes:
+        return None
+    whole = WholeCheckpoints(trainer, net)
+    update = trainer.apply_update
+
+    def apply_update(step: int) -> None:
+        update(step)
+        whole.after_update(step)
+
+    trainer.apply_update = apply_update
+    trainer.checkpoint_out = whole.to_whole
+    trainer.checkpoint_in = whole.to_local
+    return whole
+
+
+def group_trainer(
+    job: CompiledJob,
+    dataset: Dataset,
+    options: TrainOptions,
+    *,
+    sinks: Sequence[MetricSink] = (),
+    group: ProcessGroup = None,
+    compression: str | None = None,
+) -> tuple[Trainer, GradientSync]:
+    """The allreduce framework's trainer for worker `options.rank` of a group of
+    `options.world` that has joined its process group (steps 1 to 5). `compression` defaults
+    to the job's cluster.compression."""
+    part = partition(job, rank=options.rank, world=options.world, group=group)
+    trainer = Trainer(part, dataset, options, sinks)
+    sync = sync_in_group(
+        trainer, compression=compression or job.spec.cluster.compression, group=group
+    )
+    whole_checkpoints(trainer)
+    return trainer, sync
+
+
+def group_pushers(topology: Topology) -> int | None:
+    """Workers per group that push gradients to the shards: allreduce groups push once, as one
+    replica; None leaves the parameter server's default (every worker pushes)."""
+    return 1 if topology.framework == "allreduce" else None
+
+
+def check_topology(topology: Topology) -> None:
+    """Refuse topologies whose server shards would be missing or idle (the rules job
+    validation applies, dsl.topology.topology_problems, for a topology built otherwise)."""
+    problems = topology_problems(topology)
+    if problems:
+        raise TopologyError(
+            "; ".join(f"cluster.{key}: {message} ({hint})" for key, message, hint in problems)
+        )
+
+
+# -- the frameworks ------------------------------------------------------------------------------
+@dataclass
+class Worker:
+    """A trainer with its framework applied, and what to do once it trained to the end."""
+
+    trainer: Trainer
+    after_run: list[Callable[[], None]] = field(default_factory=list)
+
+
+Framework = Callable[[RunContext, ExitStack], Worker]
+FRAMEWORKS: Registry[Framework] = Registry("framework")
+
+
+def train(ctx: RunContext) -> Summary:
+    """Train this worker's part of the job to the end, with the job's parallelism."""
+    with ExitStack() as cleanup:
+        worker = FRAMEWORKS.get(ctx.topology.framework)(ctx, cleanup)
+        summary = worker.trainer.run()
+        for finish in worker.after_run:
+            finish()
+        return summary
+
+
+@FRAMEWORKS.register("local")
+def _local(ctx: RunContext, cleanup: ExitStack) -> Worker:
+    return Worker(Trainer(ctx.job, ctx.dataset, ctx.train_options(), ctx.sinks))
+
+
+@FRAMEWORKS.register("sandblaster", "downpour", "hogwild")
+def _parameter_server(ctx: RunContext, cleanup: ExitStack) -> Worker:
+    """Each worker takes part `worker_id` of `nworkers` of every global batch, pushes its
+    gradients to the shards of its server group and pulls the parameters back each step."""
+    if not ctx.topology.server_worker_separate:
+        raise TopologyError(
+            f"cluster.framework '{ctx.topology.framework}' without separate server shards is "
+            "not run by the parameter server (server_worker_separate: false)"
+        )
+    plan = PSPlan.from_topology(ctx.topology)
+    options = ctx.train_options(rank=plan.worker_id(ctx.group, ctx.rank), world=plan.nworkers)
+    trainer = Trainer(ctx.job, ctx.dataset, options, ctx.sinks)
+    client = _ps_client(ctx, trainer, plan, cleanup)
+    sync_through_servers(trainer, client=client)
+    return Worker(trainer, after_run=[client.finish])
+
+
+@FRAMEWORKS.register("allreduce")
+def _allreduce(ctx: RunContext, cleanup: ExitStack) -> Worker:
+    """One group averages its gradients by all-reduce; several groups (a hybrid) also exchange
+    their updates through server shards, asynchronously between groups as in downpour."""
+    check_topology(ctx.topology)
+    member = GroupMember(ctx.rank, ctx.topology.nworkers_per_group, ctx.group)
+    rendezvous = redis.Redis.from_url(ctx.redis_url)
+    cleanup.callback(rendezvous.close)
+    cleanup.callback(leave_group, rendezvous, ctx.scope, ctx.group)
+    store = redis_store(rendezvous, ctx.scope, member, advertise=reachable_address(ctx.redis_url))
+    join_group(store, member, device=ctx.device)
+    # Rank 0 serves the group's store: nobody leaves before the others.
+    done: list[Callable[[], None]] = [dist.barrier]
+    if ctx.topology.nworker_groups == 1:
+        trainer, _ = group_trainer(
+            ctx.job,
+            ctx.dataset,
+            ctx.train_options(world=member.world),
+            sinks=ctx.sinks,
+            compression=ctx.spec.cluster.compression,
+        )
+        return Worker(trainer, after_run=done)
+    plan = PSPlan.from_topology(ctx.topology, pushers_per_group=group_pushers(ctx.topology))
+    # Every worker of the job reads its own rows of each global batch, as in the other
+    # parameter-server frameworks; the rows of a group are consecutive.
+    options = ctx.train_options(rank=plan.worker_id(ctx.group, ctx.rank), world=plan.nworkers)
+    trainer = Trainer(
+        partition(ctx.job, rank=member.rank, world=member.world), ctx.dataset, options, ctx.sinks
+    )
+    if sharded_params(trainer.net):
+        raise TopologyError(
+            "splitting layers by feature (partition_dim 1) inside worker groups that exchange "
+            "updates through server shards is not supported: the shards hold whole parameters; "
+            "use one worker group (nworker_groups: 1) or partition_dim 0 / -1"
+        )
+    sync = gradient_sync(trainer, compression=ctx.spec.cluster.compression)
+    client = _ps_client(ctx, trainer, plan, cleanup)
+    sync_through_servers(trainer, client=client, group_sync=sync)
+    return Worker(trainer, after_run=[client.finish, *done])
+
+
+def _ps_client(ctx: RunContext, trainer: Trainer, plan: PSPlan, cleanup: ExitStack) -> PSClient:
+    connections = Connections(ctx.redis_url, ctx.ps_urls)
+    cleanup.callback(connections.close)
+    clip = ctx.spec.updater.clip
+    client = PSClient(
+        trainer.net,
+        plan=plan,
+        connections=connections,
+        keys=PSKeys(ctx.scope),
+        group=ctx.group,
+        rank=ctx.rank,
+        compression=ctx.spec.cluster.compression,
+        clip_norm=clip.grad_norm if clip is not None else None,
+        staleness=ctx.spec.cluster.staleness,
+    )
+    cleanup.callback(client.close)
+    return client
+
+
+def serve(ctx: RunContext) -> ShardReport:
+    """Serve shard `ctx.rank` of server group `ctx.group` until the workers of that group
+    finish (the parameter-server frameworks and allreduce hybrids)."""
+    return run_shard(
+        ctx.redis_url,
+        ctx.scope,
+        ctx.group,
+        ctx.rank,
+        ctx.spec,
+        ctx.topology,
+        ps_urls=ctx.ps_urls,
+        pushers_per_group=group_pushers(ctx.topology),
+        should_stop=ctx.should_stop,
+    )
