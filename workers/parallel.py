@@ -279,12 +279,7 @@ def _allreduce(ctx: RunContext, cleanup: ExitStack) -> Worker:
     """One group averages its gradients by all-reduce; several groups (a hybrid) also exchange
     their updates through server shards, asynchronously between groups as in downpour."""
     check_topology(ctx.topology)
-    member = GroupMember(ctx.rank, ctx.topology.nworkers_per_group, ctx.group)
-    rendezvous = redis.Redis.from_url(ctx.redis_url)
-    cleanup.callback(rendezvous.close)
-    cleanup.callback(leave_group, rendezvous, ctx.scope, ctx.group)
-    store = redis_store(rendezvous, ctx.scope, member, advertise=reachable_address(ctx.redis_url))
-    join_group(store, member, device=ctx.device)
+    member = join_worker_group(ctx, cleanup)
     # Rank 0 serves the group's store: nobody leaves before the others.
     done: list[Callable[[], None]] = [dist.barrier]
     if ctx.topology.nworker_groups == 1:
@@ -313,6 +308,18 @@ def _allreduce(ctx: RunContext, cleanup: ExitStack) -> Worker:
     client = _ps_client(ctx, trainer, plan, cleanup)
     sync_through_servers(trainer, client=client, group_sync=sync)
     return Worker(trainer, after_run=[client.finish, *done])
+
+
+def join_worker_group(ctx: RunContext, cleanup: ExitStack) -> GroupMember:
+    """Join this worker's group as a torch.distributed process group (met through Redis);
+    `cleanup` leaves it. Every worker of the group must call it."""
+    member = GroupMember(ctx.rank, ctx.topology.nworkers_per_group, ctx.group)
+    rendezvous = redis.Redis.from_url(ctx.redis_url)
+    cleanup.callback(rendezvous.close)
+    cleanup.callback(leave_group, rendezvous, ctx.scope, ctx.group)
+    store = redis_store(rendezvous, ctx.scope, member, advertise=reachable_address(ctx.redis_url))
+    join_group(store, member, device=ctx.device)
+    return member
 
 
 def _ps_client(ctx: RunContext, trainer: Trainer, plan: PSPlan, cleanup: ExitStack) -> PSClient:
