@@ -22,7 +22,7 @@ import sys
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from dsl.compiler import compile_job
 from dsl.schema import JobSpec
 from dsl.topology import Topology, resolve_topology
 from workers.checkpoint import write_json_atomic
-from workers.context import RunContext, worker_dir
+from workers.context import Place, RunContext, worker_dir
 from workers.data import TrainingData
 from workers.distributed.ps.plan import Connections, PSKeys, clear_ps_keys
 from workers.metrics import JsonlSink
@@ -261,29 +261,33 @@ def _run_process(config: LaunchConfig, kind: str, group: int, rank: int) -> int:
     import torch
 
     torch.set_num_threads(config.threads)
-    data = TrainingData(cache_dir=Path(config.cache_dir), base_dir=Path(config.base_dir))
-    job = compile_job(JobSpec.model_validate(config.spec), data)
-    run_dir = Path(config.run_dir)
-    context = RunContext(
-        job=job,
-        dataset=data.dataset,
+    spec = JobSpec.model_validate(config.spec)
+    place = Place(
         topology=Topology.from_dict(config.topology),
-        run_dir=run_dir,
         group=group,
         rank=rank,
         redis_url=config.redis_url,
         ps_urls=config.ps_urls,
         scope=config.scope,
-        base_dir=Path(config.base_dir),
     )
     if kind == "server":
-        report = serve(context)
+        report = serve(spec, place)
         logging.getLogger(__name__).info("server %d/%d done: %s", group, rank, report)
         return 0
+    data = TrainingData(cache_dir=Path(config.cache_dir), base_dir=Path(config.base_dir))
+    run_dir = Path(config.run_dir)
     own_dir = worker_dir(run_dir, group, rank)
     sink = JsonlSink(own_dir)
+    context = RunContext(
+        **vars(place),
+        job=compile_job(spec, data),
+        dataset=data.dataset,
+        run_dir=run_dir,
+        sinks=[sink],
+        base_dir=Path(config.base_dir),
+    )
     try:
-        summary = train(replace(context, sinks=[sink]))
+        summary = train(context)
     finally:
         sink.close()
     write_json_atomic(own_dir / "summary.json", summary.to_json())

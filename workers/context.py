@@ -1,8 +1,9 @@
 """What one process of a job needs to run its part: one value instead of long argument chains.
 
 The node agent's worker (workers/entry.py) and the local launcher of tests and benchmarks
-(bench/local_cluster.py) build a `RunContext`; workers/parallel.py reads it to apply the
-job's parallelism and train, or to serve a parameter-server shard.
+(bench/local_cluster.py) build a `RunContext` for a worker, which workers/parallel.py reads to
+apply the job's parallelism and train, or a `Place` for a parameter-server shard, which serves
+from the job's spec alone (it builds no net and loads no data).
 """
 
 from __future__ import annotations
@@ -25,24 +26,33 @@ def worker_dir(run_dir: Path, group: int, rank: int) -> Path:
     return run_dir / "workers" / f"g{group}r{rank}"
 
 
-@dataclass(frozen=True)
-class RunContext:
-    job: CompiledJob
-    dataset: Dataset
+@dataclass(frozen=True, kw_only=True)
+class Place:
+    """Where one process of a job stands and how it reaches the others: all a parameter-server
+    shard needs besides the job's spec."""
+
     topology: Topology
-    run_dir: Path  # the job's run directory (checkpoints, worker 0's summary)
-    # The process's place: worker `rank` of worker group `group` (or shard `rank` of server
-    # group `group` for a parameter-server shard).
+    # Worker `rank` of worker group `group`, or shard `rank` of server group `group`.
     group: int = 0
     rank: int = 0
-    # Connections: the job's Redis, the parameter-server shards' Redis servers, and the
-    # scope every key of the job lives under.
+    # The job's Redis, the parameter-server shards' Redis servers, and the scope every key of
+    # the job lives under.
     redis_url: str = ""
     ps_urls: Sequence[str] = ()
     scope: str = ""
+    should_stop: Callable[[], bool] = lambda: False
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunContext(Place):
+    """What a training worker needs: its place, the compiled job and its data, where it
+    writes and what it reports to."""
+
+    job: CompiledJob
+    dataset: Dataset
+    run_dir: Path  # the job's run directory (checkpoints, worker 0's summary)
     device: str = "cpu"
     sinks: Sequence[MetricSink] = ()
-    should_stop: Callable[[], bool] = lambda: False
     base_dir: Path = field(default_factory=Path.cwd)  # relative paths of the job (init_from)
     resume: bool = False
 

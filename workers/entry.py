@@ -23,7 +23,8 @@ from contract.records import AllocationInfo, ExitCode, JobStream, Keys, decode, 
 from workers.metrics import RedisSink
 
 if TYPE_CHECKING:
-    from workers.context import RunContext
+    from dsl.schema import JobSpec
+    from workers.context import Place, RunContext
     from workers.metrics import MetricSink
     from workers.trainer import Summary
 
@@ -94,32 +95,37 @@ def train(
     from dsl.errors import JobSpecError
     from dsl.schema import JobSpec
     from dsl.topology import Topology
-    from workers.context import RunContext
+    from workers.context import Place, RunContext
     from workers.data import TrainingData
 
     torch.set_num_threads(max(info.slots, 1))
-    data = TrainingData(cache_dir=cache_dir)
-    try:
-        # The service checked the job at submission: build from its execution spec as it is.
-        job = compile_job(JobSpec.model_validate(info.spec), data, filename=f"job {info.job_id}")
-    except JobSpecError as exc:
-        print(f"the job cannot be built here: {exc}", file=sys.stderr)
-        return ExitCode.INVALID
-    context = RunContext(
-        job=job,
-        dataset=data.dataset,
+    # The service checked the job at submission: its execution spec is used as it is.
+    spec = JobSpec.model_validate(info.spec)
+    should_stop = StopPoll(client, keys, info)
+    place = Place(
         topology=Topology.from_dict(info.topology),
-        run_dir=info.run_dir,
         group=info.group,
         rank=info.rank,
         redis_url=redis_url,
         ps_urls=ps_urls,
         scope=keys.job_scope(info.job_id),
-        device="cuda" if info.gpus and torch.cuda.is_available() else "cpu",
-        should_stop=StopPoll(client, keys, info),
+        should_stop=should_stop,
     )
     if info.role == "server":
-        return _serve(context)
+        return _serve(spec, place)
+    data = TrainingData(cache_dir=cache_dir)
+    try:
+        job = compile_job(spec, data, filename=f"job {info.job_id}")
+    except JobSpecError as exc:
+        print(f"the job cannot be built here: {exc}", file=sys.stderr)
+        return ExitCode.INVALID
+    context = RunContext(
+        **vars(place),  # the same place, with what a worker needs besides
+        job=job,
+        dataset=data.dataset,
+        run_dir=info.run_dir,
+        device="cuda" if info.gpus and torch.cuda.is_available() else "cpu",
+    )
     summary = _train(context, JobStream(client, keys, info.job_id))
     if summary.status == "succeeded":
         return ExitCode.OK
@@ -154,12 +160,12 @@ def _train(context: RunContext, stream: JobStream) -> Summary:
         jsonl.close()
 
 
-def _serve(context: RunContext) -> int:
+def _serve(spec: JobSpec, place: Place) -> int:
     """A parameter-server shard: serves until the workers of its group finish."""
     from workers.parallel import serve
 
-    serve(context)
-    return ExitCode.CANCELLED if context.should_stop() else ExitCode.OK
+    serve(spec, place)
+    return ExitCode.CANCELLED if place.should_stop() else ExitCode.OK
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

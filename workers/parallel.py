@@ -32,7 +32,7 @@ from dsl.registry import Registry
 from dsl.schema import JobSpec
 from dsl.topology import Topology, topology_problems
 from workers.checkpoint import Checkpoint
-from workers.context import RunContext
+from workers.context import Place, RunContext
 from workers.data import Dataset
 from workers.distributed.allreduce import (
     GradientSync,
@@ -341,17 +341,17 @@ def _ps_client(ctx: RunContext, trainer: Trainer, plan: PSPlan, cleanup: ExitSta
     return client
 
 
-def serve(ctx: RunContext) -> ShardReport:
-    """Serve shard `ctx.rank` of server group `ctx.group` until the workers of that group
+def serve(spec: JobSpec, place: Place) -> ShardReport:
+    """Serve shard `place.rank` of server group `place.group` until the workers of that group
     finish (the parameter-server frameworks and allreduce hybrids)."""
     return run_shard(
-        ctx.redis_url,
-        ctx.scope,
-        ctx.group,
-        ctx.rank,
-        ctx.spec,
-        ctx.topology,
-        ps_urls=ctx.ps_urls,
-        pushers_per_group=group_pushers(ctx.topology),
-        should_stop=ctx.should_stop,
+        place.redis_url,
+        place.scope,
+        place.group,
+        place.rank,
+        spec,
+        place.topology,
+        ps_urls=place.ps_urls,
+        pushers_per_group=group_pushers(place.topology),
+        should_stop=place.should_stop,
     )
