@@ -101,7 +101,7 @@ class NeuralNet(nn.Module):
 
         `stop_at` ends the pass after that layer (the cd algorithm needs an rbm's input).
         """
-        flow = self._flow(x, y, phase)
+        flow = self._flow(y, phase)
         losses: list[torch.Tensor] = []
         metrics: dict[str, torch.Tensor] = {}
         for step in self._plans[phase]:
@@ -133,7 +133,7 @@ class NeuralNet(nn.Module):
             loss = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
         return NetOutput(loss=loss, metrics=metrics, outputs=flow.outputs)
 
-    def _flow(self, x: torch.Tensor, y: torch.Tensor | None, phase: Phase) -> Flow:
+    def _flow(self, y: torch.Tensor | None, phase: Phase) -> Flow:
         """The bookkeeping of one pass; a net split over workers returns its own."""
         return Flow(y)
 

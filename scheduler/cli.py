@@ -155,7 +155,7 @@ def api(
 
 def _cluster_settings(**given: Any) -> Settings:
     """Settings for a cluster process, which needs the stack's Redis."""
-    settings = Settings(**{k: v for k, v in given.items() if v is not None})
+    settings = _settings(**given)
     if not settings.redis_url:
         err_console.print(
             "[bold red]error[/] no Redis to connect to: set REDIS_URL to the stack's Redis "

@@ -41,12 +41,13 @@ from sqlalchemy.orm import Session
 
 from scheduler.models import (
     JOB_COMPUTED_FIELDS,
+    JOB_FIELD_KINDS,
     QUEUE_ORDER,
+    FieldKind,
     Job,
     JobOut,
     JobState,
     User,
-    field_kind,
     utcnow,
 )
 
@@ -191,15 +192,14 @@ def _item(page: Subquery, sql: Dialect) -> ColumnElement[Any]:
     # The keys are JobOut's field names, written into the statement as literals: a bound
     # parameter has no type PostgreSQL could infer inside json_build_object.
     pairs: list[Any] = []
-    for key, field in JobOut.model_fields.items():
+    for key, kind in JOB_FIELD_KINDS.items():
         value = computed[key] if key in computed else c[key]
-        pairs += (literal_column(f"'{key}'"), _as_json(sql, field.annotation, value))
+        pairs += (literal_column(f"'{key}'"), _as_json(sql, kind, value))
     return sql.obj(*pairs)
 
 
-def _as_json(sql: Dialect, annotation: Any, value: ColumnElement[Any]) -> ColumnElement[Any]:
-    """A field's value as its JSON form: by the type of the field, optional or not."""
-    kind = field_kind(annotation)
+def _as_json(sql: Dialect, kind: FieldKind, value: ColumnElement[Any]) -> ColumnElement[Any]:
+    """A field's value as its JSON form, by the kind of the field."""
     if kind == "time":
         return sql.iso(value)
     if kind == "float":

@@ -139,7 +139,7 @@ class JobOut(BaseModel):
 
 # JobOut's fields that are not the Job column of their name: computed for one job by the API
 # (api/routes/jobs.py) and for a page by the database (scheduler/listing.py). Every other field
-# of JobOut is the Job column of the same name, written as its type says (`field_kind`).
+# of JobOut is the Job column of the same name, written as its type says (`JOB_FIELD_KINDS`).
 JOB_COMPUTED_FIELDS = ("owner", "progress", "duration_seconds", "queue_position")
 FieldKind = Literal["time", "float", "flag", "document", "plain"]
 
@@ -157,6 +157,11 @@ def field_kind(annotation: Any) -> FieldKind:
     if typing.get_origin(kind) is dict:
         return "document"
     return "plain"  # integers, strings and states: as stored
+
+
+JOB_FIELD_KINDS: dict[str, FieldKind] = {
+    name: field_kind(field.annotation) for name, field in JobOut.model_fields.items()
+}
 
 
 # The order the scheduler places queued jobs in (and the API numbers their positions by):

@@ -33,11 +33,10 @@ from dsl.graph import SourceRef
 from dsl.schema import JobSpec
 from scheduler import store
 from scheduler.models import (
+    JOB_FIELD_KINDS,
     FieldKind,
     Job,
-    JobOut,
     JobState,
-    field_kind,
     utcnow,
 )
 from scheduler.store import aware
@@ -60,10 +59,8 @@ def job_fields(job: Job, owner: str, position: int | None) -> dict[str, Any]:
         "queue_position": position,
     }
     return {
-        name: computed[name]
-        if name in computed
-        else _as_field(field_kind(field.annotation), getattr(job, name))
-        for name, field in JobOut.model_fields.items()
+        name: computed[name] if name in computed else _as_field(kind, getattr(job, name))
+        for name, kind in JOB_FIELD_KINDS.items()
     }
 
 

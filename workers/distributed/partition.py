@@ -149,7 +149,7 @@ class PartitionedNet(NeuralNet):
         self.shard_axes = shard_axes
         self.full_sizes = full_sizes
 
-    def _flow(self, x: torch.Tensor, y: torch.Tensor | None, phase: Phase) -> Flow:
+    def _flow(self, y: torch.Tensor | None, phase: Phase) -> Flow:
         return _SplitFlow(self, y, phase)
 
     def relayout(self, tensor: torch.Tensor, have: Layout, need: Layout) -> torch.Tensor:
