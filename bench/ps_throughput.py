@@ -36,7 +36,7 @@ import psutil
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from local_cluster import LaunchConfig, LocalCluster
+from local_cluster import LocalCluster, prepare_launch
 from overhead import JOB
 
 from dsl.compiler import compile_job
@@ -99,16 +99,14 @@ def run(
     grad_bytes = b"".join(g.numpy().tobytes() for g in grads)
     raw_bytes = grad_bytes if args.compression == "none" else grad_bytes[: len(grad_bytes) // 2]
 
-    config = LaunchConfig(
-        job=json.dumps(job_doc),
-        overrides={},
-        topology=topology.to_dict(),
-        redis_url=urls[0],
-        scope="bench:ps",
-        run_dir=str(tmp / "run"),
-        cache_dir=str(tmp / "cache"),
-        base_dir=str(Path.cwd()),
+    config = prepare_launch(
+        json.dumps(job_doc),
+        topology,
+        urls[0],
+        tmp / "run",
+        cache_dir=tmp / "cache",
         ps_urls=urls,
+        scope="bench:ps",
     )
     cluster = LocalCluster(config)
     cluster.start([("server", 0, s) for s in range(args.shards)])
