@@ -208,7 +208,7 @@ def prepare_launch(
     # Generated data is made once here rather than by every process at the same time.
     data = TrainingData(cache_dir=cache_dir, base_dir=base_dir)
     spec = compile_job(text, data, overrides=overrides).spec
-    topology = topology or resolve_topology(spec.cluster)
+    topology = topology or resolve_topology(spec.cluster, spec.pipeline)
     return LaunchConfig(
         spec=spec.model_dump(mode="json", exclude_unset=True),
         topology=topology.to_dict(),

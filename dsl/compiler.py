@@ -154,7 +154,7 @@ def cross_field_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
                 "use alg: bp for feed-forward nets",
             )
         )
-    for key, message, hint in topology_problems(resolve_topology(spec.cluster)):
+    for key, message, hint in topology_problems(resolve_topology(spec.cluster, spec.pipeline)):
         issues.append(source.issue(("cluster", key), message, hint))
     return issues
 

@@ -81,6 +81,35 @@ class CheckpointConfig(StrictModel):
     )
 
 
+class PipelineConfig(StrictModel):
+    """GPipe / PipeDream pipeline parallelism: the net cut into stages, one worker each, and
+    every batch into micro-batches that flow through them."""
+
+    stages: Annotated[int, Field(ge=2)] | Annotated[list[list[str]], Field(min_length=2)] = Field(
+        description="how many stages (the planner chooses the cuts) or the layer names of each "
+        "stage, first stage first"
+    )
+    microbatches: int = Field(default=1, ge=1, description="micro-batches per batch")
+    schedule: Literal["gpipe", "1f1b"] = Field(
+        default="1f1b",
+        description="gpipe: all forwards, then all backwards; 1f1b: one forward, one backward "
+        "(bounds the activations in flight)",
+    )
+    rematerialize: bool = Field(
+        default=False,
+        description="recompute each stage's activations in the backward pass instead of keeping "
+        "them (less memory, more compute)",
+    )
+    max_stage_memory_mb: float | None = Field(
+        default=None, gt=0, description="planner: the most activation memory one stage may hold"
+    )
+
+    @property
+    def count(self) -> int:
+        """The number of stages."""
+        return self.stages if isinstance(self.stages, int) else len(self.stages)
+
+
 Framework = Literal["local", "sandblaster", "allreduce", "downpour", "hogwild"]
 
 
@@ -124,6 +153,9 @@ class JobSpec(StrictModel):
     test: TestConfig = Field(default_factory=TestConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    pipeline: PipelineConfig | None = Field(
+        default=None, description="cut the net into pipeline stages (GPipe / PipeDream 1F1B)"
+    )
 
     def layer(self, name: str) -> LayerConfig:
         for layer in self.neuralnet.layers:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from dsl.schema import ClusterConfig
+from dsl.schema import ClusterConfig, PipelineConfig
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,9 @@ class Topology:
     server_worker_separate: bool
     slots_per_worker: int
     gpus_per_worker: int
+    # Pipeline stages per worker group: a pipelined job's groups are its pipelines (replicas)
+    # and the workers of a group its stages; 1 when the job has no pipeline.
+    stages: int = 1
 
     @property
     def workers(self) -> int:
@@ -40,7 +43,7 @@ class Topology:
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Topology:
         """The topology `to_dict` wrote (its derived counts are left out), or stored JSON."""
-        return cls(**{f.name: raw[f.name] for f in fields(cls)})
+        return cls(**{f.name: raw[f.name] for f in fields(cls) if f.name in raw})
 
 
 # framework -> (worker groups, workers per group, server groups, servers per group, separate)
@@ -53,8 +56,16 @@ PRESETS: dict[str, tuple[int, int, int, int, bool]] = {
 }
 
 
-def resolve_topology(cluster: ClusterConfig) -> Topology:
+def resolve_topology(cluster: ClusterConfig, pipeline: PipelineConfig | None = None) -> Topology:
+    """The job's topology; with a `pipeline`, each worker group is one pipeline of its stages."""
     groups, per_group, sgroups, per_sgroup, separate = PRESETS[cluster.framework]
+    stages = pipeline.count if pipeline is not None else 1
+    if pipeline is not None:
+        # Replicas of a pipeline exchange updates by all-reduce between their stages, never
+        # through shards unless the framework is a parameter-server one.
+        groups, per_group = (1, stages)
+        if cluster.framework == "allreduce":
+            sgroups, per_sgroup, separate = 0, 0, False
 
     def pick(value: int | bool | None, default: int | bool) -> int | bool:
         return default if value is None else value
@@ -68,6 +79,7 @@ def resolve_topology(cluster: ClusterConfig) -> Topology:
         server_worker_separate=bool(pick(cluster.server_worker_separate, separate)),
         slots_per_worker=cluster.resources.slots_per_worker,
         gpus_per_worker=cluster.resources.gpus_per_worker,
+        stages=stages,
     )
 
 
@@ -78,6 +90,8 @@ def topology_problems(topology: Topology) -> list[tuple[str, str, str]]:
     """Why a resolved topology cannot run, as (cluster key, message, hint): checked when a job
     is validated, so that a job that could never run is refused at submission."""
     t = topology
+    if t.stages > 1:
+        return _pipeline_problems(t)
     problems: list[tuple[str, str, str]] = []
     if t.framework == "local" and (t.workers != 1 or t.servers):
         problems.append(
@@ -138,4 +152,47 @@ def topology_problems(topology: Topology) -> list[tuple[str, str, str]]:
                     "set nserver_groups: 0, or use framework sandblaster",
                 )
             )
+    return problems
+
+
+def _pipeline_problems(t: Topology) -> list[tuple[str, str, str]]:
+    """The rules for a pipelined job's topology: groups are pipelines, workers are stages."""
+    problems: list[tuple[str, str, str]] = []
+    if t.nworkers_per_group != t.stages:
+        problems.append(
+            (
+                "nworkers_per_group",
+                f"each worker group of a pipelined job is one pipeline of {t.stages} stages, "
+                f"one worker each, and the cluster section asks for {t.nworkers_per_group} "
+                "workers per group",
+                f"drop nworkers_per_group, or set it to {t.stages}",
+            )
+        )
+    if t.framework == "local" and t.nworker_groups != 1:
+        problems.append(
+            (
+                "nworker_groups",
+                f"framework local runs one pipeline, and the cluster section asks for "
+                f"{t.nworker_groups} worker groups (replicas)",
+                "use framework allreduce for replicas of the pipeline",
+            )
+        )
+    if t.framework in ("local", "allreduce") and t.servers:
+        problems.append(
+            (
+                "nserver_groups",
+                f"framework {t.framework} keeps a pipeline's parameters in its stages and has no "
+                "use for server shards",
+                "drop the server counts",
+            )
+        )
+    if t.framework in PS_FRAMEWORKS:
+        problems.append(
+            (
+                "framework",
+                f"pipelines whose replicas exchange updates through server shards (framework "
+                f"{t.framework}) are not built yet",
+                "use framework local (one pipeline) or allreduce (replicas by all-reduce)",
+            )
+        )
     return problems

@@ -58,7 +58,8 @@ def job_topology(job: Job | Row[Any]) -> dict[str, Any]:
     from dsl.schema import JobSpec  # the job language imports torch; only for old rows
     from dsl.topology import resolve_topology
 
-    return resolve_topology(JobSpec.model_validate(job.spec).cluster).to_dict()
+    spec = JobSpec.model_validate(job.spec)
+    return resolve_topology(spec.cluster, spec.pipeline).to_dict()
 
 
 def placement_request(job: Job | Row[Any]) -> PlacementRequest:

@@ -97,7 +97,7 @@ class Cluster:
                     spec_yaml=JOB_TEXT,
                     overrides=dict(overrides),
                     spec=spec.model_dump(mode="json", exclude_unset=True),
-                    topology=resolve_topology(spec.cluster).to_dict(),
+                    topology=resolve_topology(spec.cluster, spec.pipeline).to_dict(),
                     framework=spec.cluster.framework,
                     train_steps=spec.train_steps,
                 ),
