@@ -58,6 +58,10 @@ class NeuralNet(nn.Module):
             for phase in ("train", "test")
         }
 
+    def steps(self, phase: Phase) -> list[Step]:
+        """The layers `phase` runs, in order."""
+        return list(self._plans[phase])
+
     def named_params(self) -> dict[str, nn.Parameter]:
         """Parameters by their job-language names, `<layer>/<param>`."""
         return {

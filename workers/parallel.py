@@ -4,7 +4,8 @@ Every framework applies its pieces in this one order:
 
 1. partition the net over the worker's group, by feature or by batch (`partition`; before the
    trainer exists, so the updater is built over this worker's slices);
-   -- pipeline stages will be cut here, after partitioning and before the trainer;
+   or cut it into pipeline stages, one per worker of the group (`pipeline_trainer`, in
+   workers/distributed/pipeline.py, which applies steps 2 to 5 its own way for a stage);
 2. build the trainer on that net (workers/trainer.py, which knows nothing of the rest);
 3. synchronise the replicas before each update: all-reduce of the gradients inside a group
    (`sync_in_group`), the parameter-server client between workers (`sync_through_servers`),
@@ -28,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from dsl.compiler import CompiledJob
+from dsl.planner import plan_pipeline
 from dsl.registry import Registry
 from dsl.schema import JobSpec
 from dsl.topology import Topology, topology_problems
@@ -42,6 +44,7 @@ from workers.distributed.allreduce import (
 )
 from workers.distributed.comm import ProcessGroup
 from workers.distributed.partition import PartitionedNet, partition_net, sharded_params
+from workers.distributed.pipeline import PipelineGroups, pipeline_trainer
 from workers.distributed.ps.client import PSClient
 from workers.distributed.ps.plan import Connections, PSKeys, PSPlan
 from workers.distributed.ps.shard import ShardReport, run_shard
@@ -245,7 +248,9 @@ FRAMEWORKS: Registry[Framework] = Registry("framework")
 def train(ctx: RunContext) -> Summary:
     """Train this worker's part of the job to the end, with the job's parallelism."""
     with ExitStack() as cleanup:
-        worker = FRAMEWORKS.get(ctx.topology.framework)(ctx, cleanup)
+        # A pipelined job's stages run the pipeline, whose replicas the framework syncs.
+        name = "pipeline" if ctx.topology.stages > 1 else ctx.topology.framework
+        worker = FRAMEWORKS.get(name)(ctx, cleanup)
         summary = worker.trainer.run()
         for finish in worker.after_run:
             finish()
@@ -310,13 +315,40 @@ def _allreduce(ctx: RunContext, cleanup: ExitStack) -> Worker:
     return Worker(trainer, after_run=[client.finish, *done])
 
 
-def join_worker_group(ctx: RunContext, cleanup: ExitStack) -> GroupMember:
+@FRAMEWORKS.register("pipeline")
+def _pipeline(ctx: RunContext, cleanup: ExitStack) -> Worker:
+    """Each worker group is one pipeline and its workers the stages; the stages of all the
+    groups form one process group, from which each pipeline and each stage's replicas get
+    their own. Replicas average each stage's gradients by all-reduce."""
+    t = ctx.topology
+    member = join_worker_group(
+        ctx, cleanup, member=GroupMember(ctx.group * t.stages + ctx.rank, t.workers)
+    )
+    groups = PipelineGroups.create(replicas=t.nworker_groups, stages=t.stages, rank=member.rank)
+    options = replace(
+        ctx.train_options(rank=groups.replica, world=groups.replicas), writes=member.rank == 0
+    )
+    trainer = pipeline_trainer(
+        ctx.job,
+        lambda job: Trainer(job, ctx.dataset, options, ctx.sinks),
+        plan=plan_pipeline(ctx.job),
+        groups=groups,
+        compression=ctx.spec.cluster.compression,
+        due=lambda done: checkpoint_due(ctx.spec, done),
+    )
+    return Worker(trainer, after_run=[dist.barrier])
+
+
+def join_worker_group(
+    ctx: RunContext, cleanup: ExitStack, *, member: GroupMember | None = None
+) -> GroupMember:
     """Join this worker's group as a torch.distributed process group (met through Redis);
-    `cleanup` leaves it. Every worker of the group must call it."""
-    member = GroupMember(ctx.rank, ctx.topology.nworkers_per_group, ctx.group)
+    `cleanup` leaves it. Every worker of the group must call it; `member` joins another
+    process group than the worker's group (a pipelined job's whole world)."""
+    member = member or GroupMember(ctx.rank, ctx.topology.nworkers_per_group, ctx.group)
     rendezvous = redis.Redis.from_url(ctx.redis_url)
     cleanup.callback(rendezvous.close)
-    cleanup.callback(leave_group, rendezvous, ctx.scope, ctx.group)
+    cleanup.callback(leave_group, rendezvous, ctx.scope, member.group)
     store = redis_store(rendezvous, ctx.scope, member, advertise=reachable_address(ctx.redis_url))
     join_group(store, member, device=ctx.device)
     return member

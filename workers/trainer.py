@@ -47,6 +47,13 @@ class TrainOptions:
     group_rank: int | None = None
     base_dir: Path = field(default_factory=Path.cwd)
     should_stop: Callable[[], bool] = lambda: False
+    # Whether this worker writes the run's checkpoints and summary; default: part 0 of the
+    # batches does (the stages of a pipeline all read part 0, and only the first one writes).
+    writes: bool | None = None
+
+    @property
+    def is_writer(self) -> bool:
+        return self.rank == 0 if self.writes is None else self.writes
 
     @property
     def metric_rank(self) -> int:
@@ -140,6 +147,9 @@ class Trainer:
         # Run after `restore` and before the first step: a worker fetches the shared parameters
         # (workers/distributed/ps/client.py) so every replica starts from the same values.
         self.start_hooks: list[Callable[[], None]] = []
+        # How the test split is evaluated: a pipeline's stages replace it with a pass through
+        # all of them (workers/distributed/pipeline.py).
+        self.evaluate: Callable[[], dict[str, float]] = self.evaluate_whole
         self.step = 0
         self.last_test: dict[str, float] = {}
         self.last_train: dict[str, float] = {}
@@ -165,7 +175,7 @@ class Trainer:
         return result
 
     @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
+    def evaluate_whole(self) -> dict[str, float]:
         """Loss and metrics over the test split (or test.steps batches of it)."""
         self.net.eval()
         sums: dict[str, float] = {}
@@ -312,7 +322,7 @@ class Trainer:
             if (
                 spec.checkpoint.freq
                 and self.step % spec.checkpoint.freq == 0
-                and self.options.rank == 0
+                and self.options.is_writer
             ):
                 checkpoint, saved_step = self.save_checkpoint(), self.step
             if on_step is not None:
@@ -321,7 +331,7 @@ class Trainer:
             self.last_test = self.evaluate()
             self.emit(self.last_test)
             # Unless the loop has just saved this very step (train_steps a multiple of the freq).
-            if self.options.rank == 0 and not (checkpoint and saved_step == self.step):
+            if self.options.is_writer and not (checkpoint and saved_step == self.step):
                 checkpoint = self.save_checkpoint()
         summary = Summary(
             status=status,
@@ -330,6 +340,6 @@ class Trainer:
             wall_time=time.perf_counter() - started,
             checkpoint=str(checkpoint) if checkpoint else None,
         )
-        if self.options.rank == 0:
+        if self.options.is_writer:
             write_json_atomic(self.options.run_dir / "summary.json", summary.to_json())
         return summary

@@ -1,0 +1,477 @@
+"""Pipeline parallelism: a net cut into stages, one process each (GPipe, PipeDream's 1F1B).
+
+The planner (dsl/planner.py) lists each stage's layers. Here each stage becomes a module that
+takes the tensors crossing into it and returns those crossing out of it, run by
+torch.distributed.pipelining (`PipelineStage` and `ScheduleGPipe` / `Schedule1F1B`): every batch
+is cut into micro-batches, gradients accumulate over them and are divided by their number, so a
+step equals the unpipelined step on the whole batch. The last stage's labelled layers (losses,
+metrics) run in the schedule's loss function, where the micro-batch's labels are.
+
+What crosses a cut is computed per phase from the layers' sources: every output of a layer of
+an earlier stage that a layer of this stage or a later one reads, so a skip connection over a
+stage is passed through it. Evaluation and checkpoints go over the same process group: a
+forward-only pass hands the tensors on stage by stage, and the stages' parameters are gathered
+to the first stage so a checkpoint holds the whole net under its usual names.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.utils.checkpoint import checkpoint as rematerialized
+
+from dsl.compiler import CompiledJob
+from dsl.graph import SourceRef
+from dsl.layers.base import Phase
+from dsl.net import CompiledLayer, NeuralNet, Step
+from dsl.planner import PipelinePlan
+from dsl.schema import JobSpec
+from workers.algorithms import BatchResult
+from workers.checkpoint import Checkpoint
+from workers.data import eval_batches
+from workers.distributed.allreduce import GradientSync, broadcast_replicas, replicated_tensors
+from workers.distributed.comm import ProcessGroup
+from workers.trainer import Trainer
+
+Key = tuple[str, int]  # (layer, output index): one tensor of a pass
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+
+def _key(ref: SourceRef) -> Key:
+    return (ref.layer, ref.output or 0)
+
+
+@dataclass(frozen=True)
+class StageFlow:
+    """One stage's part of a phase: the layers it runs, the tensors it receives and sends.
+
+    On the last stage `head` holds the layers that read the labels (losses and metrics) and
+    `sends` what they read.
+    """
+
+    steps: tuple[Step, ...]
+    receives: tuple[Key, ...]
+    sends: tuple[Key, ...]
+    head: tuple[Step, ...] = ()
+
+
+def stage_flows(net: NeuralNet, plan: PipelinePlan, phase: Phase) -> list[StageFlow]:
+    """Every stage's flow for `phase`, first stage first."""
+    stage_of = plan.stage_of()
+    steps = net.steps(phase)
+    last = len(plan.stages) - 1
+    head = [s for s in steps if s.wants_label]
+    body = [s for s in steps if not s.wants_label]
+    # The tensors read after stage s: by a later stage's layers, or by the head.
+    consumers: list[tuple[int, Step]] = [(stage_of[s.name], s) for s in body]
+    consumers += [(last + 1, s) for s in head]
+    flows: list[StageFlow] = []
+    for index in range(len(plan.stages)):
+        sends: list[Key] = []
+        for where, step in consumers:
+            if where <= index:
+                continue
+            for ref in step.sources:
+                key = _key(ref)
+                if stage_of[ref.layer] <= index and key not in sends:
+                    sends.append(key)
+        mine = tuple(s for s in body if stage_of[s.name] == index)
+        flows.append(
+            StageFlow(
+                steps=mine,
+                receives=flows[-1].sends if flows else (),
+                sends=tuple(sends),
+                head=tuple(head) if index == last else (),
+            )
+        )
+    return flows
+
+
+def run_flow(flow: StageFlow, inputs: Sequence[torch.Tensor]) -> dict[Key, torch.Tensor]:
+    """Run a stage's layers on what it receives; the first stage receives the batch's samples
+    alone, which its input layers hand on."""
+    values: dict[Key, torch.Tensor] = {}
+    if flow.receives:
+        values = dict(zip(flow.receives, inputs, strict=True))
+    for step in flow.steps:
+        if step.module.stateful:
+            step.module.reset_state()  # type: ignore[operator]  # each micro-batch starts anew
+        if step.is_input:
+            out: torch.Tensor | tuple[torch.Tensor, ...] = inputs[0]
+        else:
+            out = step.module(*[values[_key(ref)] for ref in step.sources])
+        if isinstance(out, tuple):
+            for i, tensor in enumerate(out):
+                values[(step.name, i)] = tensor
+        else:
+            values[(step.name, 0)] = out
+    return values
+
+
+def run_head(
+    flow: StageFlow, sent: Sequence[torch.Tensor], y: torch.Tensor, *, with_metrics: bool
+) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+    """The last stage's losses (summed) and metrics, as NeuralNet.forward computes them."""
+    values = dict(zip(flow.sends, sent, strict=True))
+    losses: list[torch.Tensor] = []
+    metrics: dict[str, torch.Tensor] = {}
+    for step in flow.head:
+        inputs = [values[_key(ref)] for ref in step.sources] + [y]
+        out = step.module(*inputs)
+        if step.module.is_loss:
+            losses.append(out)
+        if with_metrics:
+            with torch.no_grad():
+                for key, value in step.module.metrics(*inputs).items():
+                    metrics[key if key not in metrics else f"{step.name}/{key}"] = value
+    loss = None
+    if losses:
+        loss = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
+    return loss, metrics
+
+
+class StageModule(nn.Module):
+    """What a PipelineStage runs: the stage's layers, from the tensors in to the tensors out."""
+
+    def __init__(self, layers: nn.ModuleDict, flow: StageFlow, *, rematerialize: bool) -> None:
+        super().__init__()
+        self.layers = layers
+        self.flow = flow
+        self.rematerialize = rematerialize
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.rematerialize and torch.is_grad_enabled():
+            # Keep only this stage's inputs; the backward runs the stage's forward again.
+            out: tuple[torch.Tensor, ...] = rematerialized(self._run, *inputs, use_reentrant=False)
+            return out
+        return self._run(*inputs)
+
+    def _run(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        values = run_flow(self.flow, inputs)
+        return tuple(values[key] for key in self.flow.sends)
+
+
+def stage_job(job: CompiledJob, plan: PipelinePlan, index: int) -> CompiledJob:
+    """The job as stage `index` holds it: a net of the stage's layers only (the same modules,
+    so its parameters keep their names), which its trainer and updater are built over."""
+    names = set(plan.stages[index].layers)
+    layers: list[CompiledLayer] = [c for c in job.net.compiled if c.config.name in names]
+    return replace(job, net=NeuralNet(layers))
+
+
+@dataclass
+class PipelineGroups:
+    """The process groups of a pipelined job: one per pipeline (its stages talk point to point)
+    and, with replicas, one per stage (its peers in the other pipelines all-reduce)."""
+
+    replicas: int
+    stages: int
+    replica: int
+    stage: int
+    pipeline: ProcessGroup
+    peers: ProcessGroup = None
+
+    @classmethod
+    def create(cls, *, replicas: int, stages: int, rank: int) -> PipelineGroups:
+        """Every process of the job calls it with its rank in the job's world, replica-major."""
+        replica, stage = divmod(rank, stages)
+        pipelines = [
+            dist.new_group([r * stages + s for s in range(stages)]) for r in range(replicas)
+        ]
+        peers = None
+        if replicas > 1:
+            by_stage = [
+                dist.new_group([r * stages + s for r in range(replicas)]) for s in range(stages)
+            ]
+            peers = by_stage[stage]
+        return cls(replicas, stages, replica, stage, pipelines[replica], peers)
+
+    def rank_of(self, stage: int) -> int:
+        """The global rank of `stage` of this process's pipeline."""
+        return self.replica * self.stages + stage
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage == self.stages - 1
+
+
+@dataclass
+class Timeline:
+    """When this stage ran each micro-batch's forward and backward, for the latest step."""
+
+    events: list[tuple[str, int, float, float]] = field(default_factory=list)
+    started: float = 0.0
+    busy: float = 0.0  # seconds of compute in the latest step
+
+    def start(self) -> None:
+        self.events.clear()
+        self.busy = 0.0
+        self.started = time.perf_counter()
+
+    def record(self, kind: str, microbatch: int, began: float) -> None:
+        now = time.perf_counter()
+        self.busy += now - began
+        self.events.append((kind, microbatch, began - self.started, now - self.started))
+
+
+class TimedStage(PipelineStage):
+    """A PipelineStage that notes when it computes, for the busy fraction and the timeline."""
+
+    def __init__(self, *args: object, timeline: Timeline, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.timeline = timeline
+
+    def forward_one_chunk(self, fwd_chunk_id: int, *args: object, **kwargs: object) -> object:
+        began = time.perf_counter()
+        out = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)  # type: ignore[arg-type]
+        self.timeline.record("F", fwd_chunk_id, began)
+        return out
+
+    def backward_one_chunk(self, bwd_chunk_id: int, *args: object, **kwargs: object) -> None:
+        began = time.perf_counter()
+        super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)  # type: ignore[arg-type]
+        self.timeline.record("B", bwd_chunk_id, began)
+
+
+class PipelineRunner:
+    """Runs one stage's part of each training step and evaluation for its trainer."""
+
+    def __init__(
+        self, job: CompiledJob, plan: PipelinePlan, groups: PipelineGroups, device: torch.device
+    ) -> None:
+        config = job.spec.pipeline
+        assert config is not None
+        self.spec: JobSpec = job.spec
+        self.groups = groups
+        self.train_flow = stage_flows(job.net, plan, "train")[groups.stage]
+        self.test_flow = stage_flows(job.net, plan, "test")[groups.stage]
+        names = set(plan.stages[groups.stage].layers)
+        layers = nn.ModuleDict({n: m for n, m in job.net.layers.items() if n in names})
+        self.module = StageModule(layers, self.train_flow, rematerialize=config.rematerialize)
+        self.timeline = Timeline()
+        stage = TimedStage(
+            self.module,
+            groups.stage,
+            groups.stages,
+            device,
+            group=groups.pipeline,
+            timeline=self.timeline,
+        )
+        self.schedule = SCHEDULES[config.schedule](
+            stage, n_microbatches=config.microbatches, loss_fn=self._loss
+        )
+        self.metric_names: list[str] | None = None
+        self._metrics: list[dict[str, torch.Tensor]] = []
+
+    def _loss(self, sent: torch.Tensor | tuple[torch.Tensor, ...], y: torch.Tensor) -> torch.Tensor:
+        outputs = sent if isinstance(sent, tuple) else (sent,)
+        loss, metrics = run_head(self.train_flow, outputs, y, with_metrics=True)
+        assert loss is not None  # the compiler guarantees a loss layer for bp
+        self._metrics.append(metrics)
+        return loss
+
+    def train_one_batch(
+        self, net: NeuralNet, x: torch.Tensor, y: torch.Tensor, spec: JobSpec, gen: torch.Generator
+    ) -> BatchResult:
+        """The trainer's algorithm for a stage: this stage's part of the schedule, then the
+        last stage's loss and metrics shared with every stage (each reports and checks them)."""
+        self.timeline.start()
+        groups = self.groups
+        losses: list[torch.Tensor] = []
+        if groups.is_first:
+            self.schedule.step(x)
+        elif groups.is_last:
+            self.schedule.step(target=y, losses=losses)
+        else:
+            self.schedule.step()
+        values = self._share_values(losses)
+        return BatchResult(values["loss"], {k: v for k, v in values.items() if k != "loss"})
+
+    def _share_values(self, losses: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        groups = self.groups
+        last = groups.rank_of(groups.stages - 1)
+        mean: dict[str, torch.Tensor] = {}
+        if groups.is_last:
+            count = len(self._metrics)
+            mean["loss"] = torch.stack([loss.detach() for loss in losses]).mean()
+            for name in self._metrics[0]:
+                mean[name] = torch.stack([m[name] for m in self._metrics]).sum() / count
+            self._metrics.clear()
+        if self.metric_names is None:
+            names: list[object] = [list(mean)]
+            dist.broadcast_object_list(names, src=last, group=groups.pipeline)
+            self.metric_names = list(names[0])  # type: ignore[call-overload]
+        flat = torch.zeros(len(self.metric_names))
+        if groups.is_last:
+            flat = torch.stack([mean[name].float().cpu() for name in self.metric_names])
+        dist.broadcast(flat, src=last, group=groups.pipeline)
+        return dict(zip(self.metric_names, flat, strict=True))
+
+    @torch.no_grad()
+    def evaluate(self, trainer: Trainer) -> dict[str, float]:
+        """The test split through the stages, forward only; the last stage's figures, shared."""
+        groups = self.groups
+        flow = self.test_flow
+        trainer.net.eval()
+        sums: dict[str, float] = {}
+        seen = 0
+        for x, y in eval_batches(
+            trainer.x_test, trainer.y_test, self.spec.data.batch_size, self.spec.test.steps
+        ):
+            inputs = [x] if groups.is_first else self._receive(len(flow.receives))
+            values = run_flow(flow, inputs)
+            sent = [values[key] for key in flow.sends]
+            if not groups.is_last:
+                self._send(sent)
+                continue
+            loss, metrics = run_head(flow, sent, y, with_metrics=True)
+            figures = {k: float(v) for k, v in metrics.items()}
+            if loss is not None:
+                figures["loss"] = float(loss)
+            for key, value in figures.items():
+                sums[key] = sums.get(key, 0.0) + value * len(x)
+            seen += len(x)
+        trainer.net.train()
+        result: list[object] = [{f"test/{k}": v / max(seen, 1) for k, v in sums.items()}]
+        dist.broadcast_object_list(
+            result, src=groups.rank_of(groups.stages - 1), group=groups.pipeline
+        )
+        return dict(result[0])  # type: ignore[call-overload]
+
+    def _send(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Shapes and dtypes first (the last test batch may be smaller), then the tensors."""
+        to = self.groups.rank_of(self.groups.stage + 1)
+        meta: list[object] = [[(tuple(t.shape), t.dtype) for t in tensors]]
+        dist.send_object_list(meta, dst=to, group=self.groups.pipeline)
+        for tensor in tensors:
+            dist.send(tensor.contiguous(), dst=to, group=self.groups.pipeline)
+
+    def _receive(self, count: int) -> list[torch.Tensor]:
+        source = self.groups.rank_of(self.groups.stage - 1)
+        meta: list[object] = [None]
+        dist.recv_object_list(meta, src=source, group=self.groups.pipeline)
+        shapes: list[tuple[tuple[int, ...], torch.dtype]] = meta[0]  # type: ignore[assignment]
+        assert len(shapes) == count
+        tensors = []
+        for shape, dtype in shapes:
+            tensor = torch.empty(shape, dtype=dtype)
+            dist.recv(tensor, src=source, group=self.groups.pipeline)
+            tensors.append(tensor)
+        return tensors
+
+
+class PipelineCheckpoints:
+    """Checkpoints of a pipelined job hold the whole net under its usual names.
+
+    After the update of a step the trainer will save at, every stage of the first pipeline sends
+    its parameters, buffers and updater state to its first stage, whose trainer writes them as
+    one checkpoint; loading takes each stage's own entries from a whole-net checkpoint.
+    """
+
+    def __init__(self, trainer: Trainer, groups: PipelineGroups, due: Callable[[int], bool]):
+        self.trainer, self.groups, self.due = trainer, groups, due
+        self.step = -1
+        self.merged: tuple[dict[str, torch.Tensor], ...] = ({}, {}, {})
+
+    def after_update(self, step: int) -> None:
+        if self.groups.replica != 0 or not self.due(step + 1):
+            return
+        net = self.trainer.net
+        mine = (
+            {name: p.detach().cpu() for name, p in net.named_params().items()},
+            {
+                f"{name}/{local}": b.detach().cpu()
+                for name, module in net.layers.items()
+                for local, b in module.named_buffers()
+            },
+            self.trainer.updater.state_tensors(),
+        )
+        parts: list[object] | None = [None] * self.groups.stages if self.groups.is_first else None
+        dist.gather_object(mine, parts, dst=self.groups.rank_of(0), group=self.groups.pipeline)
+        if parts is not None:
+            merged: tuple[dict[str, torch.Tensor], ...] = ({}, {}, {})
+            for part in parts:
+                for whole, piece in zip(merged, part, strict=True):  # type: ignore[call-overload]
+                    whole.update(piece)
+            self.merged = merged
+        self.step = step + 1
+
+    def to_whole(self, ckpt: Checkpoint) -> Checkpoint:
+        if ckpt.step != self.step:
+            raise RuntimeError(
+                f"checkpoint of step {ckpt.step} requested, but the stages gathered their "
+                f"parameters at step {self.step}"
+            )
+        params, buffers, updater = self.merged
+        return replace(ckpt, params=params, buffers=buffers, updater=updater)
+
+    def to_stage(self, ckpt: Checkpoint) -> Checkpoint:
+        names = set(self.trainer.net.named_params())
+        updater = {k: v for k, v in ckpt.updater.items() if k.rpartition("/")[0] in names}
+        return replace(ckpt, updater=updater)
+
+
+def clip_across_stages(
+    params: Sequence[torch.Tensor], max_norm: float, group: ProcessGroup
+) -> None:
+    """Clip by the norm of the whole net's gradient, of which each stage holds a part; the
+    updater's own clipping then sees a part already within the limit and leaves it."""
+    grads = [p.grad for p in params if p.grad is not None]
+    squares = torch.zeros(())
+    for grad in grads:
+        squares += grad.detach().float().pow(2).sum().cpu()
+    dist.all_reduce(squares, group=group)
+    scale = max_norm / (float(squares.sqrt()) + 1e-6)
+    if scale < 1.0:
+        torch._foreach_mul_(grads, scale)
+
+
+def pipeline_trainer(
+    job: CompiledJob,
+    trainer_for: Callable[[CompiledJob], Trainer],
+    *,
+    plan: PipelinePlan,
+    groups: PipelineGroups,
+    compression: str,
+    due: Callable[[int], bool],
+) -> Trainer:
+    """One stage's trainer: cut the net (the stage's layers only), build the trainer over them,
+    run the stage's part of the schedule as its algorithm, average the gradients with the same
+    stage of the other replicas, clip over the whole pipeline, and save whole-net checkpoints."""
+    trainer = trainer_for(stage_job(job, plan, groups.stage))
+    runner = PipelineRunner(job, plan, groups, trainer.device)
+    trainer.algorithm = runner.train_one_batch
+    trainer.evaluate = lambda: runner.evaluate(trainer)
+    params = list(trainer.net.named_params().items())
+    sync: GradientSync | None = None
+    if groups.peers is not None:
+        broadcast_replicas(replicated_tensors(trainer), groups.peers)
+        # Gradients accumulate over the micro-batches' backwards: all-reduce once, after them.
+        sync = GradientSync(params, group=groups.peers, compression=compression, overlap=False)
+    clip = job.spec.updater.clip
+    max_norm = clip.grad_norm if clip is not None else None
+    checkpoints = PipelineCheckpoints(trainer, groups, due)
+    update = trainer.updater.step
+
+    def apply_update(step: int) -> None:
+        if sync is not None:
+            sync.finish()
+        if max_norm is not None:
+            clip_across_stages([p for _, p in params], max_norm, groups.pipeline)
+        update(step)
+        checkpoints.after_update(step)
+
+    trainer.apply_update = apply_update
+    trainer.checkpoint_out = checkpoints.to_whole
+    trainer.checkpoint_in = checkpoints.to_stage
+    return trainer
