@@ -163,9 +163,30 @@ class StateRecord:
     time: float = field(default_factory=time.time)
 
 
-Record = MetricRecord | LogRecord | CheckpointRecord | StateRecord
+@dataclass(frozen=True)
+class TimelineRecord:
+    """When one stage of a pipeline computed in one step: (kind, micro-batch, start, end) with
+    kind "F" (forward) or "B" (backward) and times in seconds from the step's start."""
 
-KINDS = ("metric", "log", "checkpoint", "state")
+    step: int
+    events: tuple[tuple[str, int, float, float], ...]
+    group: int = 0  # the pipeline (replica)
+    rank: int = 0  # the stage
+    time: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, object]:
+        """The line of timeline.jsonl."""
+        return {
+            "step": self.step,
+            "group": self.group,
+            "rank": self.rank,
+            "events": [list(event) for event in self.events],
+        }
+
+
+Record = MetricRecord | LogRecord | CheckpointRecord | StateRecord | TimelineRecord
+
+KINDS = ("metric", "log", "checkpoint", "state", "timeline")
 
 
 class RecordError(ValueError):
@@ -209,6 +230,15 @@ def encode_record(record: Record) -> dict[str, str]:
                 "exit_code": "" if record.exit_code is None else str(record.exit_code),
                 "time": repr(record.time),
             }
+        case TimelineRecord():
+            return {
+                "kind": "timeline",
+                "step": str(record.step),
+                "group": str(record.group),
+                "rank": str(record.rank),
+                "time": repr(record.time),
+                "events": json.dumps([list(event) for event in record.events]),
+            }
     raise TypeError(f"{type(record).__name__} is not a stream record")
 
 
@@ -250,6 +280,15 @@ def _decode_fields(kind: str, fields: dict[str, str]) -> Record:
             step=int(fields["step"]),
             path=fields["path"],
             size=int(fields["size"]),
+            time=float(fields["time"]),
+        )
+    if kind == "timeline":
+        events = json.loads(fields["events"])
+        return TimelineRecord(
+            step=int(fields["step"]),
+            events=tuple((str(k), int(m), float(a), float(b)) for k, m, a, b in events),
+            group=int(fields["group"]),
+            rank=int(fields["rank"]),
             time=float(fields["time"]),
         )
     # "reason" and "exit_code" may be left out (records of older agents).

@@ -107,7 +107,9 @@ def validate(
         f"algorithm: {compiled.spec.train_one_batch.alg}   updater: {compiled.spec.updater.type}"
         f"   framework: {compiled.spec.cluster.framework}"
     )
-    console.print(describe_topology(resolve_topology(compiled.spec.cluster, compiled.spec.pipeline).to_dict()))
+    console.print(
+        describe_topology(resolve_topology(compiled.spec.cluster, compiled.spec.pipeline).to_dict())
+    )
 
 
 def train(
@@ -128,7 +130,7 @@ def train(
 
     from contract.records import MetricRecord
     from workers.checkpoint import CheckpointError
-    from workers.metrics import JsonlSink
+    from workers.metrics import Emitted, JsonlSink
     from workers.trainer import Trainer, TrainOptions
 
     torch.set_num_threads(threads)
@@ -137,10 +139,15 @@ def train(
         raise typer.Exit(2)
     compiled, dataset = _prepare(job, set_)
     spec = compiled.spec
-    if spec.cluster.framework != "local":
+    if spec.cluster.framework != "local" or spec.pipeline is not None:
+        what = (
+            f"cluster.framework '{spec.cluster.framework}'"
+            if spec.pipeline is None
+            else f"a pipeline of {spec.pipeline.count} stages"
+        )
         err_console.print(
-            f"[bold red]error[/] cluster.framework '{spec.cluster.framework}' needs the "
-            "service: submit it with `trainyard submit` (`trainyard train` runs one process)"
+            f"[bold red]error[/] {what} needs the service: submit it with `trainyard submit` "
+            "(`trainyard train` runs one process)"
         )
         raise typer.Exit(2)
     out_dir = run_dir or Path("runs") / spec.name
@@ -159,8 +166,9 @@ def train(
         latest: dict[str, float] = {}
 
         class ProgressSink:
-            def emit(self, record: MetricRecord) -> None:
-                latest.update(record.values)
+            def emit(self, record: Emitted) -> None:
+                if isinstance(record, MetricRecord):
+                    latest.update(record.values)
                 progress.update(task, stats=format_stats(latest))
 
             def log(self, line: str) -> None:

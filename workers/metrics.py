@@ -11,11 +11,13 @@ import json
 from pathlib import Path
 from typing import IO, Protocol
 
-from contract.records import CheckpointRecord, JobStream, LogRecord, MetricRecord
+from contract.records import CheckpointRecord, JobStream, LogRecord, MetricRecord, TimelineRecord
+
+Emitted = MetricRecord | TimelineRecord
 
 
 class MetricSink(Protocol):
-    def emit(self, record: MetricRecord) -> None: ...
+    def emit(self, record: Emitted) -> None: ...
 
     def log(self, line: str) -> None: ...
 
@@ -25,14 +27,20 @@ class MetricSink(Protocol):
 
 
 class JsonlSink:
-    """Appends one JSON object per record to metrics.jsonl and log lines to train.log."""
+    """Appends one JSON object per record to metrics.jsonl (a pipeline stage's timelines to
+    timeline.jsonl) and log lines to train.log."""
 
     def __init__(self, run_dir: Path) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir = run_dir
         self._metrics: IO[str] = (run_dir / "metrics.jsonl").open("a", buffering=1)
         self._log: IO[str] = (run_dir / "train.log").open("a", buffering=1)
 
-    def emit(self, record: MetricRecord) -> None:
+    def emit(self, record: Emitted) -> None:
+        if isinstance(record, TimelineRecord):
+            with (self.run_dir / "timeline.jsonl").open("a") as out:
+                out.write(json.dumps(record.to_json()) + "\n")
+            return
         self._metrics.write(json.dumps(record.to_json()) + "\n")
 
     def log(self, line: str) -> None:
@@ -52,7 +60,7 @@ class RedisSink:
     def __init__(self, stream: JobStream, *, group: int = 0, rank: int = 0) -> None:
         self.stream, self.group, self.rank = stream, group, rank
 
-    def emit(self, record: MetricRecord) -> None:
+    def emit(self, record: Emitted) -> None:
         self.stream.publish(record)
 
     def log(self, line: str) -> None:

@@ -26,6 +26,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.utils.checkpoint import checkpoint as rematerialized
 
+from contract.records import TimelineRecord
 from dsl.compiler import CompiledJob
 from dsl.graph import SourceRef
 from dsl.layers.base import Phase
@@ -294,8 +295,14 @@ class PipelineRunner:
             self.schedule.step(target=y, losses=losses)
         else:
             self.schedule.step()
+        busy = self.timeline.busy / max(time.perf_counter() - self.timeline.started, 1e-9)
         values = self._share_values(losses)
-        return BatchResult(values["loss"], {k: v for k, v in values.items() if k != "loss"})
+        metrics = {k: v for k, v in values.items() if k != "loss"}
+        # This stage's own share of the step spent computing; the rest is its bubble (and the
+        # communication the compute did not hide).
+        metrics["pipeline/busy"] = torch.tensor(busy)
+        metrics["pipeline/bubble"] = torch.tensor(1.0 - busy)
+        return BatchResult(values["loss"], metrics)
 
     def _share_values(self, losses: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         groups = self.groups
@@ -450,7 +457,24 @@ def pipeline_trainer(
     stage of the other replicas, clip over the whole pipeline, and save whole-net checkpoints."""
     trainer = trainer_for(stage_job(job, plan, groups.stage))
     runner = PipelineRunner(job, plan, groups, trainer.device)
-    trainer.algorithm = runner.train_one_batch
+    every = job.spec.disp_freq
+
+    def train_one_batch(
+        net: NeuralNet, x: torch.Tensor, y: torch.Tensor, spec: JobSpec, gen: torch.Generator
+    ) -> BatchResult:
+        result = runner.train_one_batch(net, x, y, spec, gen)
+        if (trainer.step + 1) % every == 0:
+            record = TimelineRecord(
+                trainer.step + 1,
+                tuple(runner.timeline.events),
+                group=groups.replica,
+                rank=groups.stage,
+            )
+            for sink in trainer.sinks:
+                sink.emit(record)
+        return result
+
+    trainer.algorithm = train_one_batch
     trainer.evaluate = lambda: runner.evaluate(trainer)
     params = list(trainer.net.named_params().items())
     sync: GradientSync | None = None
