@@ -7,11 +7,10 @@ is cut into micro-batches, gradients accumulate over them and are divided by the
 step equals the unpipelined step on the whole batch. The last stage's labelled layers (losses,
 metrics) run in the schedule's loss function, where the micro-batch's labels are.
 
-What crosses a cut is computed per phase from the layers' sources: every output of a layer of
-an earlier stage that a layer of this stage or a later one reads, so a skip connection over a
-stage is passed through it. Evaluation and checkpoints go over the same process group: a
-forward-only pass hands the tensors on stage by stage, and the stages' parameters are gathered
-to the first stage so a checkpoint holds the whole net under its usual names.
+What crosses a cut, and the module a stage runs, are in workers/distributed/stages.py.
+Evaluation and checkpoints go over the same process group: a forward-only pass hands the
+tensors on stage by stage, and the stages' parameters are gathered to the first stage so a
+checkpoint holds the whole net under its usual names.
 """
 
 from __future__ import annotations
@@ -24,13 +23,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-from torch.utils.checkpoint import checkpoint as rematerialized
 
 from contract.records import TimelineRecord
 from dsl.compiler import CompiledJob
-from dsl.graph import SourceRef
-from dsl.layers.base import Phase
-from dsl.net import CompiledLayer, NeuralNet, Step
+from dsl.net import NeuralNet
 from dsl.planner import PipelinePlan
 from dsl.schema import JobSpec
 from workers.algorithms import BatchResult
@@ -38,132 +34,10 @@ from workers.checkpoint import Checkpoint
 from workers.data import eval_batches
 from workers.distributed.allreduce import GradientSync, broadcast_replicas, replicated_tensors
 from workers.distributed.comm import ProcessGroup
+from workers.distributed.stages import StageModule, run_flow, run_head, stage_flows, stage_job
 from workers.trainer import Trainer
 
-Key = tuple[str, int]  # (layer, output index): one tensor of a pass
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
-
-
-def _key(ref: SourceRef) -> Key:
-    return (ref.layer, ref.output or 0)
-
-
-@dataclass(frozen=True)
-class StageFlow:
-    """One stage's part of a phase: the layers it runs, the tensors it receives and sends.
-
-    On the last stage `head` holds the layers that read the labels (losses and metrics) and
-    `sends` what they read.
-    """
-
-    steps: tuple[Step, ...]
-    receives: tuple[Key, ...]
-    sends: tuple[Key, ...]
-    head: tuple[Step, ...] = ()
-
-
-def stage_flows(net: NeuralNet, plan: PipelinePlan, phase: Phase) -> list[StageFlow]:
-    """Every stage's flow for `phase`, first stage first."""
-    stage_of = plan.stage_of()
-    steps = net.steps(phase)
-    last = len(plan.stages) - 1
-    head = [s for s in steps if s.wants_label]
-    body = [s for s in steps if not s.wants_label]
-    # The tensors read after stage s: by a later stage's layers, or by the head.
-    consumers: list[tuple[int, Step]] = [(stage_of[s.name], s) for s in body]
-    consumers += [(last + 1, s) for s in head]
-    flows: list[StageFlow] = []
-    for index in range(len(plan.stages)):
-        sends: list[Key] = []
-        for where, step in consumers:
-            if where <= index:
-                continue
-            for ref in step.sources:
-                key = _key(ref)
-                if stage_of[ref.layer] <= index and key not in sends:
-                    sends.append(key)
-        mine = tuple(s for s in body if stage_of[s.name] == index)
-        flows.append(
-            StageFlow(
-                steps=mine,
-                receives=flows[-1].sends if flows else (),
-                sends=tuple(sends),
-                head=tuple(head) if index == last else (),
-            )
-        )
-    return flows
-
-
-def run_flow(flow: StageFlow, inputs: Sequence[torch.Tensor]) -> dict[Key, torch.Tensor]:
-    """Run a stage's layers on what it receives; the first stage receives the batch's samples
-    alone, which its input layers hand on."""
-    values: dict[Key, torch.Tensor] = {}
-    if flow.receives:
-        values = dict(zip(flow.receives, inputs, strict=True))
-    for step in flow.steps:
-        if step.module.stateful:
-            step.module.reset_state()  # type: ignore[operator]  # each micro-batch starts anew
-        if step.is_input:
-            out: torch.Tensor | tuple[torch.Tensor, ...] = inputs[0]
-        else:
-            out = step.module(*[values[_key(ref)] for ref in step.sources])
-        if isinstance(out, tuple):
-            for i, tensor in enumerate(out):
-                values[(step.name, i)] = tensor
-        else:
-            values[(step.name, 0)] = out
-    return values
-
-
-def run_head(
-    flow: StageFlow, sent: Sequence[torch.Tensor], y: torch.Tensor, *, with_metrics: bool
-) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
-    """The last stage's losses (summed) and metrics, as NeuralNet.forward computes them."""
-    values = dict(zip(flow.sends, sent, strict=True))
-    losses: list[torch.Tensor] = []
-    metrics: dict[str, torch.Tensor] = {}
-    for step in flow.head:
-        inputs = [values[_key(ref)] for ref in step.sources] + [y]
-        out = step.module(*inputs)
-        if step.module.is_loss:
-            losses.append(out)
-        if with_metrics:
-            with torch.no_grad():
-                for key, value in step.module.metrics(*inputs).items():
-                    metrics[key if key not in metrics else f"{step.name}/{key}"] = value
-    loss = None
-    if losses:
-        loss = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
-    return loss, metrics
-
-
-class StageModule(nn.Module):
-    """What a PipelineStage runs: the stage's layers, from the tensors in to the tensors out."""
-
-    def __init__(self, layers: nn.ModuleDict, flow: StageFlow, *, rematerialize: bool) -> None:
-        super().__init__()
-        self.layers = layers
-        self.flow = flow
-        self.rematerialize = rematerialize
-
-    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if self.rematerialize and torch.is_grad_enabled():
-            # Keep only this stage's inputs; the backward runs the stage's forward again.
-            out: tuple[torch.Tensor, ...] = rematerialized(self._run, *inputs, use_reentrant=False)
-            return out
-        return self._run(*inputs)
-
-    def _run(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        values = run_flow(self.flow, inputs)
-        return tuple(values[key] for key in self.flow.sends)
-
-
-def stage_job(job: CompiledJob, plan: PipelinePlan, index: int) -> CompiledJob:
-    """The job as stage `index` holds it: a net of the stage's layers only (the same modules,
-    so its parameters keep their names), which its trainer and updater are built over."""
-    names = set(plan.stages[index].layers)
-    layers: list[CompiledLayer] = [c for c in job.net.compiled if c.config.name in names]
-    return replace(job, net=NeuralNet(layers))
 
 
 @dataclass
@@ -309,7 +183,10 @@ class PipelineRunner:
         last = groups.rank_of(groups.stages - 1)
         mean: dict[str, torch.Tensor] = {}
         if groups.is_last:
-            count = len(self._metrics)
+            # The schedule also calls the loss function once on placeholders, to learn the
+            # shapes of the gradients: only the step's own micro-batches count.
+            count = len(losses)
+            self._metrics = self._metrics[-count:]
             mean["loss"] = torch.stack([loss.detach() for loss in losses]).mean()
             for name in self._metrics[0]:
                 mean[name] = torch.stack([m[name] for m in self._metrics]).sum() / count
