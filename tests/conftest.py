@@ -173,7 +173,9 @@ def clean_env(**extra: str) -> dict[str, str]:
     drop = ("TRAINYARD_", "REDIS_", "DATABASE_URL")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     # COLUMNS: rich wraps lines at 80 columns when it writes to a file.
-    env.update(TRAINYARD_NODE_SLOTS="2", TRAINYARD_HEARTBEAT_SECONDS="1", COLUMNS="200", **extra)
+    env.update(
+        {"TRAINYARD_NODE_SLOTS": "2", "TRAINYARD_HEARTBEAT_SECONDS": "1", "COLUMNS": "200", **extra}
+    )
     return env
 
 
