@@ -37,6 +37,7 @@ from workers.distributed.comm import ProcessGroup
 from workers.distributed.stages import StageModule, run_flow, run_head, stage_flows, stage_job
 from workers.trainer import Trainer
 
+MB = 1 << 20
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 
@@ -161,6 +162,7 @@ class PipelineRunner:
         """The trainer's algorithm for a stage: this stage's part of the schedule, then the
         last stage's loss and metrics shared with every stage (each reports and checks them)."""
         self.timeline.start()
+        self.module.saved.reset()
         groups = self.groups
         losses: list[torch.Tensor] = []
         if groups.is_first:
@@ -176,6 +178,8 @@ class PipelineRunner:
         # communication the compute did not hide).
         metrics["pipeline/busy"] = torch.tensor(busy)
         metrics["pipeline/bubble"] = torch.tensor(1.0 - busy)
+        # The most activation memory the stage held for backward passes during the step.
+        metrics["pipeline/activation_mb"] = torch.tensor(self.module.saved.peak / MB)
         return BatchResult(values["loss"], metrics)
 
     def _share_values(self, losses: list[torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -117,6 +117,41 @@ def run_head(
     return loss, metrics
 
 
+class SavedActivations:
+    """Bytes of the tensors a stage keeps for its backward passes: now, and the most since
+    `reset` (parameters, which are kept anyway, do not count)."""
+
+    def __init__(self) -> None:
+        self.live = 0
+        self.peak = 0
+
+    def reset(self) -> None:
+        self.peak = self.live
+
+    def pack(self, tensor: torch.Tensor) -> _Kept:
+        base = tensor._base if tensor._base is not None else tensor
+        size = 0 if isinstance(base, nn.Parameter) else tensor.numel() * tensor.element_size()
+        self.live += size
+        self.peak = max(self.peak, self.live)
+        return _Kept(tensor, size, self)
+
+    @staticmethod
+    def unpack(kept: _Kept) -> torch.Tensor:
+        return kept.tensor
+
+
+class _Kept:
+    """A tensor kept for backward; forgotten (and uncounted) when autograd drops it."""
+
+    __slots__ = ("owner", "size", "tensor")
+
+    def __init__(self, tensor: torch.Tensor, size: int, owner: SavedActivations) -> None:
+        self.tensor, self.size, self.owner = tensor, size, owner
+
+    def __del__(self) -> None:
+        self.owner.live -= self.size
+
+
 class StageModule(nn.Module):
     """What a PipelineStage runs: the stage's layers, from the tensors in to the tensors out."""
 
@@ -125,8 +160,13 @@ class StageModule(nn.Module):
         self.layers = layers
         self.flow = flow
         self.rematerialize = rematerialize
+        self.saved = SavedActivations()
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        with torch.autograd.graph.saved_tensors_hooks(self.saved.pack, self.saved.unpack):
+            return self._forward(*inputs)
+
+    def _forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         for tensor in inputs:
             if tensor.requires_grad:
                 # Gradients go back to the previous stage, which receives into contiguous

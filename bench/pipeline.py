@@ -1,0 +1,175 @@
+"""Pipeline parallelism: speed-up over the unpipelined process against GPipe's ideal, and the
+activation memory rematerialisation saves.
+
+The model is a wide MLP (512-1024-1024-1024-1024-10, 3.7M parameters, batch 256), where a
+step's compute (about 6 GFLOP) dwarfs what crosses the cut (the 1024 activations of a
+micro-batch's rows, 1 MB a step): the case pipelining is for. Every run is a real job launched
+here (bench/local_cluster.py), one process per stage with one torch thread each; the planner
+cuts the net in two. The throughput is the trainer's own samples/s over its windows after the
+first (start-up and the first step's shape probe excluded), so the ratio compares the steady
+state of the two. The unpipelined baseline runs before and after the pipelined runs and the
+two are averaged, so drift of the shared machine falls on both.
+
+For K = 2 stages and M micro-batches the ideal speed-up is K*M / (M + K - 1) (GPipe's bubble).
+Target: >= 0.85 of it at M = 8. Memory: the most activation memory a stage holds for its
+backward passes (pipeline/activation_mb) with and without `rematerialize`; target: at most
+half with it.
+
+    .venv/bin/python bench/pipeline.py [--steps 60] [--plot docs/img/pipeline.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+
+from local_cluster import launch_local
+
+from scheduler.redis_server import RedisServer
+from workers.context import worker_dir
+from workers.metrics import read_metrics
+
+STAGES = 2
+MICROBATCHES = (1, 2, 4, 8, 16)
+WIDTH = 1024
+
+JOB: dict[str, Any] = {
+    "name": "bench-pipeline",
+    "seed": 0,
+    "data": {"source": "synthetic", "task": "classification", "num_samples": 4096,
+             "num_features": 512, "num_classes": 10, "batch_size": 256, "test_fraction": 0.1},
+    "neuralnet": {"layers": [
+        {"name": "data", "type": "input"},
+        *[layer for i in range(1, 5) for layer in (
+            {"name": f"fc{i}", "type": "dense", "srclayers": ["data" if i == 1 else f"act{i - 1}"],
+             "units": WIDTH},
+            {"name": f"act{i}", "type": "relu", "srclayers": [f"fc{i}"]},
+        )],
+        {"name": "out", "type": "dense", "srclayers": ["act4"]},
+        {"name": "loss", "type": "softmax_loss", "srclayers": ["out"]},
+    ]},
+    "updater": {"type": "sgd", "momentum": 0.9, "lr": {"base": 0.01}},
+    "disp_freq": 10,
+    "test": {"steps": 1},
+}  # fmt: skip
+
+
+def ideal(stages: int, microbatches: int) -> float:
+    return stages * microbatches / (microbatches + stages - 1)
+
+
+def run_job(
+    job: dict[str, Any], redis_url: str, root: Path, name: str
+) -> dict[tuple[int, int], list[dict[str, float]]]:
+    """Launch the job; each worker's metric records after its first window."""
+    run_dir = root / name
+    run = launch_local(yaml.safe_dump(job), None, redis_url, run_dir, cache_dir=root / "cache")
+    if run.summary["status"] != "succeeded":
+        raise RuntimeError(f"{name}: {run.summary}")
+    records = {}
+    for group, rank in run.workers:
+        rows = [r for r in read_metrics(worker_dir(run_dir, group, rank)) if "samples_per_sec" in r]
+        records[(group, rank)] = rows[1:]
+    if not run.workers:  # a one-process job writes the run directory itself
+        rows = [r for r in read_metrics(run_dir) if "samples_per_sec" in r]
+        records[(0, 0)] = rows[1:]
+    return records
+
+
+def throughput(records: dict[tuple[int, int], list[dict[str, float]]]) -> float:
+    """Samples/s of the first worker (every stage runs the same steps)."""
+    return statistics.median(r["samples_per_sec"] for r in records[min(records)])
+
+
+def peak_activation_mb(records: dict[tuple[int, int], list[dict[str, float]]]) -> list[float]:
+    """Per stage, the most activation memory held during a step (max over windows)."""
+    return [max(r["train/pipeline/activation_mb"] for r in records[key]) for key in sorted(records)]
+
+
+def pipelined(
+    steps: int, microbatches: int, schedule: str = "gpipe", remat: bool = False
+) -> dict[str, Any]:
+    pipeline = {"stages": STAGES, "microbatches": microbatches, "schedule": schedule,
+                "rematerialize": remat}  # fmt: skip
+    return {**JOB, "train_steps": steps, "pipeline": pipeline}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--plot", type=Path, default=None, help="write the speed-up plot here")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "cache").mkdir()
+        server = RedisServer(root / "redis", persist=False)
+        url = server.start()
+        try:
+            results = measure(args.steps, url, root)
+        finally:
+            server.stop()
+    print(json.dumps(results, indent=2))
+    if args.plot:
+        plot(results, args.plot)
+
+
+def measure(steps: int, url: str, root: Path) -> dict[str, Any]:
+    plain = {**JOB, "train_steps": steps}
+    before = throughput(run_job(plain, url, root, "plain-before"))
+    speed: dict[int, float] = {}
+    for m in MICROBATCHES:
+        speed[m] = throughput(run_job(pipelined(steps, m), url, root, f"gpipe-m{m}"))
+    one_f_one_b = throughput(run_job(pipelined(steps, 8, "1f1b"), url, root, "1f1b-m8"))
+    kept = peak_activation_mb(run_job(pipelined(steps, 8, "gpipe"), url, root, "mem"))
+    remat = peak_activation_mb(run_job(pipelined(steps, 8, "gpipe", True), url, root, "mem-remat"))
+    after = throughput(run_job(plain, url, root, "plain-after"))
+    baseline = (before + after) / 2
+    rows = [
+        {"microbatches": m, "speedup": speed[m] / baseline, "ideal": ideal(STAGES, m),
+         "of_ideal": speed[m] / baseline / ideal(STAGES, m)}
+        for m in MICROBATCHES
+    ]  # fmt: skip
+    return {
+        "baseline_samples_per_sec": {"before": before, "after": after},
+        "gpipe": rows,
+        "1f1b_m8": {"speedup": one_f_one_b / baseline,
+                    "of_ideal": one_f_one_b / baseline / ideal(STAGES, 8)},
+        "activation_mb_m8": {"kept": kept, "rematerialized": remat,
+                             "ratio": [r / k for r, k in zip(remat, kept, strict=True)]},
+    }  # fmt: skip
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = results["gpipe"]
+    ms = [r["microbatches"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(ms, [r["ideal"] for r in rows], "--", label="ideal K·M/(M+K-1)")
+    ax.plot(ms, [r["speedup"] for r in rows], "o-", label="measured (GPipe)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ms, [str(m) for m in ms])
+    ax.set_xlabel("micro-batches M")
+    ax.set_ylabel("speed-up over one process")
+    ax.set_title("2 pipeline stages, 2 CPU cores")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
