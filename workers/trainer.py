@@ -113,13 +113,14 @@ class Trainer:
         self.x_test = dataset.x_test.to(self.device)
         self.y_test = dataset.y_test.to(self.device)
         self.batches = TrainBatches(
-            dataset.x_train.to(self.device),
-            dataset.y_train.to(self.device),
+            dataset.x_train,
+            dataset.y_train,
             self.spec.data.batch_size,
             seed=self.spec.seed,
             rank=options.rank,
             world=options.world,
             shuffle=self.spec.data.shuffle,
+            device=self.device,
         )
         specs = self.net.param_specs()
         self.updater = Updater(
