@@ -162,6 +162,11 @@ class JobSpec(StrictModel):
         description="what the forward passes compute in: fp32, or bf16 / fp16 autocast with the "
         "parameters kept in fp32",
     )
+    compile: bool = Field(
+        default=False,
+        description="run the net's forward through torch.compile (eager where it cannot be "
+        "compiled)",
+    )
 
     def layer(self, name: str) -> LayerConfig:
         for layer in self.neuralnet.layers:

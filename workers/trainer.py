@@ -5,7 +5,8 @@ repeated `train_steps` times, with `evaluate` every test.freq steps and `save_ch
 checkpoint.freq steps. The loop does not assume it runs alone: a worker passes its rank and
 world size (it then trains on its part of each global batch) and may replace how the update is
 applied (`apply_update`), e.g. by pushing gradients to parameter-server shards. Every forward
-pass runs in the job's `precision` (workers/precision.py).
+pass runs in the job's `precision` (workers/precision.py), through the compiled forward when the
+job asks for `compile` (workers/compiled.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from workers.checkpoint import (
     save_checkpoint,
     write_json_atomic,
 )
+from workers.compiled import CompiledForward
 from workers.data import Dataset, TrainBatches, eval_batches
 from workers.metrics import MetricSink
 from workers.precision import precision_for
@@ -150,6 +152,7 @@ class Trainer:
         self.last_test: dict[str, float] = {}
         self.last_train: dict[str, float] = {}
         self.checkpoint_dir = options.run_dir / "checkpoints"
+        self.compiled = CompiledForward(self.net, enabled=self.spec.compile, log=self.log)
 
     # -- reporting -------------------------------------------------------------------------
     def emit(self, values: dict[str, float]) -> None:
@@ -165,14 +168,20 @@ class Trainer:
 
     # -- the steps of an iteration -----------------------------------------------------------
     def train_one_batch(self, x: torch.Tensor, y: torch.Tensor) -> BatchResult:
-        self.updater.zero_grad()
-        result = self.algorithm(self.net, x, y, self.spec, self.generator, self.precision)
+        result = self.compiled.run(lambda: self._gradients(x, y))
         self.apply_update(self.step)
         return result
+
+    def _gradients(self, x: torch.Tensor, y: torch.Tensor) -> BatchResult:
+        self.updater.zero_grad()
+        return self.algorithm(self.net, x, y, self.spec, self.generator, self.precision)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Loss and metrics over the test split (or test.steps batches of it)."""
+        return self.compiled.run(self._evaluate)
+
+    def _evaluate(self) -> dict[str, float]:
         self.net.eval()
         sums: dict[str, float] = {}
         seen = 0

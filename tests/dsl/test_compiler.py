@@ -221,4 +221,5 @@ def test_fp16_is_refused_where_the_job_gets_no_gpu_or_its_shards_update() -> Non
     shards = gpu.replace("cluster: {", "cluster: {framework: downpour, ")
     (issue,) = errors_of(shards).issues
     assert issue.path == "precision" and "do not unscale" in issue.message
-    assert compile_job(BASE + "precision: bf16\n", CTX).spec.precision == "bf16"
+    cpu = BASE + "precision: bf16\ncompile: true\n"
+    assert compile_job(cpu, CTX).spec.compile
