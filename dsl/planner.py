@@ -49,9 +49,7 @@ def plan_pipeline(job: CompiledJob) -> PipelinePlan:
         lists = [list(names) for names in config.stages]
     else:
         lists = _even_cut(job, config.stages)
-    stages = tuple(
-        StagePlan(tuple(names), sum(params[name] for name in names)) for names in lists
-    )
+    stages = tuple(StagePlan(tuple(names), sum(params[name] for name in names)) for names in lists)
     return PipelinePlan(stages, config.microbatches)
 
 

@@ -107,7 +107,9 @@ def validate(
         f"algorithm: {compiled.spec.train_one_batch.alg}   updater: {compiled.spec.updater.type}"
         f"   framework: {compiled.spec.cluster.framework}"
     )
-    console.print(describe_topology(resolve_topology(compiled.spec.cluster, compiled.spec.pipeline).to_dict()))
+    console.print(
+        describe_topology(resolve_topology(compiled.spec.cluster, compiled.spec.pipeline).to_dict())
+    )
 
 
 def train(

@@ -104,7 +104,9 @@ def check_job(
         )
     spec = compiled.spec
     return CheckedJob(
-        compiled, resolve_topology(spec.cluster, spec.pipeline), _execution_spec(spec, resolved[0], base_dir)
+        compiled,
+        resolve_topology(spec.cluster, spec.pipeline),
+        _execution_spec(spec, resolved[0], base_dir),
     )
 
 
