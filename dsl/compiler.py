@@ -25,7 +25,7 @@ from dsl.net import CompiledLayer, NeuralNet
 from dsl.overrides import apply_overrides
 from dsl.schema import JobSpec
 from dsl.source import SourceMap, parse_document
-from dsl.topology import resolve_topology, topology_problems
+from dsl.topology import Topology, resolve_topology, topology_problems
 from dsl.validation import translate_validation_error
 
 
@@ -154,8 +154,40 @@ def cross_field_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
                 "use alg: bp for feed-forward nets",
             )
         )
-    for key, message, hint in topology_problems(resolve_topology(spec.cluster, spec.pipeline)):
+    topology = resolve_topology(spec.cluster, spec.pipeline)
+    for key, message, hint in topology_problems(topology):
         issues.append(source.issue(("cluster", key), message, hint))
+    issues.extend(_precision_issues(spec, topology, source))
+    return issues
+
+
+def _precision_issues(spec: JobSpec, topology: Topology, source: SourceMap) -> list[SpecIssue]:
+    """fp16 needs a GPU and an updater in the worker (see workers/precision.py). The device is
+    only known where the job runs; a job that asks for no GPU is placed on CPUs."""
+    if spec.precision != "fp16":
+        return []
+    issues = []
+    if topology.gpus_per_worker == 0:
+        issues.append(
+            source.issue(
+                ("precision",),
+                "precision fp16 is for GPUs, and the job asks for none "
+                "(cluster.resources.gpus_per_worker is 0): on a CPU fp16 is slower than fp32 "
+                "and needs a loss scale",
+                "use precision: bf16 on a CPU (its half precision, no loss scale), or set "
+                "cluster.resources.gpus_per_worker: 1",
+            )
+        )
+    if topology.servers:
+        issues.append(
+            source.issue(
+                ("precision",),
+                f"precision fp16 scales the loss, and the updates of this job "
+                f"(framework {topology.framework} with server shards) are applied by the "
+                "shards, which do not unscale them",
+                "use precision: bf16 (no loss scale), or framework allreduce with one worker group",
+            )
+        )
     return issues
 
 

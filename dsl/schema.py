@@ -110,6 +110,7 @@ class PipelineConfig(StrictModel):
         return self.stages if isinstance(self.stages, int) else len(self.stages)
 
 
+Precision = Literal["fp32", "bf16", "fp16"]
 Framework = Literal["local", "sandblaster", "allreduce", "downpour", "hogwild"]
 
 
@@ -155,6 +156,16 @@ class JobSpec(StrictModel):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     pipeline: PipelineConfig | None = Field(
         default=None, description="cut the net into pipeline stages (GPipe / PipeDream 1F1B)"
+    )
+    precision: Precision = Field(
+        default="fp32",
+        description="what the forward passes compute in: fp32, or bf16 / fp16 autocast with the "
+        "parameters kept in fp32",
+    )
+    compile: bool = Field(
+        default=False,
+        description="run the net's forward through torch.compile (eager where it cannot be "
+        "compiled)",
     )
 
     def layer(self, name: str) -> LayerConfig:

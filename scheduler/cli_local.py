@@ -131,6 +131,7 @@ def train(
     from contract.records import MetricRecord
     from workers.checkpoint import CheckpointError
     from workers.metrics import Emitted, JsonlSink
+    from workers.precision import PrecisionError
     from workers.trainer import Trainer, TrainOptions
 
     torch.set_num_threads(threads)
@@ -180,12 +181,17 @@ def train(
             def close(self) -> None:
                 return None
 
-        trainer = Trainer(
-            compiled,
-            dataset,
-            TrainOptions(run_dir=out_dir, device=device, resume=resume, base_dir=job.parent),
-            sinks=[sink, ProgressSink()],
-        )
+        try:
+            trainer = Trainer(
+                compiled,
+                dataset,
+                TrainOptions(run_dir=out_dir, device=device, resume=resume, base_dir=job.parent),
+                sinks=[sink, ProgressSink()],
+            )
+        except PrecisionError as exc:
+            sink.close()
+            err_console.print(f"[bold red]error[/] {exc}")
+            raise typer.Exit(2) from None
         progress.update(task, completed=trainer.step)
         try:
             summary = trainer.run(on_step=lambda step: progress.update(task, completed=step))

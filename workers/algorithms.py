@@ -3,7 +3,8 @@
 `bp` back-propagates through a feed-forward DAG, `bptt` through a recurrent net over sequences
 truncated every `unroll_len` steps, and `cd` runs contrastive divergence CD-k on an rbm layer.
 Each is a plain function registered by name; the trainer applies the update afterwards, so the
-same functions serve the local trainer and the distributed workers.
+same functions serve the local trainer and the distributed workers. Each runs its forward passes
+under the job's `precision` and back-propagates through it (fp16 scales the loss).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dsl.layers.base import Layer, Phase
 from dsl.net import NeuralNet
 from dsl.registry import Registry
 from dsl.schema import BPTTConfig, CDConfig, JobSpec
+from workers.precision import Precision
 
 
 @dataclass
@@ -27,24 +29,37 @@ class BatchResult:
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-Algorithm = Callable[[NeuralNet, torch.Tensor, torch.Tensor, JobSpec, torch.Generator], BatchResult]
+Algorithm = Callable[
+    [NeuralNet, torch.Tensor, torch.Tensor, JobSpec, torch.Generator, Precision], BatchResult
+]
 ALGORITHMS: Registry[Algorithm] = Registry("train_one_batch algorithm")
 
 
 @ALGORITHMS.register("bp")
 def bp(
-    net: NeuralNet, x: torch.Tensor, y: torch.Tensor, spec: JobSpec, gen: torch.Generator
+    net: NeuralNet,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    spec: JobSpec,
+    gen: torch.Generator,
+    precision: Precision,
 ) -> BatchResult:
     net.reset_state()
-    out = net(x, y, "train", with_metrics=True)
+    with precision.autocast():
+        out = net(x, y, "train", with_metrics=True)
     assert out.loss is not None  # the compiler guarantees a loss layer for bp
-    out.loss.backward()
+    precision.backward(out.loss)
     return BatchResult(out.loss.detach(), out.metrics)
 
 
 @ALGORITHMS.register("bptt")
 def bptt(
-    net: NeuralNet, x: torch.Tensor, y: torch.Tensor, spec: JobSpec, gen: torch.Generator
+    net: NeuralNet,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    spec: JobSpec,
+    gen: torch.Generator,
+    precision: Precision,
 ) -> BatchResult:
     """Truncated BPTT: the sequence axis is the first per-sample axis, x (B, T, ...).
 
@@ -66,15 +81,16 @@ def bptt(
         last = i == len(starts) - 1
         if per_step_labels or last:
             ys = y[:, t0 : t0 + chunk] if per_step_labels else y
-            out = net(xs, ys, "train", with_metrics=True)
+            with precision.autocast():
+                out = net(xs, ys, "train", with_metrics=True)
             assert out.loss is not None
             weight = xs.shape[1] / steps if per_step_labels else 1.0
-            (out.loss * weight).backward()
+            precision.backward(out.loss * weight)
             total = total + out.loss.detach() * weight
             for key, value in out.metrics.items():
                 metrics[key] = metrics.get(key, torch.zeros(())) + value * weight
         else:
-            with torch.no_grad():
+            with torch.no_grad(), precision.autocast():
                 net(xs, None, "train")
         net.detach_state()
     metrics["loss"] = total
@@ -92,13 +108,19 @@ def rbm_input(net: NeuralNet, x: torch.Tensor, phase: Phase) -> tuple[Layer, tor
 
 @ALGORITHMS.register("cd")
 def cd(
-    net: NeuralNet, x: torch.Tensor, y: torch.Tensor, spec: JobSpec, gen: torch.Generator
+    net: NeuralNet,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    spec: JobSpec,
+    gen: torch.Generator,
+    precision: Precision,
 ) -> BatchResult:
     """CD-k on the net's last rbm layer; the layers below it are fixed feature extractors."""
     cfg = spec.train_one_batch
     assert isinstance(cfg, CDConfig)
-    with torch.no_grad():
-        rbm, v0 = rbm_input(net, x, "train")
-    loss, recon = rbm.cd_loss(v0, cfg.k, gen)  # type: ignore[operator]
-    loss.backward()
+    with precision.autocast():
+        with torch.no_grad():
+            rbm, v0 = rbm_input(net, x, "train")
+        loss, recon = rbm.cd_loss(v0, cfg.k, gen)  # type: ignore[operator]
+    precision.backward(loss)
     return BatchResult(loss.detach(), {"recon_error": recon.detach()})

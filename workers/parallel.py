@@ -110,6 +110,11 @@ def sync_through_servers(
     when another group's update lands between two pulls.
     `ps/version` and `ps/staleness` are reported every disp_freq steps.
     """
+    if trainer.updater.scaler is not None:
+        raise TopologyError(
+            "precision fp16 with parameter-server shards: the shards apply the updates and do "
+            "not undo fp16's loss scale; use precision bf16, or one worker group of allreduce"
+        )
     every = trainer.spec.disp_freq
     replicas = replicated_tensors(trainer) if group_sync is not None else []
 

@@ -4,7 +4,9 @@ A run is `train_one_batch` (the job's algorithm computes gradients) followed by 
 repeated `train_steps` times, with `evaluate` every test.freq steps and `save_checkpoint` every
 checkpoint.freq steps. The loop does not assume it runs alone: a worker passes its rank and
 world size (it then trains on its part of each global batch) and may replace how the update is
-applied (`apply_update`), e.g. by pushing gradients to parameter-server shards.
+applied (`apply_update`), e.g. by pushing gradients to parameter-server shards. Every forward
+pass runs in the job's `precision` (workers/precision.py), through the compiled forward when the
+job asks for `compile` (workers/compiled.py).
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ from workers.checkpoint import (
     save_checkpoint,
     write_json_atomic,
 )
+from workers.compiled import CompiledForward
 from workers.data import Dataset, TrainBatches, eval_batches
 from workers.metrics import MetricSink
+from workers.precision import precision_for
 from workers.updaters import ParamEntry, Updater
 
 
@@ -91,7 +95,8 @@ class _Window:
 
     def add(self, result: BatchResult, samples: int) -> None:
         values = {"loss": result.loss, **result.metrics}
-        for key, value in values.items():
+        for key, tensor in values.items():
+            value = tensor.float()  # summed in fp32 whatever the forward computed in
             self.sums[key] = self.sums[key] + value if key in self.sums else value
         self.count += 1
         self.samples += samples
@@ -115,18 +120,20 @@ class Trainer:
         self.sinks = list(sinks)
         torch.manual_seed(self.spec.seed)  # layers that draw from the global stream (dropout)
         self.device = torch.device(options.device)
+        self.precision = precision_for(self.spec.precision, self.device)
         self.net = job.net.to(self.device)
         self.data = dataset
         self.x_test = dataset.x_test.to(self.device)
         self.y_test = dataset.y_test.to(self.device)
         self.batches = TrainBatches(
-            dataset.x_train.to(self.device),
-            dataset.y_train.to(self.device),
+            dataset.x_train,
+            dataset.y_train,
             self.spec.data.batch_size,
             seed=self.spec.seed,
             rank=options.rank,
             world=options.world,
             shuffle=self.spec.data.shuffle,
+            device=self.device,
         )
         specs = self.net.param_specs()
         self.updater = Updater(
@@ -136,6 +143,7 @@ class Trainer:
             ],
             self.spec.updater,
             total_steps=self.spec.train_steps,
+            scaler=self.precision.scaler,
         )
         self.algorithm = ALGORITHMS.get(self.spec.train_one_batch.alg)
         self.generator = torch.Generator(device=self.device).manual_seed(self.spec.seed + 7)
@@ -154,6 +162,7 @@ class Trainer:
         self.last_test: dict[str, float] = {}
         self.last_train: dict[str, float] = {}
         self.checkpoint_dir = options.run_dir / "checkpoints"
+        self.compiled = CompiledForward(self.net, enabled=self.spec.compile, log=self.log)
 
     # -- reporting -------------------------------------------------------------------------
     def emit(self, values: dict[str, float]) -> None:
@@ -169,14 +178,20 @@ class Trainer:
 
     # -- the steps of an iteration -----------------------------------------------------------
     def train_one_batch(self, x: torch.Tensor, y: torch.Tensor) -> BatchResult:
-        self.updater.zero_grad()
-        result = self.algorithm(self.net, x, y, self.spec, self.generator)
+        result = self.compiled.run(lambda: self._gradients(x, y))
         self.apply_update(self.step)
         return result
+
+    def _gradients(self, x: torch.Tensor, y: torch.Tensor) -> BatchResult:
+        self.updater.zero_grad()
+        return self.algorithm(self.net, x, y, self.spec, self.generator, self.precision)
 
     @torch.no_grad()
     def evaluate_whole(self) -> dict[str, float]:
         """Loss and metrics over the test split (or test.steps batches of it)."""
+        return self.compiled.run(self._evaluate)
+
+    def _evaluate(self) -> dict[str, float]:
         self.net.eval()
         sums: dict[str, float] = {}
         seen = 0
@@ -188,7 +203,8 @@ class Trainer:
                 values = self._cd_eval(x)
             else:
                 self.net.reset_state()
-                out = self.net(x, y, "test", with_metrics=True)
+                with self.precision.autocast():
+                    out = self.net(x, y, "test", with_metrics=True)
                 values = {k: float(v) for k, v in out.metrics.items()}
                 if out.loss is not None:
                     values["loss"] = float(out.loss)
@@ -199,11 +215,12 @@ class Trainer:
         return {f"test/{k}": v / max(seen, 1) for k, v in sums.items()}
 
     def _cd_eval(self, x: torch.Tensor) -> dict[str, float]:
-        rbm, v0 = rbm_input(self.net, x, "test")
         # Its own stream: evaluating must not shift the training samples' noise, and the same
         # parameters should always give the same test figure.
         generator = torch.Generator(device=self.device).manual_seed(self.spec.seed + 11)
-        _, recon = rbm.cd_loss(v0, 1, generator)  # type: ignore[operator]
+        with self.precision.autocast():
+            rbm, v0 = rbm_input(self.net, x, "test")
+            _, recon = rbm.cd_loss(v0, 1, generator)  # type: ignore[operator]
         return {"recon_error": float(recon)}
 
     def save_checkpoint(self) -> Path:
@@ -228,6 +245,7 @@ class Trainer:
                 "job": self.spec.name,
                 "epoch": str(self.batches.state()["epoch"]),
                 "position": str(self.batches.state()["position"]),
+                **self.precision.state(),
             },
         )
         return save_checkpoint(
@@ -246,6 +264,7 @@ class Trainer:
                 load_matching_params(self.net.named_params(), ckpt)
                 self._load_buffers(ckpt)
                 self.updater.load_state_tensors(ckpt.updater)
+                self.precision.load_state(ckpt.meta)
                 self._load_rng_states(ckpt.rng)
                 self.step = ckpt.step
                 self.batches.restore(

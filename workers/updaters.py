@@ -83,13 +83,22 @@ class ParamEntry:
 class Updater:
     """Applies one job's updater to a set of named parameters."""
 
-    def __init__(self, params: list[ParamEntry], config: UpdaterConfig, total_steps: int) -> None:
+    def __init__(
+        self,
+        params: list[ParamEntry],
+        config: UpdaterConfig,
+        total_steps: int,
+        *,
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> None:
+        """`scaler`: the loss scale of fp16 training (workers/precision.py), undone here."""
         names = [entry.name for entry in params]
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"parameter names must be unique; repeated: {', '.join(duplicates)}")
         self.config = config
         self.total_steps = total_steps
+        self.scaler = scaler
         # Fails here, not at the first step, when the schedule lacks a horizon.
         first_lr = self.lr_at(0)
 
@@ -123,6 +132,9 @@ class Updater:
         lr = self.lr_at(step)
         for group, lr_scale in zip(self.optimizer.param_groups, self._lr_scales, strict=True):
             group["lr"] = lr * lr_scale
+        if self.scaler is not None:
+            # The true gradients, for clipping too; a step whose gradients overflowed is skipped.
+            self.scaler.unscale_(self.optimizer)
         clip = self.config.clip
         if clip is not None:
             if clip.grad_norm is not None:
@@ -132,7 +144,11 @@ class Updater:
                 if grads:
                     torch._foreach_clamp_min_(grads, clip.low)
                     torch._foreach_clamp_max_(grads, clip.high)
-        self.optimizer.step()
+        if self.scaler is None:
+            self.optimizer.step()
+        else:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

@@ -210,3 +210,16 @@ def test_data_errors_and_the_callers_rules_are_located() -> None:
 
     (issue,) = errors_of(BASE, rules=no_long_runs).issues
     assert issue.path == "train_steps" and issue.line == 11
+
+
+def test_fp16_is_refused_where_the_job_gets_no_gpu_or_its_shards_update() -> None:
+    (issue,) = errors_of(BASE + "precision: fp16\n").issues
+    assert (issue.path, issue.line, issue.column) == ("precision", 12, 1)
+    assert "fp16 is for GPUs" in issue.message and "precision: bf16" in (issue.hint or "")
+    gpu = BASE + "precision: fp16\ncluster: {resources: {gpus_per_worker: 1}}\n"
+    assert compile_job(gpu, CTX).spec.precision == "fp16"
+    shards = gpu.replace("cluster: {", "cluster: {framework: downpour, ")
+    (issue,) = errors_of(shards).issues
+    assert issue.path == "precision" and "do not unscale" in issue.message
+    cpu = BASE + "precision: bf16\ncompile: true\n"
+    assert compile_job(cpu, CTX).spec.compile

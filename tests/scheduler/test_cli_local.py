@@ -246,6 +246,17 @@ def test_cuda_without_a_device_is_a_clear_error(tmp_path: Path) -> None:
     assert "--device cuda: torch sees no CUDA device here" in result.stderr
 
 
+def test_fp16_on_a_cpu_is_a_clear_error(tmp_path: Path) -> None:
+    job = write_job(tmp_path)
+    result = invoke("train", job, "--set", "precision=fp16")
+    assert result.exit_code == 1  # refused at validation: the job asks for no GPU
+    assert "precision fp16 is for GPUs" in result.stderr
+    gpu = ("--set", "cluster.resources.gpus_per_worker=1")
+    result = invoke("train", job, "--set", "precision=fp16", *gpu, "--run-dir", tmp_path / "r")
+    assert result.exit_code == 2
+    assert "precision fp16 is for GPUs, and this worker trains on cpu" in result.stderr
+
+
 def test_schema_prints_the_job_language() -> None:
     result = invoke("schema")
     assert result.exit_code == 0

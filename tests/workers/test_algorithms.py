@@ -14,6 +14,7 @@ from dsl.schema import BPTTConfig
 from tests.conftest import compile_with_data
 from workers.algorithms import ALGORITHMS, BatchResult, bptt
 from workers.data import Dataset
+from workers.precision import Precision
 from workers.trainer import Trainer, TrainOptions
 
 Grads = dict[str, torch.Tensor]
@@ -92,7 +93,7 @@ def bptt_grads(
         update={"train_one_batch": BPTTConfig(alg="bptt", unroll_len=unroll_len)}
     )
     job.net.zero_grad(set_to_none=True)
-    result = bptt(job.net, x, y, spec, torch.Generator())
+    result = bptt(job.net, x, y, spec, torch.Generator(), Precision())
     return result, grads_of(job)
 
 

@@ -177,6 +177,31 @@ def test_clip_by_global_norm() -> None:
     assert values(b) == pytest.approx([-1.2], rel=1e-5)
 
 
+def test_the_loss_scale_is_undone_before_clipping_and_an_overflow_skips_the_step() -> None:
+    """fp16's scaler (its arithmetic is the same on a CPU): the scaled gradients of the loss
+    update as the plain ones would, clipped by their true norm; an inf skips the step."""
+    a, b = param(0.0, 0.0), param(0.0)
+    cfg = config(type="sgd", momentum=0.9, lr={"base": 1.0}, clip={"grad_norm": 1.0})
+    scaler = torch.amp.GradScaler("cpu", init_scale=256.0, growth_interval=1)
+    upd = Updater([ParamEntry("a/w", a), ParamEntry("b/w", b)], cfg, 10, scaler=scaler)
+    weights = (
+        torch.tensor([3.0, 0.0], dtype=torch.float64),
+        torch.tensor([4.0], dtype=torch.float64),
+    )
+    scaler.scale((a * weights[0]).sum() + (b * weights[1]).sum()).backward()
+    upd.step(0)
+    assert values(a) == pytest.approx([-0.6, 0.0], rel=1e-6)  # as test_clip_by_global_norm
+    assert values(b) == pytest.approx([-0.8], rel=1e-6)
+    assert scaler.get_scale() == 512.0  # a finite step grows it (every step here)
+    upd.zero_grad()
+    scaler.scale((a * float("inf")).sum() + b.sum()).backward()
+    upd.step(1)
+    assert values(a) == pytest.approx([-0.6, 0.0], rel=1e-6)
+    assert values(b) == pytest.approx([-0.8], rel=1e-6)
+    assert scaler.get_scale() == 256.0
+    assert set(upd.state_tensors()) == {"a/w/momentum_buffer", "b/w/momentum_buffer"}
+
+
 def test_clip_by_value_on_plain_tensors_with_a_missing_grad() -> None:
     a = torch.zeros(3, requires_grad=True)
     frozen = torch.ones(2, requires_grad=True)

@@ -3,6 +3,10 @@
 Every data-parallel rank builds the same `TrainBatches` (same seed, same global batch size) and
 takes its own contiguous slice of each global batch, so the ranks together see exactly the batch
 the single-process trainer would see, and synchronous data-parallel training reproduces it.
+
+The samples stay in host memory, and each batch is gathered one step ahead. For a GPU it is
+gathered into pinned memory and copied without blocking, so the next batch is on its way while the
+GPU trains on this one.
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ class TrainBatches:
         rank: int = 0,
         world: int = 1,
         shuffle: bool = True,
+        device: torch.device | str = "cpu",
     ) -> None:
+        """Batches of the host tensors `x` and `y`, delivered on `device`."""
         if len(x) != len(y):
             raise ValueError(f"{len(x)} samples but {len(y)} labels")
         if world < 1 or not 0 <= rank < world:
@@ -43,6 +49,8 @@ class TrainBatches:
                 f"batch_size {batch_size} is larger than the {len(x)} training samples"
             )
         self._x, self._y = x.contiguous(), y.contiguous()
+        self._device = torch.device(device)
+        self._ahead: Batch | None = None  # the next batch, gathered (and on its way to a GPU)
         self._seed, self._shuffle = seed, shuffle
         self._global = batch_size
         part = batch_size // world
@@ -73,30 +81,47 @@ class TrainBatches:
             )
         self._epoch, self._position = epoch, position
         self._order = self._permutation(epoch)
+        self._ahead = None
 
     def __iter__(self) -> Iterator[Batch]:
         return self
 
     def __next__(self) -> Batch:
-        offset, rows = self._part
-        start = self._position * self._global + offset
-        index = self._order[start : start + rows]
-        batch = self._x.index_select(0, index), self._y.index_select(0, index)
+        batch = self._ahead if self._ahead is not None else self._gather()
         self._position += 1
         if self._position == self.steps_per_epoch:
             self._epoch, self._position = self._epoch + 1, 0
             self._order = self._permutation(self._epoch)
+        self._ahead = self._gather()
         return batch
+
+    def _gather(self) -> Batch:
+        """The batch at the current position, on the device."""
+        offset, rows = self._part
+        start = self._position * self._global + offset
+        index = self._order[start : start + rows]
+        if self._device.type == "cuda":
+            return _to_gpu(self._x, index, self._device), _to_gpu(self._y, index, self._device)
+        return self._x.index_select(0, index), self._y.index_select(0, index)
 
     def _permutation(self, epoch: int) -> torch.Tensor:
         """The row order of `epoch`, a function of (seed, epoch) only, so restoring is O(1)."""
-        device = self._x.device
         if not self._shuffle:
-            return torch.arange(len(self._x), device=device)
+            return torch.arange(len(self._x))
         seed = np.random.SeedSequence([self._seed % 2**63, epoch]).generate_state(1, np.uint64)
-        # Drawn on the CPU so every device gives the same order, then moved next to the data.
+        # Drawn on the CPU, next to the samples, so every device gives the same order.
         generator = torch.Generator().manual_seed(int(seed[0]))
-        return torch.randperm(len(self._x), generator=generator).to(device)
+        return torch.randperm(len(self._x), generator=generator)
+
+
+def _to_gpu(rows: torch.Tensor, index: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`rows[index]` gathered into pinned memory and copied to `device` without blocking.
+
+    torch's pinned-memory allocator does not hand the buffer out again before the copy is done.
+    """
+    pinned = torch.empty((len(index), *rows.shape[1:]), dtype=rows.dtype, pin_memory=True)
+    torch.index_select(rows, 0, index, out=pinned)
+    return pinned.to(device, non_blocking=True)
 
 
 def eval_batches(

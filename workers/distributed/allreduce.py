@@ -61,6 +61,7 @@ class GradientSync:
         first_bucket_mb: float | None = None,
         overlap: bool = True,
         clip_norm: float | None = None,
+        scaler: torch.amp.GradScaler | None = None,
     ) -> None:
         if compression not in WIRE_DTYPES:
             raise ValueError(
@@ -72,6 +73,7 @@ class GradientSync:
         self.sliced = [tensor for name, tensor in params if name in skip]
         self.replicated = [tensor for name, tensor in params if name not in skip]
         self.clip_norm = clip_norm if self.sliced else None
+        self.scaler = scaler  # fp16's loss scale, which the gradients carry until the update
         # Backward produces the last layers' gradients first, so buckets run from the end; a
         # small first bucket starts the communication early, as DDP's does.
         first = min(1.0, bucket_mb) if first_bucket_mb is None else first_bucket_mb
@@ -141,7 +143,8 @@ class GradientSync:
             if param.grad is not None:
                 param.grad.div_(self.world)
         if self.clip_norm is not None:
-            self._clip_whole_norm(self.clip_norm)
+            scale = self.scaler.get_scale() if self.scaler is not None else 1.0
+            self._clip_whole_norm(self.clip_norm * scale)
         self._next = 0
         self._ready = [False] * len(self.buckets)
         self._reset_counts()
@@ -236,4 +239,5 @@ def gradient_sync(
         # bptt back-propagates once per chunk and cd only reaches the rbm: reduce after.
         overlap=trainer.spec.train_one_batch.alg == "bp",
         clip_norm=clip.grad_norm if clip is not None else None,
+        scaler=trainer.updater.scaler,
     )

@@ -8,7 +8,8 @@ which the schedule's loss function runs where the micro-batch's labels are.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 
 import torch
@@ -155,11 +156,19 @@ class _Kept:
 class StageModule(nn.Module):
     """What a PipelineStage runs: the stage's layers, from the tensors in to the tensors out."""
 
-    def __init__(self, layers: nn.ModuleDict, flow: StageFlow, *, rematerialize: bool) -> None:
+    def __init__(
+        self,
+        layers: nn.ModuleDict,
+        flow: StageFlow,
+        *,
+        rematerialize: bool,
+        autocast: Callable[[], AbstractContextManager[object]] = nullcontext,
+    ) -> None:
         super().__init__()
         self.layers = layers
         self.flow = flow
         self.rematerialize = rematerialize
+        self.autocast = autocast  # the job's precision
         self.saved = SavedActivations()
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -179,7 +188,8 @@ class StageModule(nn.Module):
         return self._run(*inputs)
 
     def _run(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        values = run_flow(self.flow, inputs)
+        with self.autocast():
+            values = run_flow(self.flow, inputs)
         # The next stage receives into buffers laid out like these tensors, and gloo receives
         # only into contiguous ones.
         return tuple(values[key].contiguous() for key in self.flow.sends)

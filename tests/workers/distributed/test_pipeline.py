@@ -201,3 +201,16 @@ def test_checkpoints_move_between_pipelined_and_unpipelined_jobs(
     figures = trainer.evaluate()
     assert figures["test/loss"] == pytest.approx(run.summary["metrics"]["test/loss"], rel=1e-5)
     assert figures["test/accuracy"] == pytest.approx(run.summary["metrics"]["test/accuracy"])
+
+
+def test_a_bf16_pipeline_trains_close_to_the_unpipelined_bf16_job(
+    redis_url: str, cache_dir: Path, tmp_path: Path
+) -> None:
+    """Each stage's forward runs under the job's autocast; what crosses a cut is bf16."""
+    base = {**MLP, "precision": "bf16"}
+    _launch(_pipelined(base, stages=2, microbatches=2), redis_url, cache_dir, tmp_path / "pp")
+    local = _local(base, cache_dir, tmp_path / "local")
+    ckpt = load_checkpoint(resolve_checkpoint(tmp_path / "pp"))
+    for name, param in local.net.named_params().items():
+        assert ckpt.params[name].dtype == torch.float32
+        torch.testing.assert_close(ckpt.params[name], param.detach(), atol=2e-2, rtol=0.05)
