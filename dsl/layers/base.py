@@ -107,6 +107,9 @@ class LayerConfig(StrictModel):
     arity: ClassVar[tuple[int, int | None]] = (1, 1)
     # Whether the layer may end the net (losses, metrics, an rbm trained by cd).
     terminal: ClassVar[bool] = False
+    # Whether its module reads the batch's labels (`is_loss` or `is_metric`): known before the
+    # module is built, so that a pipeline's stage lists can be checked with the other keys.
+    reads_labels: ClassVar[bool] = False
 
     # How many outputs the layer produces (slice produces several).
     def num_outputs(self) -> int:
