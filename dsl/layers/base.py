@@ -8,6 +8,7 @@ in one file; the compiler, the schema and the docs pick it up from the registry.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -68,6 +69,16 @@ class Layer(nn.Module):
     def metrics(self, *inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         """Scalar metrics a loss or metric layer reports besides the loss (no gradients)."""
         return {}
+
+    def forward_flops(self, in_shapes: list[Shape], out_shape: Shape | list[Shape]) -> int:
+        """An estimate of the forward pass's floating-point operations for one sample, from
+        which the pipeline planner balances its stages without running the net. Layers that
+        multiply by weight matrices or kernels count their multiply-adds; the others are bound
+        by memory, and each element they read or write takes about as long as ten operations
+        of a matrix product (measured on a CPU core)."""
+        outputs = out_shape if isinstance(out_shape, list) else [out_shape]
+        read = sum(math.prod(shape) for shape in in_shapes)
+        return 10 * max(read, sum(math.prod(shape) for shape in outputs))
 
 
 class StatefulLayer(Layer):
