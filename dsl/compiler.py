@@ -23,6 +23,7 @@ from dsl.init import initialise
 from dsl.layers.base import BuildContext, LayerConfig, LayerShapeError, Shape
 from dsl.net import CompiledLayer, NeuralNet
 from dsl.overrides import apply_overrides
+from dsl.pipeline import pipeline_issues
 from dsl.schema import JobSpec
 from dsl.source import SourceMap, parse_document
 from dsl.topology import Topology, resolve_topology, topology_problems
@@ -125,7 +126,8 @@ def _describe(data: DataDescription, spec: JobSpec, source: SourceMap) -> BuildC
 
 
 def cross_field_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
-    """Rules that span several keys: the DAG, and what the training algorithm needs."""
+    """Rules that span several keys: the DAG, what the training algorithm needs, the topology
+    and the pipeline's stages."""
     layers = spec.neuralnet.layers
     _, issues = resolve_dag(layers, source)
     types = [layer.type for layer in layers]
@@ -157,6 +159,7 @@ def cross_field_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
     topology = resolve_topology(spec.cluster, spec.pipeline)
     for key, message, hint in topology_problems(topology):
         issues.append(source.issue(("cluster", key), message, hint))
+    issues.extend(pipeline_issues(spec, source))
     issues.extend(_precision_issues(spec, topology, source))
     return issues
 

@@ -2,28 +2,61 @@
 
 A plan lists the layers of every stage in the net's topological order. Input layers go to the
 first stage; losses, metrics and layers that run only in the test phase go to the last, where
-the labels are. A `stages: K` section is cut by cost; a list of lists is taken as written
-(dsl/pipeline.py has checked it).
+the labels are (dsl/pipeline.py says which). A list of lists of layer names is taken as written
+(dsl/pipeline.py has checked it). `stages: K` is cut where the stages balance: PipeDream's
+objective, the slowest stage's forward and backward time, is minimised by dynamic programming
+(dsl/cuts.py) over the contiguous cuts of the topological order whose every stage keeps at most
+`max_stage_memory_mb` of activations.
+
+A stage's activation memory is what it keeps for its backward passes: the outputs of its layers
+and the tensors it receives, for each micro-batch in flight (GPipe: all M; 1F1B: at most K - i
+on stage i). With `rematerialize` it keeps only what it receives, and recomputes one
+micro-batch's outputs at a time. Costs are estimated from the net (dsl/costs.py) unless
+measured ones are given.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 from dsl.compiler import CompiledJob
+from dsl.costs import estimate_costs
+from dsl.cuts import Costs, StageCosts, search_cut
+from dsl.errors import JobSpecError
 from dsl.net import CompiledLayer
+from dsl.pipeline import last_stage_only
+
+MB = 2**20
 
 
 @dataclass(frozen=True)
 class StagePlan:
     layers: tuple[str, ...]
     params: int
+    time_ms: float  # forward and backward of all of one batch's micro-batches
+    activation_mb: float  # the most it keeps at once for its backward passes
+    inputs: tuple[str, ...]  # the layers of earlier stages whose outputs it reads
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "layers": list(self.layers),
+            "params": self.params,
+            "time_ms": self.time_ms,
+            "activation_mb": self.activation_mb,
+            "inputs": list(self.inputs),
+        }
 
 
 @dataclass(frozen=True)
 class PipelinePlan:
     stages: tuple[StagePlan, ...]
     microbatches: int
+    schedule: str
+    rematerialize: bool
+    max_stage_memory_mb: float | None
+    measured: bool  # the costs were measured (profile_costs), not estimated
 
     def stage_of(self) -> dict[str, int]:
         """Layer name -> the stage that runs it."""
@@ -32,38 +65,170 @@ class PipelinePlan:
     def layer_lists(self) -> list[list[str]]:
         return [list(stage.layers) for stage in self.stages]
 
+    @property
+    def bubble(self) -> float:
+        """The fraction of a batch's time each stage waits while the pipeline fills and
+        drains: (K - 1) / (M + K - 1)."""
+        k, m = len(self.stages), self.microbatches
+        return (k - 1) / (m + k - 1)
+
+    @property
+    def ideal_speedup(self) -> float:
+        """K·M / (M + K - 1): the speed-up over one worker of K stages of equal time."""
+        k, m = len(self.stages), self.microbatches
+        return k * m / (m + k - 1)
+
+    @property
+    def balance(self) -> float:
+        """The stages' mean time over the slowest's: 1 when they are equal."""
+        slowest = max(stage.time_ms for stage in self.stages)
+        if slowest <= 0:
+            return 1.0
+        return sum(stage.time_ms for stage in self.stages) / (len(self.stages) * slowest)
+
+    @property
+    def expected_speedup(self) -> float:
+        """The ideal speed-up scaled by the balance: the slowest stage sets the pace."""
+        return self.ideal_speedup * self.balance
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stages": [stage.to_dict() for stage in self.stages],
+            "microbatches": self.microbatches,
+            "schedule": self.schedule,
+            "rematerialize": self.rematerialize,
+            "max_stage_memory_mb": self.max_stage_memory_mb,
+            "costs": "measured" if self.measured else "estimated",
+            "bubble": self.bubble,
+            "ideal_speedup": self.ideal_speedup,
+            "balance": self.balance,
+            "expected_speedup": self.expected_speedup,
+        }
+
 
 def pinned_last(layer: CompiledLayer) -> bool:
     """Layers that must run on the last stage: they read the labels or only run in tests."""
-    module = layer.module
-    return bool(module.is_loss or module.is_metric or layer.config.include == ["test"])
+    return last_stage_only(layer.config)
 
 
-def plan_pipeline(job: CompiledJob) -> PipelinePlan:
-    """The stages of `job`'s pipeline (its spec must have a pipeline section)."""
+def plan_pipeline(job: CompiledJob, costs: Costs | None = None) -> PipelinePlan:
+    """The stages of `job`'s pipeline (its spec must have a pipeline section).
+
+    `costs` (from dsl.costs.profile_costs) replace the estimates. A JobSpecError at
+    `pipeline.max_stage_memory_mb` when no cut (or the written one) fits that cap.
+    """
     config = job.spec.pipeline
     if config is None:
         raise ValueError(f"job '{job.spec.name}' has no pipeline section")
-    params = {row.name: row.params for row in job.table}
+    if costs is not None:
+        missing = [c.config.name for c in job.net.compiled if c.config.name not in costs]
+        if missing:
+            raise ValueError(f"costs lack the layers {', '.join(missing)}")
+    layers = [c.config for c in job.net.compiled]  # topological order
+    model = StageCosts(layers, costs if costs is not None else estimate_costs(job), config)
     if isinstance(config.stages, list):
-        lists = [list(names) for names in config.stages]
+        lists = [model.in_order(names) for names in config.stages]
+        _check_cap(job, model, lists)
     else:
-        lists = _even_cut(job, config.stages)
-    stages = tuple(StagePlan(tuple(names), sum(params[name] for name in names)) for names in lists)
-    return PipelinePlan(stages, config.microbatches)
+        lists = _best_cut(job, model)
+    params = {row.name: row.params for row in job.table}
+    stages = tuple(
+        StagePlan(
+            layers=tuple(names),
+            params=sum(params[name] for name in names),
+            time_ms=model.time(names),
+            activation_mb=model.memory(i, names) / MB,
+            inputs=tuple(model.received(names)),
+        )
+        for i, names in enumerate(lists)
+    )
+    return PipelinePlan(
+        stages,
+        config.microbatches,
+        config.schedule,
+        config.rematerialize,
+        config.max_stage_memory_mb,
+        measured=costs is not None,
+    )
 
 
-def _even_cut(job: CompiledJob, count: int) -> list[list[str]]:
-    layers = job.net.compiled
-    body = [c.config.name for c in layers if c.config.type != "input" and not pinned_last(c)]
-    first = [c.config.name for c in layers if c.config.type == "input"]
-    last = [c.config.name for c in layers if pinned_last(c)]
-    size, extra = divmod(len(body), count)
-    lists, start = [], 0
-    for i in range(count):
-        stop = start + size + (1 if i < extra else 0)
-        lists.append(body[start:stop])
-        start = stop
-    lists[0] = first + lists[0]
-    lists[-1] = lists[-1] + last
-    return lists
+# The search asks for `stages` x `layers`^2 / 2 stage costs, about a second per million, and
+# tables `layers`^2 / 2 numbers: a limit that keeps a request to the service short.
+MAX_SEARCH = 3_000_000
+
+
+def _best_cut(job: CompiledJob, model: StageCosts) -> list[list[str]]:
+    """The fastest cut of `job`'s net into its `stages: K` that fits the memory cap."""
+    count, size = model.count, len(model.body)
+    candidates = count * size * size // 2
+    if candidates > MAX_SEARCH:
+        raise JobSpecError(
+            job.source.issue(
+                ("pipeline", "stages"),
+                f"the planner does not cut a net of {size} layers into {count} stages: it would "
+                f"weigh {candidates:,} candidate stages, more than its limit of {MAX_SEARCH:,}",
+                "write the stages as lists of layer names, or use fewer stages",
+            )
+        )
+    cap = model.config.max_stage_memory_mb
+
+    def slowest(index: int, start: int, stop: int) -> tuple[float, float] | None:
+        if cap is not None and model.stage_memory(index, start, stop) > cap * MB:
+            return None
+        # Of the cuts as fast, the one that sends the fewest bytes between stages.
+        return model.stage_time(index, start, stop), model.stage_received(index, start, stop)
+
+    def fullest(index: int, start: int, stop: int) -> tuple[float, float]:
+        return model.stage_memory(index, start, stop), 0.0
+
+    may_end_empty = bool(model.last)
+    cuts = search_cut(size, count, may_end_empty, slowest)
+    if cuts is None:
+        if cap is None:
+            raise ValueError(f"the net cannot be cut into {count} stages")
+        message = (
+            f"no cut of the net into {count} stages keeps every stage's activations within "
+            f"{cap:g} MB"
+        )
+        least = None
+        fewest = search_cut(size, count, may_end_empty, fullest)
+        if fewest is not None:
+            least = max(model.stage_memory(i, a, b) for i, (a, b) in enumerate(fewest))
+            message += f"; the best cut keeps {least / MB:.1f} MB on its fullest stage"
+        raise _cap_error(job, message, least)
+    return [model.stage(i, start, stop) for i, (start, stop) in enumerate(cuts)]
+
+
+def _check_cap(job: CompiledJob, model: StageCosts, lists: list[list[str]]) -> None:
+    cap = model.config.max_stage_memory_mb
+    if cap is None:
+        return
+    for i, names in enumerate(lists):
+        held = model.memory(i, names)
+        if held > cap * MB:
+            raise _cap_error(
+                job,
+                f"stage {i} keeps {held / MB:.1f} MB of activations, more than "
+                f"max_stage_memory_mb {cap:g}",
+                held,
+                f"move layers out of stage {i}, or ",
+            )
+
+
+def _cap_error(
+    job: CompiledJob, message: str, needed: float | None, first: str = ""
+) -> JobSpecError:
+    """The error at max_stage_memory_mb, with the ways out: `needed` bytes would fit."""
+    config = job.spec.pipeline
+    assert config is not None
+    ways = []
+    if needed is not None:
+        ways.append(f"raise max_stage_memory_mb to {math.ceil(needed / MB * 10) / 10:g}")
+    if not config.rematerialize:
+        ways.append("set rematerialize: true")
+    if config.schedule == "gpipe":
+        ways.append("use schedule: 1f1b (it keeps fewer micro-batches in flight)")
+    else:
+        ways.append("use more microbatches (1f1b keeps at most one per stage in flight)")
+    hint = first + (", ".join(ways[:-1]) + " or " if len(ways) > 1 else "") + ways[-1]
+    return JobSpecError(job.source.issue(("pipeline", "max_stage_memory_mb"), message, hint))

@@ -1,12 +1,14 @@
 """Local commands of the `trainyard` command: `validate` and `train` build the net on real data
 in this process (dsl.compiler.compile_job on the data of workers.data.TrainingData);
-`validate --server` asks a server instead."""
+`validate --server` asks a server instead, and `validate --profile` cuts a pipeline's stages by
+costs measured here."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import sys
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -15,19 +17,25 @@ from rich.console import Console
 
 from dsl.errors import JobSpecError
 from sdk.console import (
+    describe_pipeline,
     describe_topology,
     format_stats,
     layer_table,
+    pipeline_table,
     print_issues,
     training_progress,
 )
 
 if TYPE_CHECKING:
     from dsl.compiler import CompiledJob
+    from dsl.planner import PipelinePlan
     from workers.data import Dataset
 
 console = Console()
 err_console = Console(stderr=True)
+
+# Batches `validate --profile` measures the layers on: the median of a few smooths the noise.
+PROFILE_BATCHES = 3
 
 JobFile = Annotated[Path, typer.Argument(help="the job's YAML file", show_default=False)]
 SetOption = Annotated[
@@ -86,12 +94,24 @@ def validate(
             "the scheduler would place the job's processes now",
         ),
     ] = False,
+    profile: Annotated[
+        bool,
+        typer.Option(
+            "--profile",
+            help="a pipelined job: measure each layer's forward and backward time and output "
+            f"size on {PROFILE_BATCHES} batches of its data, and cut the stages by them",
+        ),
+    ] = False,
 ) -> None:
     """Check a job: its layer table (name, type, sources, output shape, parameters), totals and
-    resolved topology; with --server, its placement on the cluster too."""
+    resolved topology, and a pipelined job's stages; with --server, its placement on the
+    cluster too."""
     if server:
         from sdk.cli_client import validate_on_server
 
+        if profile:
+            err_console.print("[bold red]error[/] --profile measures here, not on the server")
+            raise typer.Exit(2)
         validate_on_server(job, set_)
         return
     import torch
@@ -99,17 +119,51 @@ def validate(
     from dsl.topology import resolve_topology
 
     torch.set_num_threads(1)
-    compiled, _ = _prepare(job, set_)
+    compiled, dataset = _prepare(job, set_)
+    spec = compiled.spec
+    if profile and spec.pipeline is None:
+        err_console.print(
+            "[bold red]error[/] --profile measures the costs of a pipeline's stages, and the "
+            "job has no pipeline section"
+        )
+        raise typer.Exit(2)
+    # Planned before anything is printed: a cap no cut fits is an error like the others.
+    plan = _plan(compiled, dataset if profile else None, str(job)) if spec.pipeline else None
     rows = [row.__dict__ for row in compiled.table]
-    console.print(layer_table(rows, f"{compiled.spec.name}: {len(rows)} layers"))
+    console.print(layer_table(rows, f"{spec.name}: {len(rows)} layers"))
     console.print(
         f"total parameters: [bold]{compiled.total_params:,}[/]   "
-        f"algorithm: {compiled.spec.train_one_batch.alg}   updater: {compiled.spec.updater.type}"
-        f"   framework: {compiled.spec.cluster.framework}"
+        f"algorithm: {spec.train_one_batch.alg}   updater: {spec.updater.type}"
+        f"   framework: {spec.cluster.framework}"
     )
-    console.print(
-        describe_topology(resolve_topology(compiled.spec.cluster, compiled.spec.pipeline).to_dict())
-    )
+    console.print(describe_topology(resolve_topology(spec.cluster, spec.pipeline).to_dict()))
+    if plan is not None:
+        console.print(pipeline_table(plan.to_dict()))
+        console.print(describe_pipeline(plan.to_dict()))
+
+
+def _plan(compiled: CompiledJob, profile_on: Dataset | None, filename: str) -> PipelinePlan:
+    """The job's pipeline stages, cut by costs measured on `profile_on`'s training batches
+    (the first few a training run would take) or by estimated ones."""
+    from dsl.costs import profile_costs
+    from dsl.planner import plan_pipeline
+    from workers.data.batches import TrainBatches
+
+    costs = None
+    if profile_on is not None:
+        spec = compiled.spec
+        batches = TrainBatches(
+            profile_on.x_train,
+            profile_on.y_train,
+            spec.data.batch_size,
+            seed=spec.seed,
+            shuffle=spec.data.shuffle,
+        )
+        costs = profile_costs(compiled, islice(batches, PROFILE_BATCHES))
+    try:
+        return plan_pipeline(compiled, costs)
+    except JobSpecError as exc:
+        _fail(exc, filename)
 
 
 def train(

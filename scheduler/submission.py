@@ -4,7 +4,8 @@
 (who may read server files, the step limit), resolves a named dataset to its stored file,
 describes the data and compiles the net from that description on torch's meta device (shapes
 and parameter counts, no weights). Its `execution_spec` is what workers run: the validated job
-with every file given by an absolute path. Every failure is a located `JobSpecError`.
+with every file given by an absolute path and a pipeline's stages as the planner cut them.
+Every failure is a located `JobSpecError`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dsl.compiler import CompiledJob, compile_job
 from dsl.data_config import CsvData, DatasetData, DataSourceConfig, NpzData, TextData
 from dsl.errors import DataSourceError, SpecIssue
 from dsl.layers.base import BuildContext
+from dsl.planner import PipelinePlan, plan_pipeline
 from dsl.schema import JobSpec
 from dsl.source import SourceMap
 from dsl.topology import Topology, resolve_topology
@@ -44,6 +46,7 @@ class CheckedJob:
     compiled: CompiledJob
     topology: Topology
     execution_spec: dict[str, Any]
+    plan: PipelinePlan | None  # the stages of a job with a pipeline section
 
     @property
     def spec(self) -> JobSpec:
@@ -103,10 +106,12 @@ def check_job(
             rules=functools.partial(_service_rules, owner),
         )
     spec = compiled.spec
+    plan = plan_pipeline(compiled) if spec.pipeline is not None else None
     return CheckedJob(
         compiled,
         resolve_topology(spec.cluster, spec.pipeline),
-        _execution_spec(spec, resolved[0], base_dir),
+        _execution_spec(spec, resolved[0], base_dir, plan),
+        plan,
     )
 
 
@@ -172,7 +177,9 @@ def _as_dataset_error(exc: DataSourceError) -> DataSourceError:
     return DataSourceError(exc.message, exc.hint, field=field)
 
 
-def _execution_spec(spec: JobSpec, data: DataSourceConfig, base_dir: Path) -> dict[str, Any]:
+def _execution_spec(
+    spec: JobSpec, data: DataSourceConfig, base_dir: Path, plan: PipelinePlan | None
+) -> dict[str, Any]:
     # exclude_unset: validators that look at which keys were written (synthetic's task keys,
     # npz's optional test keys) must see the same document when a worker loads it again.
     out = spec.model_dump(mode="json", exclude_unset=True)
@@ -180,6 +187,10 @@ def _execution_spec(spec: JobSpec, data: DataSourceConfig, base_dir: Path) -> di
     init_from = spec.checkpoint.init_from
     if init_from is not None:
         out["checkpoint"]["init_from"] = str((base_dir / init_from).expanduser().resolve())
+    if plan is not None:
+        # The planned cut, written out: every stage's worker runs the same one, whatever the
+        # costs it would estimate or measure where it runs.
+        out["pipeline"]["stages"] = plan.layer_lists()
     return out
 
 

@@ -21,7 +21,14 @@ from rich.table import Table
 from contract.settings import Settings
 from sdk.client import Client, Job, JobSpecRejected, TrainyardError, Unreachable
 from sdk.connection import client_file, write_private_json
-from sdk.console import describe_topology, layer_table, placement_table, print_issues
+from sdk.console import (
+    describe_pipeline,
+    describe_topology,
+    layer_table,
+    pipeline_table,
+    placement_table,
+    print_issues,
+)
 
 console = Console()
 err_console = Console(stderr=True)
@@ -110,6 +117,9 @@ def validate_on_server(job_file: Path, set_: list[str] | None) -> None:
     console.print(layer_table(layers, f"{result['name']}: {len(layers)} layers"))
     console.print(f"total parameters: [bold]{result['total_params']:,}[/]")
     console.print(describe_topology(result["topology"]))
+    if result.get("pipeline"):
+        console.print(pipeline_table(result["pipeline"]))
+        console.print(describe_pipeline(result["pipeline"]))
     placement = result["placement"]
     if placement["assignments"]:
         console.print(placement_table(placement["assignments"], "placement now"))

@@ -1,4 +1,5 @@
-"""Terminal presentation shared by CLI commands: located errors, layer tables, progress."""
+"""Terminal presentation shared by CLI commands: located errors, layer tables, pipeline
+stages, progress."""
 
 from __future__ import annotations
 
@@ -71,6 +72,42 @@ def describe_topology(topology: Mapping[str, Any]) -> str:
     slots = topology["workers"] * topology["slots_per_worker"] + topology["servers"]
     gpus = topology["workers"] * topology["gpus_per_worker"]
     return line + f"; {processes} process(es), {slots} slot(s), {gpus} GPU(s)"
+
+
+def pipeline_table(plan: Mapping[str, Any]) -> Table:
+    """A pipeline plan's stages (PipelinePlan.to_dict() form, as the API returns it)."""
+    stages = plan["stages"]
+    title = (
+        f"pipeline: {len(stages)} stages x {plan['microbatches']} micro-batches, "
+        f"{plan['schedule']}{', rematerialized' if plan['rematerialize'] else ''} "
+        f"({plan['costs']} costs)"
+    )
+    table = Table(title=title, title_justify="left")
+    for column, justify in (
+        ("stage", "right"),
+        ("layers", "left"),
+        ("params", "right"),
+        ("fwd+bwd ms", "right"),
+        ("activations MB", "right"),
+    ):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for i, stage in enumerate(stages):
+        table.add_row(
+            str(i),
+            ", ".join(stage["layers"]),
+            f"{stage['params']:,}",
+            f"{stage['time_ms']:.3f}",
+            f"{stage['activation_mb']:.2f}",
+        )
+    return table
+
+
+def describe_pipeline(plan: Mapping[str, Any]) -> str:
+    """The plan's bubble and speed-ups in one line."""
+    return (
+        f"bubble: {plan['bubble']:.1%}   ideal speed-up: {plan['ideal_speedup']:.2f}x   "
+        f"balance: {plan['balance']:.1%}   expected speed-up: {plan['expected_speedup']:.2f}x"
+    )
 
 
 def placement_table(assignments: Iterable[Mapping[str, Any]], title: str) -> Table:

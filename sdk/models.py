@@ -208,6 +208,35 @@ class LayerOut(BaseModel):
     partition_dim: int
 
 
+class StageOut(BaseModel):
+    layers: list[str] = Field(description="the layers the stage runs, in topological order")
+    params: int
+    time_ms: float = Field(
+        description="forward and backward time of one batch, estimated or measured"
+    )
+    activation_mb: float = Field(
+        description="the most activation memory the stage keeps at once for its backward passes"
+    )
+    inputs: list[str] = Field(description="layers of earlier stages whose outputs it reads")
+
+
+class PipelineOut(BaseModel):
+    """The planner's stages (dsl/planner.py PipelinePlan.to_dict)."""
+
+    stages: list[StageOut]
+    microbatches: int
+    schedule: Literal["gpipe", "1f1b"]
+    rematerialize: bool
+    max_stage_memory_mb: float | None
+    costs: Literal["estimated", "measured"]
+    bubble: float = Field(
+        description="(K - 1) / (M + K - 1): the fraction of a batch's time a stage waits"
+    )
+    ideal_speedup: float = Field(description="K·M / (M + K - 1): with stages of equal time")
+    balance: float = Field(description="the stages' mean time over the slowest's")
+    expected_speedup: float = Field(description="ideal_speedup x balance")
+
+
 class AssignmentOut(BaseModel):
     role: str = Field(description="worker or server")
     group: int
@@ -229,3 +258,6 @@ class ValidationOut(BaseModel):
     total_params: int
     topology: dict[str, Any]
     placement: PlacementOut
+    pipeline: PipelineOut | None = Field(
+        description="the pipeline's stages as the planner cut them; null without a pipeline"
+    )

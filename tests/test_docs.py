@@ -30,6 +30,7 @@ from dsl.schema import (
     ClusterConfig,
     JobSpec,
     NeuralNetConfig,
+    PipelineConfig,
     ResourcesConfig,
     TestConfig,
     json_schema_text,
@@ -85,6 +86,7 @@ SHARED_TABLES: dict[str, tuple[type[BaseModel], ...]] = {
     "`test`": (TestConfig,),
     "`checkpoint`": (CheckpointConfig,),
     "cluster: the topology": (ClusterConfig, ResourcesConfig),
+    "pipeline: pipeline stages": (PipelineConfig,),
 }
 REQUIRED_TOP_LEVEL = {key for key, field in JobSpec.model_fields.items() if field.is_required()}
 

@@ -23,6 +23,7 @@ from api.schemas import (
     LogsOut,
     MetricNames,
     MetricsOut,
+    PipelineOut,
     SeriesOut,
     ValidationOut,
     errors,
@@ -114,7 +115,8 @@ def submit_job(
     response_model=ValidationOut,
     summary="Validate a job without submitting it",
     description="A dry run of POST /jobs: the layer table with output shapes and parameter "
-    "counts, the resolved topology and where the scheduler would place the job right now.",
+    "counts, the resolved topology, where the scheduler would place the job right now and, "
+    "for a pipelined job, its stages as the planner cuts them (estimated costs).",
     openapi_extra=SUBMIT_BODY,
     responses=errors(401, 413, 415, 422),
 )
@@ -129,6 +131,7 @@ def validate_job(
         total_params=compiled.total_params,
         topology=checked.topology.to_dict(),
         placement=placement_preview(session, checked.topology, submission.priority),
+        pipeline=PipelineOut.model_validate(checked.plan.to_dict()) if checked.plan else None,
     )
 
 

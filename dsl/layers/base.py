@@ -8,6 +8,7 @@ in one file; the compiler, the schema and the docs pick it up from the registry.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -69,6 +70,16 @@ class Layer(nn.Module):
         """Scalar metrics a loss or metric layer reports besides the loss (no gradients)."""
         return {}
 
+    def forward_flops(self, in_shapes: list[Shape], out_shape: Shape | list[Shape]) -> int:
+        """An estimate of the forward pass's floating-point operations for one sample, from
+        which the pipeline planner balances its stages without running the net. Layers that
+        multiply by weight matrices or kernels count their multiply-adds; the others are bound
+        by memory, and each element they read or write takes about as long as ten operations
+        of a matrix product (measured on a CPU core)."""
+        outputs = out_shape if isinstance(out_shape, list) else [out_shape]
+        read = sum(math.prod(shape) for shape in in_shapes)
+        return 10 * max(read, sum(math.prod(shape) for shape in outputs))
+
 
 class StatefulLayer(Layer):
     """A recurrent layer that carries hidden state across chunks of a sequence (bptt)."""
@@ -107,6 +118,9 @@ class LayerConfig(StrictModel):
     arity: ClassVar[tuple[int, int | None]] = (1, 1)
     # Whether the layer may end the net (losses, metrics, an rbm trained by cd).
     terminal: ClassVar[bool] = False
+    # Whether its module reads the batch's labels (`is_loss` or `is_metric`): known before the
+    # module is built, so that a pipeline's stage lists can be checked with the other keys.
+    reads_labels: ClassVar[bool] = False
 
     # How many outputs the layer produces (slice produces several).
     def num_outputs(self) -> int:

@@ -5,6 +5,7 @@ Also home of the sliding-window arithmetic that the pooling layers share.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, ClassVar, Literal
 
 import torch
@@ -90,6 +91,11 @@ class Conv(Layer):
         # (B, C, L) -> (B, filters, L') or (B, C, H, W) -> (B, filters, H', W')
         conv = F.conv1d if self.w.dim() == 3 else F.conv2d
         return conv(x, self.w, self.b, self.stride, self.padding, self.dilation, self.groups)
+
+    def forward_flops(self, in_shapes: list[Shape], out_shape: Shape | list[Shape]) -> int:
+        # A multiply-add per kernel weight at every output position: out_shape (filters, *L').
+        assert not isinstance(out_shape, list)
+        return 2 * self.w.numel() * math.prod(out_shape[1:])
 
 
 class ConvConfigBase(LayerConfig):

@@ -24,6 +24,11 @@ class Dense(Layer):
         # (B, *lead, *features) -> (B, *lead, in_features) -> (B, *lead, units)
         return F.linear(x.flatten(self.axis), self.w, self.b)
 
+    def forward_flops(self, in_shapes: list[Shape], out_shape: Shape | list[Shape]) -> int:
+        # A multiply-add per weight at every position of the kept leading axes.
+        assert not isinstance(out_shape, list)
+        return 2 * self.w.numel() * math.prod(out_shape[:-1])
+
 
 @register_layer("dense", "innerproduct")
 class DenseConfig(LayerConfig):

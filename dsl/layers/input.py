@@ -16,6 +16,9 @@ class Input(Layer):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
+    def forward_flops(self, in_shapes: list[Shape], out_shape: Shape | list[Shape]) -> int:
+        return 0  # the batch is passed on, not computed
+
 
 @register_layer("input")
 class InputConfig(LayerConfig):

@@ -86,6 +86,7 @@ class SoftmaxLossConfig(LayerConfig):
     """Softmax cross-entropy of the source's class scores (logits) against the labels."""
 
     terminal: ClassVar[bool] = True
+    reads_labels: ClassVar[bool] = True
 
     type: Literal["softmax_loss"]
     topk: int = Field(
@@ -123,6 +124,7 @@ class EuclideanLossConfig(LayerConfig):
     """
 
     terminal: ClassVar[bool] = True
+    reads_labels: ClassVar[bool] = True
 
     type: Literal["euclidean_loss"]
 
@@ -163,6 +165,7 @@ class AccuracyConfig(LayerConfig):
     """Top-k accuracy of the source's class scores against the labels (a metric, no gradient)."""
 
     terminal: ClassVar[bool] = True
+    reads_labels: ClassVar[bool] = True
 
     type: Literal["accuracy"]
     topk: int = Field(default=1, gt=0, description="count a label among the top k scores as hit")

@@ -57,6 +57,9 @@ class RBM(Layer):
     def forward(self, v: torch.Tensor) -> torch.Tensor:
         return self.hidden_probs(v.flatten(1))
 
+    def forward_flops(self, in_shapes: list[Shape], out_shape: Shape | list[Shape]) -> int:
+        return 2 * self.w.numel()  # the encoder v -> h: one multiply-add per weight
+
     def cd_loss(
         self, v0: torch.Tensor, k: int, generator: torch.Generator | None
     ) -> tuple[torch.Tensor, torch.Tensor]:

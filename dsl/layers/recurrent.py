@@ -58,6 +58,12 @@ class Recurrent(StatefulLayer):
         hidden = self.rnn.hidden_size
         return torch.cat([out[:, -1, :hidden], out[:, 0, hidden:]], dim=1)  # (B, 2H)
 
+    def forward_flops(self, in_shapes: list[Shape], out_shape: Shape | list[Shape]) -> int:
+        # Every weight matrix (input and hidden, every stacked layer and direction) takes a
+        # multiply-add per weight at each of the T steps of the source (T, F).
+        weights = sum(p.numel() for name, p in self.rnn.named_parameters() if "weight" in name)
+        return 2 * weights * in_shapes[0][0]
+
 
 class RecurrentConfig(LayerConfig):
     """Keys shared by rnn, lstm and gru."""

@@ -107,6 +107,7 @@ def test_validate_shows_layers_topology_and_placement(api: Any) -> None:
         layer["params"] for layer in body["layers"]
     )
     assert body["layers"][0]["out_shape"] == [1, 40]
+    assert body["pipeline"] is None
     assert body["placement"] == {
         "feasible": False,
         "reason": body["placement"]["reason"],

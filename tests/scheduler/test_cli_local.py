@@ -105,6 +105,66 @@ def test_validate_prints_the_layer_table_and_totals() -> None:
     assert topology in result.stdout
 
 
+PIPELINED = ("--set", "pipeline.stages=3", "--set", "pipeline.microbatches=8")
+
+
+def table_rows(stdout: str, cells: int) -> dict[str, list[str]]:
+    """The rows of the printed tables with `cells` columns, by their first cell."""
+    return {
+        row[0]: row[1:]
+        for line in stdout.splitlines()
+        if len(row := [c.strip() for c in line.strip("│┃ ").split("│")]) == cells
+    }
+
+
+def test_validate_shows_the_pipeline_stages() -> None:
+    result = invoke("validate", DIGITS_MLP, *PIPELINED)
+    assert result.exit_code == 0, result.output
+    assert "pipeline: 3 stages x 8 micro-batches, 1f1b (estimated costs)" in result.stdout
+    # The estimates follow from the shapes alone: fc2 (256 x 128) is the heaviest layer.
+    assert table_rows(result.stdout, 5) == {
+        "0": ["data, fc1, tanh1", "16,640", "0.136", "0.05"],
+        "1": ["fc2", "32,896", "0.252", "0.02"],
+        "2": ["tanh2, fc3, loss", "1,290", "0.015", "0.01"],
+    }
+    assert (
+        "bubble: 20.0%   ideal speed-up: 2.40x   balance: 53.3%   expected speed-up: 1.28x"
+        in result.stdout
+    )
+    assert "topology: local: 1 worker group(s) x 3 worker(s)" in result.stdout
+
+
+def test_validate_profile_cuts_by_measured_costs() -> None:
+    result = invoke("validate", DIGITS_MLP, *PIPELINED, "--profile")
+    assert result.exit_code == 0, result.output
+    assert "pipeline: 3 stages x 8 micro-batches, 1f1b (measured costs)" in result.stdout
+    stages = table_rows(result.stdout, 5)
+    assert sorted(stages) == ["0", "1", "2"]
+    layers = [name for row in stages.values() for name in row[0].split(", ")]
+    assert layers == ["data", "fc1", "tanh1", "fc2", "tanh2", "fc3", "loss"]
+    assert all(float(row[2]) > 0 for row in stages.values())
+    assert "bubble: 20.0%   ideal speed-up: 2.40x" in result.stdout
+
+    unpipelined = invoke("validate", DIGITS_MLP, "--profile")
+    assert unpipelined.exit_code == 2
+    assert "the job has no pipeline section" in unpipelined.stderr
+
+
+def test_a_stage_memory_cap_no_cut_fits_is_located(tmp_path: Path) -> None:
+    path = write_job(
+        tmp_path,
+        TINY_JOB + "pipeline: {stages: 2, microbatches: 4, max_stage_memory_mb: 0.001}\n",
+    )
+    result = invoke("validate", path)
+    assert result.exit_code == 1
+    assert (
+        f"{path}:21:40: pipeline.max_stage_memory_mb: no cut of the net into 2 stages keeps "
+        "every stage's activations within 0.001 MB"
+    ) in result.stderr
+    assert "hint: raise max_stage_memory_mb to" in result.stderr
+    assert "nothing was run" in result.stderr and result.stdout == ""
+
+
 def test_set_overrides_a_layer_by_name() -> None:
     result = invoke("validate", DIGITS_MLP, "--set", "neuralnet.layers.fc1.units=32")
     assert result.exit_code == 0, result.output

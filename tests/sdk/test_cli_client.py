@@ -185,6 +185,22 @@ def test_validate_on_the_server_shows_topology_and_placement(
     placed = re.findall(r"(worker \d/\d)\s+│\s+\S+\s+│\s+1\s+│\s+0", result.stdout)
     assert placed == ["worker 0/0", "worker 0/1"], result.stdout
     assert "placement: fits now" in result.stdout
+    pipelined = run(
+        stack,
+        "validate",
+        "--server",
+        DIGITS,
+        "--set",
+        "pipeline.stages=3",
+        "--set",
+        "pipeline.microbatches=8",
+    )
+    assert pipelined.exit_code == 0, pipelined.output
+    assert "pipeline: 3 stages x 8 micro-batches, 1f1b (estimated costs)" in pipelined.stdout
+    assert re.search(r"│\s+1 │ fc2\s+│\s+32,896 │", pipelined.stdout), pipelined.stdout
+    assert "bubble: 20.0%   ideal speed-up: 2.40x" in pipelined.stdout
+    profiled = run(stack, "validate", "--server", "--profile", DIGITS)
+    assert profiled.exit_code == 2 and "--profile measures here" in profiled.stderr
     # The stack's node has 2 slots: a downpour job (2 workers and a shard) can never run there.
     downpour = str(ROOT / "examples" / "mnist1d_downpour.yaml")
     waits = run(stack, "validate", "--server", downpour)

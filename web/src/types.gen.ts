@@ -218,6 +218,36 @@ export interface LayerOut {
   partition_dim: number;
 }
 
+export interface StageOut {
+  /** the layers the stage runs, in topological order */
+  layers: string[];
+  params: number;
+  /** forward and backward time of one batch, estimated or measured */
+  time_ms: number;
+  /** the most activation memory the stage keeps at once for its backward passes */
+  activation_mb: number;
+  /** layers of earlier stages whose outputs it reads */
+  inputs: string[];
+}
+
+/** The planner's stages (dsl/planner.py PipelinePlan.to_dict). */
+export interface PipelineOut {
+  stages: StageOut[];
+  microbatches: number;
+  schedule: "gpipe" | "1f1b";
+  rematerialize: boolean;
+  max_stage_memory_mb: number | null;
+  costs: "estimated" | "measured";
+  /** (K - 1) / (M + K - 1): the fraction of a batch's time a stage waits */
+  bubble: number;
+  /** K·M / (M + K - 1): with stages of equal time */
+  ideal_speedup: number;
+  /** the stages' mean time over the slowest's */
+  balance: number;
+  /** ideal_speedup x balance */
+  expected_speedup: number;
+}
+
 export interface AssignmentOut {
   /** worker or server */
   role: string;
@@ -242,4 +272,6 @@ export interface ValidationOut {
   total_params: number;
   topology: Record<string, unknown>;
   placement: PlacementOut;
+  /** the pipeline's stages as the planner cut them; null without a pipeline */
+  pipeline: PipelineOut | null;
 }

@@ -107,7 +107,8 @@ def _assert_same_params(run_dir: Path, local: Trainer) -> None:
 
 
 def test_stage_flows_pass_skips_through_and_cut_two_tensors(cache_dir: Path) -> None:
-    compiled, _ = compile_with_data(_pipelined(DAG, stages=DAG_STAGES), cache_dir=cache_dir)
+    job = _pipelined(DAG, stages=DAG_STAGES, microbatches=4)
+    compiled, _ = compile_with_data(job, cache_dir=cache_dir)
     flows = stage_flows(compiled.net, plan_pipeline(compiled), "train")
     assert [f.receives for f in flows] == [(), (("act1", 0), ("fc2", 0)), (("fc4", 0), ("act1", 0))]
     assert flows[2].sends == (("out", 0),)
