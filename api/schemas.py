@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Literal
 
@@ -193,6 +194,48 @@ class GraphEdge(BaseModel):
 class GraphOut(BaseModel):
     nodes: list[GraphNode]
     edges: list[GraphEdge]
+
+
+class TimelineEventOut(BaseModel):
+    kind: Literal["F", "B"] = Field(description="F: a micro-batch's forward, B: its backward")
+    microbatch: int
+    start: float = Field(description="seconds from the start of the step")
+    end: float = Field(description="seconds from the start of the step")
+
+
+class StageTimelineOut(BaseModel):
+    """When one stage computed during one step (the stages of a pipeline time themselves)."""
+
+    group: int = Field(description="the pipeline replica (worker group)")
+    rank: int = Field(description="the stage")
+    step: int
+    events: list[TimelineEventOut]
+
+    @classmethod
+    def of(
+        cls, group: int, rank: int, step: int, events: Sequence[Sequence[Any]]
+    ) -> StageTimelineOut:
+        """From the (kind, micro-batch, start, end) events of a TimelineRecord or its row."""
+        return cls(
+            group=group,
+            rank=rank,
+            step=step,
+            events=[
+                TimelineEventOut(kind=kind, microbatch=microbatch, start=start, end=end)
+                for kind, microbatch, start, end in events
+            ],
+        )
+
+
+class PipelineOut(BaseModel):
+    stages: list[list[str]] = Field(description="the layers of each stage, first stage first")
+    microbatches: int = Field(description="micro-batches per batch")
+    schedule: Literal["gpipe", "1f1b"]
+    rematerialize: bool
+    replicas: int = Field(description="pipelines trained side by side (the worker groups)")
+    timelines: list[StageTimelineOut] = Field(
+        description="each stage's latest timeline, by replica and stage; empty before the first"
+    )
 
 
 class CheckpointOut(BaseModel):

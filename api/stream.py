@@ -1,10 +1,11 @@
 """GET /jobs/{id}/stream: a job's live records as server-sent events.
 
 The job's Redis stream is the source: the records workers append (metrics, log lines,
-checkpoints) go out as they arrive, each with its stream id as the event id, so a client that
-reconnects with Last-Event-ID continues where it stopped. Job state changes come from SQL
-(where the ingester puts them), polled every second and at once when a process reports a
-state; when the job has ended the stream drains what is left, sends `end` and closes.
+checkpoints, pipeline stages' timelines) go out as they arrive, each with its stream id as the
+event id, so a client that reconnects with Last-Event-ID continues where it stopped. Job state
+changes come from SQL (where the ingester puts them), polled every second and at once when a
+process reports a state; when the job has ended the stream drains what is left, sends `end` and
+closes.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from fastapi.security import HTTPAuthorizationCredentials
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import Credentials, JobId, Services, ServicesDep, authenticate
-from api.schemas import errors, finite
+from api.schemas import StageTimelineOut, errors, finite
 from contract.records import (
     CheckpointRecord,
     LogRecord,
@@ -31,6 +32,7 @@ from contract.records import (
     Record,
     RecordError,
     StateRecord,
+    TimelineRecord,
     decode_record,
 )
 from scheduler import store
@@ -84,6 +86,10 @@ def record_event(record: Record) -> tuple[str, dict[str, Any]] | None:
         case CheckpointRecord():
             # The server path stays on the server; clients download by step.
             return "checkpoint", {"step": record.step, "size": record.size, "time": record.time}
+        case TimelineRecord():
+            # As GET /jobs/{id}/pipeline lists it, so a page replaces its stage's row.
+            timeline = StageTimelineOut.of(record.group, record.rank, record.step, record.events)
+            return "timeline", timeline.model_dump()
     return None
 
 
@@ -201,9 +207,11 @@ def decode_id(entry_id: bytes | str) -> str:
     summary="Follow a job live (server-sent events)",
     description="Events: `state` (now, then on every change: {state, step, error}), `metric` "
     "({step, group, rank, time, values}), `log` ({group, rank, time, line}), `checkpoint` "
-    "({step, size, time}) and `end` (the job has ended; the stream closes). Record events "
-    "carry their Redis stream id; reconnect with Last-Event-ID (or ?last_event_id=) to resume "
-    "after it. Without one, only records newer than the request are sent.",
+    "({step, size, time}), `timeline` (a pipeline stage's timeline of a step: {group, rank, "
+    "step, events}, as GET /jobs/{job_id}/pipeline lists it) and `end` (the job has ended; the "
+    "stream closes). Record events carry their Redis stream id; reconnect with Last-Event-ID "
+    "(or ?last_event_id=) to resume after it. Without one, only records newer than the request "
+    "are sent.",
     response_class=StreamingResponse,
     responses={
         200: {"content": {"text/event-stream": {}}, "description": "an event stream"},

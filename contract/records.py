@@ -184,6 +184,8 @@ class TimelineRecord:
         }
 
 
+TIMELINE_KINDS = ("F", "B")
+
 Record = MetricRecord | LogRecord | CheckpointRecord | StateRecord | TimelineRecord
 
 KINDS = ("metric", "log", "checkpoint", "state", "timeline")
@@ -283,10 +285,14 @@ def _decode_fields(kind: str, fields: dict[str, str]) -> Record:
             time=float(fields["time"]),
         )
     if kind == "timeline":
-        events = json.loads(fields["events"])
+        events = tuple(
+            (str(k), int(m), float(a), float(b)) for k, m, a, b in json.loads(fields["events"])
+        )
+        if any(event[0] not in TIMELINE_KINDS for event in events):
+            raise ValueError("an event's kind is neither F (forward) nor B (backward)")
         return TimelineRecord(
             step=int(fields["step"]),
-            events=tuple((str(k), int(m), float(a), float(b)) for k, m, a, b in events),
+            events=events,
             group=int(fields["group"]),
             rank=int(fields["rank"]),
             time=float(fields["time"]),

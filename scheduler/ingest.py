@@ -1,4 +1,4 @@
-"""The ingester: job streams in Redis -> metrics, logs, checkpoints and states in SQL.
+"""The ingester: job streams in Redis -> metrics, logs, checkpoints, timelines and states in SQL.
 
 One consumer group ("ingest") reads each job's stream in batches of up to 5000 records. A
 batch is written in ONE transaction (bulk inserts) and acknowledged (XACK) only after the
@@ -16,6 +16,7 @@ from typing import Any, cast
 
 import redis
 from sqlalchemy import Table, insert, select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from contract import records
@@ -38,6 +39,7 @@ from scheduler.models import (
     LogLine,
     Metric,
     Node,
+    PipelineTimeline,
     utcnow,
 )
 
@@ -53,6 +55,7 @@ SUMMARY_METRIC = "test/accuracy"
 MAX_SHARD_REPLACEMENTS = 3
 METRICS = cast(Table, Metric.__table__)
 LOGS = cast(Table, LogLine.__table__)
+TIMELINES = cast(Table, PipelineTimeline.__table__)
 
 
 @dataclass
@@ -62,6 +65,8 @@ class Batch:
     metrics: list[dict[str, Any]] = field(default_factory=list)
     logs: list[dict[str, Any]] = field(default_factory=list)
     checkpoints: dict[int, tuple[str, int]] = field(default_factory=dict)  # step -> (path, size)
+    # (group, rank) -> the stage's last timeline in the batch: only the latest is stored
+    timelines: dict[tuple[int, int], records.TimelineRecord] = field(default_factory=dict)
     states: list[records.StateRecord] = field(default_factory=list)
     max_step: int | None = None
     latest: dict[str, float] = field(default_factory=dict)  # group 0 rank 0, finite values
@@ -83,6 +88,8 @@ class Batch:
                 )
             case records.CheckpointRecord():
                 self.checkpoints[record.step] = (record.path, record.size)
+            case records.TimelineRecord():
+                self.timelines[(record.group, record.rank)] = record
             case records.StateRecord():
                 # An unknown state makes the record malformed (ValueError).
                 self.states.append(replace(record, state=AllocationState(record.state)))
@@ -211,6 +218,8 @@ def apply_batch(session: Session, job: Job, batch: Batch) -> None:
             session.add(CheckpointRecord(job_id=job.id, step=step, path=path, size=size))
         else:  # the same step saved again by a later attempt
             existing.path, existing.size, existing.created_at = path, size, utcnow()
+    if batch.timelines:
+        upsert_timelines(session, job.id, list(batch.timelines.values()))
     if batch.max_step is not None:
         job.step = batch.max_step
     if batch.latest:
@@ -221,6 +230,31 @@ def apply_batch(session: Session, job: Job, batch: Batch) -> None:
         )
     for record in batch.states:
         apply_state(session, job, record)
+
+
+def upsert_timelines(
+    session: Session, job_id: int, timelines: list[records.TimelineRecord]
+) -> None:
+    """Each stage's row becomes its newest timeline. The stream's order decides, not the step:
+    a job placed again (its node was lost) goes on from its last checkpoint, at a lower step.
+    One record per (group, rank): PostgreSQL refuses to update a row twice in one statement."""
+    dialect = session.get_bind().dialect.name
+    statement = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(TIMELINES)
+    upsert = statement.on_conflict_do_update(
+        index_elements=[TIMELINES.c.job_id, TIMELINES.c.grp, TIMELINES.c.rank],
+        set_={"step": statement.excluded.step, "events": statement.excluded.events},
+    )
+    rows = [
+        {
+            "job_id": job_id,
+            "grp": record.group,
+            "rank": record.rank,
+            "step": record.step,
+            "events": [list(event) for event in record.events],
+        }
+        for record in timelines
+    ]
+    session.execute(upsert, rows)
 
 
 class Ingester:

@@ -212,6 +212,19 @@ class CheckpointRecord(Base):
     __table_args__ = (UniqueConstraint("job_id", "step"),)
 
 
+class PipelineTimeline(Base):
+    """The latest timeline of one stage of a pipelined job (contract.records.TimelineRecord):
+    only the newest is kept, what the dashboard draws."""
+
+    __tablename__ = "pipeline_timelines"
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    group: Mapped[int] = mapped_column("grp", Integer, primary_key=True)  # the pipeline replica
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)  # the stage
+    step: Mapped[int] = mapped_column(Integer)
+    # [kind, micro-batch, start, end] lists, seconds from the start of the step
+    events: Mapped[list[list[Any]]] = mapped_column(JSON)
+
+
 class Node(Base):
     __tablename__ = "nodes"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

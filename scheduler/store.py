@@ -34,6 +34,7 @@ from scheduler.models import (
     JobState,
     LogLine,
     Metric,
+    PipelineTimeline,
     User,
     utcnow,
 )
@@ -274,7 +275,7 @@ def job_counts(session: Session) -> dict[str, int]:
     return counts
 
 
-# Logs and checkpoints ----------------------------------------------------------------------
+# Logs, checkpoints and timelines -----------------------------------------------------------
 
 
 def log_lines(
@@ -315,6 +316,17 @@ def checkpoint_file(session: Session, job_id: int, step: int) -> tuple[Checkpoin
         # The trainer keeps the newest `checkpoint.keep` files and deletes older ones.
         raise NotFound(f"the checkpoint of job {job_id} at step {step} was removed ({path.name})")
     return record, path
+
+
+def pipeline_timelines(session: Session, job_id: int) -> list[PipelineTimeline]:
+    """The latest timeline of each stage of each pipeline replica, by replica and stage."""
+    return list(
+        session.scalars(
+            select(PipelineTimeline)
+            .where(PipelineTimeline.job_id == job_id)
+            .order_by(PipelineTimeline.group, PipelineTimeline.rank)
+        )
+    )
 
 
 # Metrics ------------------------------------------------------------------------------------

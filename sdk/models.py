@@ -197,6 +197,33 @@ class MetricsOut(BaseModel):
     series: list[SeriesOut]
 
 
+class TimelineEventOut(BaseModel):
+    kind: Literal["F", "B"] = Field(description="F: a micro-batch's forward, B: its backward")
+    microbatch: int
+    start: float = Field(description="seconds from the start of the step")
+    end: float = Field(description="seconds from the start of the step")
+
+
+class StageTimelineOut(BaseModel):
+    """When one stage computed during one step (the stages of a pipeline time themselves)."""
+
+    group: int = Field(description="the pipeline replica (worker group)")
+    rank: int = Field(description="the stage")
+    step: int
+    events: list[TimelineEventOut]
+
+
+class PipelineOut(BaseModel):
+    stages: list[list[str]] = Field(description="the layers of each stage, first stage first")
+    microbatches: int = Field(description="micro-batches per batch")
+    schedule: Literal["gpipe", "1f1b"]
+    rematerialize: bool
+    replicas: int = Field(description="pipelines trained side by side (the worker groups)")
+    timelines: list[StageTimelineOut] = Field(
+        description="each stage's latest timeline, by replica and stage; empty before the first"
+    )
+
+
 class LayerOut(BaseModel):
     name: str
     type: str

@@ -9,7 +9,15 @@ from fastapi import APIRouter, Depends, Path, Query, Response
 from fastapi.responses import FileResponse
 from sqlalchemy.orm import Session
 
-from api.deps import MAX_INT, CurrentUser, JobId, ServicesDep, SessionDep, VisibleJob
+from api.deps import (
+    MAX_INT,
+    CurrentUser,
+    JobId,
+    Services,
+    ServicesDep,
+    SessionDep,
+    VisibleJob,
+)
 from api.schemas import (
     CheckpointOut,
     EventOut,
@@ -30,6 +38,7 @@ from api.schemas import (
     finite,
 )
 from api.submit import SUBMIT_BODY, Submission, check_submission, placement_preview, read_submission
+from dsl.compiler import CompiledJob
 from dsl.graph import SourceRef
 from dsl.schema import JobSpec
 from scheduler import store
@@ -38,6 +47,7 @@ from scheduler.models import (
     FieldKind,
     Job,
     JobState,
+    User,
     utcnow,
 )
 from scheduler.store import aware
@@ -80,6 +90,22 @@ def detail_of(session: Session, job: Job) -> JobDetail:
     owner = store.owner_names(session, {job.owner_id})[job.owner_id]
     position = store.queue_positions(session).get(job.id) if job.state == JobState.QUEUED else None
     return JobDetail(**job_fields(job, owner, position), spec_yaml=job.spec_yaml)
+
+
+def compiled_job(job: Job, user: User, session: Session, services: Services) -> CompiledJob:
+    """The job's stored spec compiled (shapes only, on the meta device); cached by id, as a
+    job's spec never changes."""
+    compiled = services.graphs.get(job.id)
+    if compiled is None:
+        compiled = check_job(
+            JobSpec.model_validate(job.spec),
+            session=session,
+            owner=user,
+            cache_dir=services.settings.cache_dir(),
+            base_dir=services.settings.resolved_data_dir(),
+        ).compiled
+        services.graphs.put(job.id, compiled)
+    return compiled
 
 
 @router.post(
@@ -308,16 +334,7 @@ def job_events(job: VisibleJob, session: SessionDep) -> list[EventOut]:
 def job_graph(
     job: VisibleJob, user: CurrentUser, session: SessionDep, services: ServicesDep
 ) -> GraphOut:
-    compiled = services.graphs.get(job.id)
-    if compiled is None:
-        compiled = check_job(
-            JobSpec.model_validate(job.spec),
-            session=session,
-            owner=user,
-            cache_dir=services.settings.cache_dir(),
-            base_dir=services.settings.resolved_data_dir(),
-        ).compiled
-        services.graphs.put(job.id, compiled)
+    compiled = compiled_job(job, user, session, services)
     include = {layer.name: layer.include for layer in compiled.spec.neuralnet.layers}
     return GraphOut(
         nodes=[

@@ -385,6 +385,7 @@ def test_openapi_document_is_complete(api: Any) -> None:
         ("get", "/api/v1/jobs/{job_id}/logs"),
         ("get", "/api/v1/jobs/{job_id}/events"),
         ("get", "/api/v1/jobs/{job_id}/graph"),
+        ("get", "/api/v1/jobs/{job_id}/pipeline"),
         ("get", "/api/v1/jobs/{job_id}/checkpoints"),
         ("get", "/api/v1/jobs/{job_id}/checkpoints/{step}"),
         ("get", "/api/v1/jobs/{job_id}/stream"),

@@ -13,7 +13,15 @@ import httpx
 import pytest
 import redis
 
-from contract.records import CheckpointRecord, JobStream, Keys, LogRecord, MetricRecord, StateRecord
+from contract.records import (
+    CheckpointRecord,
+    JobStream,
+    Keys,
+    LogRecord,
+    MetricRecord,
+    StateRecord,
+    TimelineRecord,
+)
 from scheduler.lifecycle import transition
 from scheduler.models import Job, JobState
 
@@ -114,6 +122,27 @@ def test_resume_after_last_event_id_then_end(api: Any) -> None:
         ("state", "CANCELLED"),
         ("end", "CANCELLED"),
     ]
+
+
+def test_a_stages_timeline_goes_out_as_the_pipeline_endpoint_lists_it(api: Any) -> None:
+    job_id = api.submit(MLP)["id"]
+    record = TimelineRecord(10, (("F", 1, 0.0, 0.5), ("B", 1, 0.75, 1.5)), group=1, rank=2)
+    JobStream(api.redis, api.keys, job_id).publish(record)
+    move(api, job_id, JobState.CANCELLED)
+    url = f"/api/v1/jobs/{job_id}/stream"
+    params = {"last_event_id": "0-0"}
+    with api.client.stream("GET", url, headers=api.auth(), params=params) as response:
+        received = list(events(response))
+    assert [e["event"] for e in received] == ["state", "timeline", "end"]
+    assert received[1]["data"] == {
+        "group": 1,
+        "rank": 2,
+        "step": 10,
+        "events": [
+            {"kind": "F", "microbatch": 1, "start": 0.0, "end": 0.5},
+            {"kind": "B", "microbatch": 1, "start": 0.75, "end": 1.5},
+        ],
+    }
 
 
 @pytest.mark.parametrize("bad", ["abc", "1-2-3", "-1", "99999999999999999999-0", "1-" + "9" * 20])

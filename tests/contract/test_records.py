@@ -21,6 +21,7 @@ from contract.records import (
     Record,
     RecordError,
     StateRecord,
+    TimelineRecord,
     decode_record,
     encode_record,
 )
@@ -42,6 +43,14 @@ records = st.one_of(
         state=st.sampled_from(["PENDING", "RUNNING", "DONE", "FAILED", "CANCELLED"]),
         reason=st.text(),
         exit_code=st.none() | ints,
+        time=times,
+    ),
+    st.builds(
+        TimelineRecord,
+        step=ints,
+        events=st.lists(st.tuples(st.sampled_from(["F", "B"]), ints, times, times)).map(tuple),
+        group=ints,
+        rank=ints,
         time=times,
     ),
 )
@@ -129,6 +138,17 @@ def test_a_state_record_without_reason_or_exit_code_still_reads() -> None:
             "malformed checkpoint record",
         ),
         ({"kind": "state", "alloc": "1", "time": "1"}, "a state record lacks the field 'state'"),
+        (
+            {
+                "kind": "timeline",
+                "step": "1",
+                "group": "0",
+                "rank": "0",
+                "time": "1",
+                "events": '[["X", 0, 0.0, 1.0]]',
+            },
+            "neither F (forward) nor B (backward)",
+        ),
     ],
 )
 def test_malformed_or_unknown_records_are_refused_clearly(

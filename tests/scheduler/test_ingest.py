@@ -13,7 +13,15 @@ import redis
 from sqlalchemy import func, select
 
 import contract.records
-from contract.records import JobStream, Keys, LogRecord, MetricRecord, StateRecord, encode_record
+from contract.records import (
+    JobStream,
+    Keys,
+    LogRecord,
+    MetricRecord,
+    StateRecord,
+    TimelineRecord,
+    encode_record,
+)
 from scheduler import store
 from scheduler.db import Database, migrate
 from scheduler.ingest import GROUP, Ingester, ingest_once
@@ -28,6 +36,7 @@ from scheduler.models import (
     LogLine,
     Metric,
     Node,
+    PipelineTimeline,
 )
 
 TOPOLOGY = {
@@ -206,6 +215,51 @@ def test_logs_checkpoints_and_malformed_records(env: Env, tmp_path: Path) -> Non
     with env.db.session() as session:
         [record] = session.scalars(select(CheckpointRecord)).all()
     assert record.size == 50
+
+
+def timeline(step: int, group: int = 0, rank: int = 0) -> TimelineRecord:
+    """A stage's two micro-batches, forwards then backwards, each `step` milliseconds long."""
+    f, b = step / 1000, 2 * step / 1000
+    events = (("F", 0, 0.0, f), ("F", 1, f, 2 * f), ("B", 0, 2 * f, b + f), ("B", 1, b + f, 2 * b))
+    return TimelineRecord(step, events, group=group, rank=rank)
+
+
+def stored_timelines(env: Env) -> dict[tuple[int, int, int], tuple[int, list[list[object]]]]:
+    with env.db.session() as session:
+        rows = session.scalars(select(PipelineTimeline)).all()
+    return {(row.job_id, row.group, row.rank): (row.step, row.events) for row in rows}
+
+
+def test_the_latest_timeline_of_each_stage_is_kept(env: Env, tmp_path: Path) -> None:
+    job_id, _ = make_job(env)
+    stream = JobStream(env.client, env.keys, job_id)
+    for record in (timeline(10), timeline(10, rank=1), timeline(20), timeline(20, group=1)):
+        stream.publish(record)
+    ingest_once(env.db, env.client, env.keys)
+    assert pending(env, job_id) == 0
+    stored = stored_timelines(env)
+    assert {key: step for key, (step, _) in stored.items()} == {
+        (job_id, 0, 0): 20,
+        (job_id, 0, 1): 10,
+        (job_id, 1, 0): 20,
+    }
+    assert stored[(job_id, 0, 1)][1] == [
+        ["F", 0, 0.0, 0.01], ["F", 1, 0.01, 0.02], ["B", 0, 0.02, 0.03], ["B", 1, 0.03, 0.04]
+    ]  # fmt: skip
+    # Later batches replace a stage's row; a job placed again reports lower steps, and they win.
+    stream.publish(timeline(30, rank=1))
+    stream.publish(timeline(5))
+    ingest_once(env.db, env.client, env.keys)
+    stored = stored_timelines(env)
+    assert stored[(job_id, 0, 1)][0] == 30 and stored[(job_id, 0, 0)][0] == 5
+    assert stored[(job_id, 0, 0)][1][-1] == ["B", 1, 0.015, 0.02]
+    # Deleting the job deletes its timelines.
+    with env.db.session() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        transition(session, job, JobState.CANCELLED, "test")
+        store.delete_job(session, job, artifacts=tmp_path, client=env.client, keys=env.keys)
+    assert env.count(PipelineTimeline) == 0
 
 
 def test_state_records_start_and_finish_the_job(env: Env) -> None:

@@ -1,65 +1,20 @@
-"""The dashboard in a real browser (Debian's Chromium, headless) against a real `trainyard up`.
-
-One stack per module (Redis, API, scheduler and a node agent with 3 slots, as subprocesses);
-each test drives the pages a user would and saves a screenshot under tests/web/screenshots/;
-with TRAINYARD_DOC_SCREENSHOTS=1 the documentation's pictures in docs/img/ are refreshed from the
-same runs (CI leaves the committed ones alone). Chromium comes from scripts/ensure-chromium.sh
-(`make test` runs it); never from `playwright install`.
+"""The dashboard in a real browser (Debian's Chromium, headless) against a real `trainyard up`
+(tests/web/conftest.py starts both): sign-in, the editor, a job's pages, the cluster and the job
+list.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import signal
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
-from playwright.sync_api import Browser, Page, ViewportSize, sync_playwright
+from playwright.sync_api import Page
+
+from tests.web.conftest import EXAMPLES, SLOTS, Stack, job_yaml, shoot, submit, wait_for_state
 
 pytestmark = pytest.mark.e2e
-
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = ROOT / "examples"
-SCREENSHOTS = Path(__file__).resolve().parent / "screenshots"
-DOC_IMAGES = ROOT / "docs" / "img"
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-]
-VIEWPORT: ViewportSize = {"width": 1366, "height": 768}
-SLOTS = 3  # a distributed job (2 worker groups and a server shard) fits when the node is idle
-
-
-def job_yaml(example: str, **keys: object) -> str:
-    """An example job, its comments and layout kept, with top-level keys set (added if absent)."""
-    text = (EXAMPLES / f"{example}.yaml").read_text()
-    for key, value in keys.items():
-        flow = yaml.safe_dump(value, default_flow_style=True, width=200).removesuffix("\n...\n")
-        line = f"{key}: {flow.strip()}"
-        text, found = re.subn(rf"^{key}:.*$", line, text, count=1, flags=re.MULTILINE)
-        if not found:
-            text = f"{text.rstrip()}\n{line}\n"
-    job = yaml.safe_load(text)
-    assert {key: job[key] for key in keys} == keys, f"could not set {keys} in {example}"
-    return text
-
 
 MLP = (EXAMPLES / "mnist1d_mlp.yaml").read_text()
 MLP_LAYERS = yaml.safe_load(MLP)["neuralnet"]["layers"]
@@ -81,131 +36,11 @@ BROKEN_JOB = MLP.replace("srclayers: [relu1]", "srclayers: [relu9]")
 BROKEN_LINE = next(i for i, line in enumerate(BROKEN_JOB.splitlines(), 1) if "relu9" in line)
 
 
-@dataclass
-class Stack:
-    url: str
-    token: str
-    api: httpx.Client
-    long_job: int = 0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _stack_env(data_dir: Path) -> dict[str, str]:
-    # The stack is our own: no Redis, SQL or other settings leak in from the caller's shell.
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("TRAINYARD_") and k not in ("REDIS_URL", "DATABASE_URL")
-    }
-    env.update(TRAINYARD_NODE_NAME="node-1", TRAINYARD_NODE_SLOTS=str(SLOTS))
-    env["TRAINYARD_DATA_DIR"] = str(data_dir)
-    return env
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} is missing: run scripts/ensure-chromium.sh (make test does)")
-    if not (ROOT / "web" / "dist" / "index.html").exists():
-        pytest.fail("web/dist is missing: build the dashboard with `make web`")
-    data_dir = tmp_path_factory.mktemp("stack")
-    port = _free_port()
-    log_path = data_dir / "up.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "scheduler", "up"),
-                *("--data-dir", str(data_dir), "--port", str(port)),
-            ],
-            env=_stack_env(data_dir),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    stack_file = data_dir / "stack.json"
-    deadline = time.monotonic() + 180
-    while not stack_file.exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"`trainyard up` did not start:\n{log_path.read_text()[-3000:]}")
-        time.sleep(0.2)
-    info = json.loads(stack_file.read_text())
-    api = httpx.Client(
-        base_url=f"{info['url']}/api/v1",
-        headers={"Authorization": f"Bearer {info['token']}"},
-        timeout=30,
-    )
-    stack = Stack(info["url"], info["token"], api)
-    # Submitted first so it is running (and reporting) by the time tests watch a running job.
-    stack.long_job = submit(stack, LONG_JOB)
-    yield stack
-    api.close()
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-
-
-@pytest.fixture(scope="module")
-def browser(stack: Stack) -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture
-def page(browser: Browser, stack: Stack) -> Iterator[Page]:
-    """A fresh browser context at laptop size; fails the test on any uncaught script error."""
-    context = browser.new_context(viewport=VIEWPORT)
-    page = context.new_page()
-    page.set_default_timeout(20_000)
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    yield page
-    context.close()
-    assert errors == [], f"script errors in the page: {errors}"
-
-
-@pytest.fixture
-def signed_in(page: Page, stack: Stack) -> Page:
-    page.add_init_script(f"localStorage.setItem('trainyard.token', {json.dumps(stack.token)})")
-    return page
-
-
-def shoot(page: Page, name: str, *, doc: bool = False) -> None:
-    """Every test leaves a screenshot; the documentation's pictures come from the same runs."""
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
-    if doc and os.environ.get("TRAINYARD_DOC_SCREENSHOTS") == "1":
-        DOC_IMAGES.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(DOC_IMAGES / f"{name}.png"))
-
-
-def submit(stack: Stack, yaml_text: str) -> int:
-    response = stack.api.post(
-        "/jobs", content=yaml_text, headers={"Content-Type": "application/yaml"}
-    )
-    assert response.status_code == 201, response.text
-    return int(response.json()["id"])
-
-
-def wait_for_state(stack: Stack, job_id: int, states: set[str], timeout: float = 90) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = str(stack.api.get(f"/jobs/{job_id}").json()["state"])
-        if state in states:
-            return state
-        time.sleep(0.25)
-    raise AssertionError(f"job {job_id} did not reach {states} in {timeout:.0f}s (now {state})")
+@pytest.fixture(scope="module", autouse=True)
+def long_job(stack: Stack) -> int:
+    """Submitted before the first test, so it is running (and reporting) by the time tests
+    watch a running job."""
+    return submit(stack, LONG_JOB)
 
 
 def replace_editor_text(page: Page, text: str) -> None:
@@ -294,8 +129,8 @@ def test_submit_a_job_from_the_editor(signed_in: Page, stack: Stack) -> None:
     assert "e2e-quick-mlp" in page.locator(".pane-yaml .cm-content").inner_text()
 
 
-def test_a_running_jobs_chart_gains_points(signed_in: Page, stack: Stack) -> None:
-    page, long_job = signed_in, stack.long_job
+def test_a_running_jobs_chart_gains_points(signed_in: Page, stack: Stack, long_job: int) -> None:
+    page = signed_in
     page.goto(f"{stack.url}/#/jobs/{long_job}")
     page.locator("#job-state", has_text="running").wait_for()
     count = "Number(document.querySelector(\"figure[data-metric='loss']\")?.dataset.points ?? 0)"
@@ -320,8 +155,10 @@ def test_a_running_jobs_chart_gains_points(signed_in: Page, stack: Stack) -> Non
     shoot(page, "job-checkpoints", doc=True)
 
 
-def test_cluster_page_shows_nodes_running_and_queue(signed_in: Page, stack: Stack) -> None:
-    page, long_job = signed_in, stack.long_job
+def test_cluster_page_shows_nodes_running_and_queue(
+    signed_in: Page, stack: Stack, long_job: int
+) -> None:
+    page = signed_in
     # A worker of all the node's slots cannot start while the long job holds one of them.
     blocked = submit(
         stack,
@@ -346,10 +183,10 @@ def test_cluster_page_shows_nodes_running_and_queue(signed_in: Page, stack: Stac
         stack.api.post(f"/jobs/{blocked}/cancel")
 
 
-def test_jobs_table_filters_and_pages(signed_in: Page, stack: Stack) -> None:
+def test_jobs_table_filters_and_pages(signed_in: Page, stack: Stack, long_job: int) -> None:
     page = signed_in
     page.goto(stack.url + "/#/jobs")
-    page.locator(f"tr[data-job='{stack.long_job}']").wait_for()
+    page.locator(f"tr[data-job='{long_job}']").wait_for()
     shoot(page, "jobs", doc=True)
 
     # 55 jobs that could never fit (99 slots per worker) wait in the queue without running.
@@ -388,8 +225,8 @@ def test_jobs_table_filters_and_pages(signed_in: Page, stack: Stack) -> None:
             stack.api.post(f"/jobs/{job_id}/cancel")
 
 
-def test_cancel_a_job(signed_in: Page, stack: Stack) -> None:
-    page, long_job = signed_in, stack.long_job
+def test_cancel_a_job(signed_in: Page, stack: Stack, long_job: int) -> None:
+    page = signed_in
     page.goto(f"{stack.url}/#/jobs/{long_job}")
     page.locator("#job-state", has_text="running").wait_for()
     # By now the job has a history worth a picture: several evaluations, many training points.
@@ -413,12 +250,12 @@ def test_cancel_a_job(signed_in: Page, stack: Stack) -> None:
 
 
 def test_a_distributed_jobs_charts_have_a_line_per_worker_group(
-    signed_in: Page, stack: Stack
+    signed_in: Page, stack: Stack, long_job: int
 ) -> None:
     page = signed_in
     # The long job's slot is needed (test_cancel_a_job cancels it when the module runs whole).
-    stack.api.post(f"/jobs/{stack.long_job}/cancel")
-    wait_for_state(stack, stack.long_job, {"CANCELLED"})
+    stack.api.post(f"/jobs/{long_job}/cancel")
+    wait_for_state(stack, long_job, {"CANCELLED"})
     # Downpour on the node's 3 slots: two worker groups and their server shard.
     downpour = job_yaml("mnist1d_downpour", name="e2e-downpour", train_steps=300, disp_freq=10)
     job_id = submit(stack, downpour)

@@ -14,7 +14,9 @@ import type {
   JobState,
   LogsOut,
   MetricsOut,
+  PipelineOut,
   SeriesOut,
+  StageTimelineOut,
   ValidationOut,
 } from "./types.gen";
 
@@ -45,6 +47,14 @@ export type GraphNode = GraphNodeOut;
 export type Graph = GraphOut;
 export type Cluster = ClusterOut;
 export type Example = ExampleOut;
+export type Pipeline = PipelineOut;
+/** One pipeline stage's latest timeline (the `timeline` stream event has the same shape). */
+export type StageTimeline = StageTimelineOut;
+
+/** A pipelined job's topology counts its stages (one worker of each group per stage). */
+export function isPipelined(job: Job): boolean {
+  return Number(job.topology.stages ?? 1) > 1;
+}
 
 export class ApiError extends Error {
   constructor(
@@ -142,9 +152,9 @@ export const api = {
       query: { priority },
     }),
   cancel: (id: number) => json<JobDetail>(`/jobs/${id}/cancel`, { method: "POST" }),
-  metrics: (id: number, maxPoints: number, signal?: AbortSignal) =>
+  metrics: (id: number, maxPoints: number, signal?: AbortSignal, names?: string[]) =>
     json<MetricsOut>(`/jobs/${id}/metrics`, {
-      query: { max_points: maxPoints },
+      query: { max_points: maxPoints, name: names },
       signal,
     }),
   logs: (id: number, after: number | null, signal?: AbortSignal) =>
@@ -154,6 +164,8 @@ export const api = {
     }),
   events: (id: number, signal?: AbortSignal) => json<EventOut[]>(`/jobs/${id}/events`, { signal }),
   graph: (id: number, signal?: AbortSignal) => json<Graph>(`/jobs/${id}/graph`, { signal }),
+  pipeline: (id: number, signal?: AbortSignal) =>
+    json<Pipeline>(`/jobs/${id}/pipeline`, { signal }),
   checkpoints: (id: number, signal?: AbortSignal) =>
     json<CheckpointOut[]>(`/jobs/${id}/checkpoints`, { signal }),
   checkpointFile: async (id: number, step: number): Promise<Blob> =>

@@ -208,6 +208,39 @@ export interface MetricsOut {
   series: SeriesOut[];
 }
 
+export interface TimelineEventOut {
+  /** F: a micro-batch's forward, B: its backward */
+  kind: "F" | "B";
+  microbatch: number;
+  /** seconds from the start of the step */
+  start: number;
+  /** seconds from the start of the step */
+  end: number;
+}
+
+/** When one stage computed during one step (the stages of a pipeline time themselves). */
+export interface StageTimelineOut {
+  /** the pipeline replica (worker group) */
+  group: number;
+  /** the stage */
+  rank: number;
+  step: number;
+  events: TimelineEventOut[];
+}
+
+export interface PipelineOut {
+  /** the layers of each stage, first stage first */
+  stages: string[][];
+  /** micro-batches per batch */
+  microbatches: number;
+  schedule: "gpipe" | "1f1b";
+  rematerialize: boolean;
+  /** pipelines trained side by side (the worker groups) */
+  replicas: number;
+  /** each stage's latest timeline, by replica and stage; empty before the first */
+  timelines: StageTimelineOut[];
+}
+
 export interface LayerOut {
   name: string;
   type: string;

@@ -1,15 +1,31 @@
 // The compiled net as an SVG drawing: layers placed in topological levels (a layer sits one level
 // below its deepest source), ordered within a level by the mean position of their sources so
-// edges cross little, and edges drawn as curves from a layer to the layers that read it.
+// edges cross little, and edges drawn as curves from a layer to the layers that read it. A
+// pipelined job's layers take the colour of their stage instead of their kind's.
 
 import type { Graph, GraphNode } from "../api";
-import { formatCount, formatShape, svg } from "../dom";
+import { formatCount, formatShape, h, svg } from "../dom";
 
 const NODE_W = 190;
 const NODE_H = 58;
 const GAP_X = 28;
 const GAP_Y = 38;
 const PAD = 16;
+const STAGE_COLOURS = ["#2563eb", "#16a34a", "#ea580c", "#9333ea", "#0891b2", "#db2777", "#ca8a04"];
+
+/** A pipeline stage's colour, shared by the graph, its legend and the timeline chart. */
+export function stageColour(stage: number): string {
+  return STAGE_COLOURS[stage % STAGE_COLOURS.length];
+}
+
+/** "stage N" with a swatch of its colour, for legends and tables. */
+export function stageKey(stage: number): HTMLElement {
+  return h(
+    "span",
+    { class: "key staged", style: `--stage: ${stageColour(stage)}`, "data-stage": stage },
+    `stage ${stage}`,
+  );
+}
 
 interface Placed {
   node: GraphNode;
@@ -83,7 +99,8 @@ function truncate(text: string, max: number): string {
   return text.length > max ? `${text.slice(0, max - 1)}…` : text;
 }
 
-export function drawGraph(graph: Graph): SVGSVGElement {
+/** `stageOf` (a pipelined job's layer -> stage) colours each layer by the stage that runs it. */
+export function drawGraph(graph: Graph, stageOf?: Map<string, number>): SVGSVGElement {
   const placed = layout(graph);
   const at = new Map(placed.map((p) => [p.node.name, p]));
   const width = Math.max(...placed.map((p) => p.x + NODE_W), NODE_W) + PAD;
@@ -130,11 +147,21 @@ export function drawGraph(graph: Graph): SVGSVGElement {
     if (n.params > 0) detail.push(`${formatCount(n.params)} params`);
     const tags = [`pdim ${n.partition_dim}`];
     if (n.include) tags.push(`${n.include.join(", ")} only`);
+    const title = [`${n.name} (${n.type})`, `output ${formatShape(n.out_shape)}`, `params ${n.params}`];
+    const stage = stageOf?.get(n.name);
+    const staged: Record<string, string | number> =
+      stage === undefined ? {} : { style: `--stage: ${stageColour(stage)}`, "data-stage": stage };
+    if (stage !== undefined) title.push(`pipeline stage ${stage}`);
     root.append(
       svg(
         "g",
-        { class: `layer kind-${kind(n)}`, transform: `translate(${p.x} ${p.y})`, "data-layer": n.name },
-        svg("title", {}, `${n.name} (${n.type})\noutput ${formatShape(n.out_shape)}\nparams ${n.params}`),
+        {
+          class: `layer kind-${kind(n)}${stage === undefined ? "" : " staged"}`,
+          transform: `translate(${p.x} ${p.y})`,
+          "data-layer": n.name,
+          ...staged,
+        },
+        svg("title", {}, title.join("\n")),
         svg("rect", { width: NODE_W, height: NODE_H, rx: 7 }),
         svg("text", { x: 10, y: 19, class: "layer-name" }, truncate(n.name, 16)),
         svg("text", { x: NODE_W - 10, y: 19, class: "layer-type", "text-anchor": "end" }, truncate(n.type, 14)),

@@ -6,6 +6,11 @@ export function stateBadge(state: string): HTMLElement {
   return h("span", { class: `badge state-${state.toLowerCase()}` }, state.toLowerCase());
 }
 
+/** A labelled value in a `facts` row. */
+export function fact(label: string, value: Node | string): HTMLElement {
+  return h("div", { class: "fact" }, h("span", { class: "muted" }, label), h("strong", {}, value));
+}
+
 export function progressBar(step: number, total: number, state?: string): HTMLElement {
   const fraction = total > 0 ? Math.min(1, step / total) : 0;
   const bar = h("div", { class: `progress ${state ? `state-${state.toLowerCase()}` : ""}` });

@@ -1,17 +1,18 @@
 // Job detail: a header with state, progress and actions, and tabs for the live charts (SSE), the
-// compiled net, the events timeline, logs with follow, checkpoints and the job's YAML.
+// compiled net, a pipelined job's stages and timelines, the events timeline, logs with follow,
+// checkpoints and the job's YAML.
 
-import { type Job, TERMINAL, api, streamUrl } from "../api";
+import { type Job, type StageTimeline, TERMINAL, api, isPipelined, streamUrl } from "../api";
 import { fill, formatDuration, formatTime, h } from "../dom";
 import type { Params, Scope } from "../scope";
 import { errorText } from "../scope";
 import { MAX_POINTS, MetricCharts } from "../components/charts";
 import { DRAFT_KEY, yamlEditor } from "../components/editor";
-import { errorBox, progressBar, stateBadge } from "../components/widgets";
+import { errorBox, fact, progressBar, stateBadge } from "../components/widgets";
 import { percent } from "./jobs";
-import { checkpointsTab, eventsTab, graphTab, logsTab } from "./jobtabs";
+import { checkpointsTab, eventsTab, graphTab, logsTab, pipelineTab } from "./jobtabs";
 
-const TABS = ["charts", "graph", "events", "logs", "checkpoints", "yaml"] as const;
+const TABS = ["charts", "graph", "pipeline", "events", "logs", "checkpoints", "yaml"] as const;
 type Tab = (typeof TABS)[number];
 const REFRESH_MS = 2000;
 
@@ -23,25 +24,37 @@ interface MetricEvent {
   values: Record<string, number | null>;
 }
 
+/** What open tabs hear of the job as it happens: the stream's records, and state changes. */
+interface LiveEvents {
+  log: void;
+  checkpoint: void;
+  state: void;
+  metric: MetricEvent;
+  timeline: StageTimeline;
+}
+type Listeners = { [K in keyof LiveEvents]: ((data: LiveEvents[K]) => void)[] };
+
 export interface JobContext {
   id: number;
   scope: Scope;
   job: () => Job | null;
-  /** Called with each kind of live event so open tabs can refresh themselves. */
-  on: (kind: "log" | "checkpoint" | "state", fn: () => void) => void;
+  /** Called with each live event of a kind so open tabs can refresh themselves. */
+  on: <K extends keyof LiveEvents>(kind: K, fn: (data: LiveEvents[K]) => void) => void;
 }
 
 export function renderJob(root: HTMLElement, scope: Scope, params: Params): void {
   const id = Number(params.id);
   let job: Job | null = null;
-  const listeners: Record<string, (() => void)[]> = { log: [], checkpoint: [], state: [] };
+  const listeners: Listeners = { log: [], checkpoint: [], state: [], metric: [], timeline: [] };
   const ctx: JobContext = {
     id,
     scope,
     job: () => job,
     on: (kind, fn) => listeners[kind].push(fn),
   };
-  const emit = (kind: string) => listeners[kind]?.forEach((fn) => fn());
+  const emit = <K extends keyof LiveEvents>(kind: K, data: LiveEvents[K]) => {
+    for (const fn of listeners[kind]) fn(data);
+  };
 
   const header = h("div", { class: "job-head" }, h("h1", {}, `Job #${id}`));
   const tabBar = h("nav", { class: "tabs", role: "tablist" });
@@ -57,6 +70,7 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
   const build: Record<Tab, (pane: HTMLElement) => void> = {
     charts: (pane) => pane.append(chartNote, chartsHost),
     graph: (pane) => graphTab(pane, ctx),
+    pipeline: (pane) => pipelineTab(pane, ctx),
     events: (pane) => eventsTab(pane, ctx),
     logs: (pane) => logsTab(pane, ctx),
     checkpoints: (pane) => checkpointsTab(pane, ctx),
@@ -84,8 +98,9 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
     const pane = h("div", { class: `tab-pane pane-${tab}`, role: "tabpanel", hidden: true });
     panes.set(tab, pane);
     root.append(pane);
+    // Only a pipelined job has a pipeline tab, shown once the job is known to be one.
     tabBar.append(
-      h("button", { role: "tab", "data-tab": tab, onclick: () => select(tab) }, tab),
+      h("button", { role: "tab", "data-tab": tab, hidden: tab === "pipeline", onclick: () => select(tab) }, tab),
     );
   }
 
@@ -120,8 +135,6 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
       },
       "Edit a copy",
     );
-    const fact = (label: string, value: Node | string) =>
-      h("div", { class: "fact" }, h("span", { class: "muted" }, label), h("strong", {}, value));
     fill(
       header,
       h(
@@ -163,7 +176,7 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
     const changed = !job || job.state !== fresh.state;
     job = fresh;
     drawHeader(fresh);
-    if (changed && job) emit("state");
+    if (changed && job) emit("state", undefined);
   };
 
   // History first from SQL (downsampled by the server), then live points from the stream; live
@@ -189,14 +202,18 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
     scope.onDispose(() => source.close());
     source.addEventListener("metric", (event) => {
       const m = JSON.parse((event as MessageEvent).data) as MetricEvent;
+      emit("metric", m);
       if (pending) pending.push(m);
       else {
         appendMetric(m);
         chartNote.textContent = "";
       }
     });
-    source.addEventListener("log", () => emit("log"));
-    source.addEventListener("checkpoint", () => emit("checkpoint"));
+    source.addEventListener("log", () => emit("log", undefined));
+    source.addEventListener("checkpoint", () => emit("checkpoint", undefined));
+    source.addEventListener("timeline", (event) =>
+      emit("timeline", JSON.parse((event as MessageEvent).data) as StageTimeline),
+    );
     source.addEventListener("state", () => void refresh().catch(() => undefined));
     source.addEventListener("end", () => {
       source.close();
@@ -209,8 +226,12 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
 
   refresh()
     .then(() => {
+      const pipelined = job !== null && isPipelined(job);
+      const pipelineButton = tabBar.querySelector<HTMLElement>("[data-tab='pipeline']");
+      if (pipelineButton) pipelineButton.hidden = !pipelined;
       const wanted = (params.tab ?? "charts") as Tab;
-      select(TABS.includes(wanted) ? wanted : "charts");
+      const known = TABS.includes(wanted) && (wanted !== "pipeline" || pipelined);
+      select(known ? wanted : "charts");
       if (job && !TERMINAL.has(job.state)) follow();
       return loadHistory();
     })

@@ -1,40 +1,157 @@
-// The job detail tabs that fetch their own data: graph, events, logs and checkpoints.
+// The job detail tabs that fetch their own data: graph, pipeline, events, logs and checkpoints.
 
-import { TERMINAL, api } from "../api";
+import { type Pipeline, type StageTimeline, TERMINAL, api, isPipelined } from "../api";
 import { fill, formatBytes, formatCount, formatTime, h } from "../dom";
 import { errorText } from "../scope";
-import { drawGraph } from "../components/graph";
-import { errorBox, stateBadge, table } from "../components/widgets";
+import { drawGraph, stageKey } from "../components/graph";
+import { drawTimeline } from "../components/timeline";
+import { errorBox, fact, stateBadge, table } from "../components/widgets";
 import type { JobContext } from "./job";
 
 const MAX_LOG_LINES = 5000;
 const LOG_POLL_MS = 1000;
+const BUSY = "train/pipeline/busy";
 
 export function graphTab(pane: HTMLElement, ctx: JobContext): void {
   const host = h("div", { class: "graph-host", id: "graph" }, h("p", { class: "muted" }, "compiling…"));
-  pane.append(
-    h(
-      "div",
-      { class: "legend" },
-      h("span", { class: "key kind-input" }, "input"),
-      h("span", { class: "key kind-param" }, "has parameters"),
-      h("span", { class: "key kind-plain" }, "no parameters"),
-      h("span", { class: "key kind-loss" }, "loss"),
-      h("span", { class: "muted" }, "shapes are per sample; pdim = partition_dim"),
-    ),
-    host,
+  const note = h("span", { class: "muted" }, "shapes are per sample; pdim = partition_dim");
+  const legend = h(
+    "div",
+    { class: "legend", id: "graph-legend" },
+    h("span", { class: "key kind-input" }, "input"),
+    h("span", { class: "key kind-param" }, "has parameters"),
+    h("span", { class: "key kind-plain" }, "no parameters"),
+    h("span", { class: "key kind-loss" }, "loss"),
+    note,
   );
-  api
-    .graph(ctx.id, ctx.scope.signal)
-    .then((graph) => {
+  pane.append(legend, host);
+  const job = ctx.job();
+  // A pipelined job's layers are coloured by the stage that runs them instead of by kind.
+  const planned = job && isPipelined(job) ? api.pipeline(ctx.id, ctx.scope.signal) : null;
+  Promise.all([api.graph(ctx.id, ctx.scope.signal), planned])
+    .then(([graph, plan]) => {
       const total = graph.nodes.reduce((n, node) => n + node.params, 0);
+      const stageOf = plan
+        ? new Map(plan.stages.flatMap((layers, stage) => layers.map((name) => [name, stage] as const)))
+        : undefined;
+      if (plan) fill(legend, ...plan.stages.map((_, stage) => stageKey(stage)), note);
       fill(
         host,
         h("p", { class: "muted" }, `${graph.nodes.length} layers, ${formatCount(total)} parameters`),
-        drawGraph(graph),
+        drawGraph(graph, stageOf),
       );
     })
     .catch((error) => fill(host, errorBox(errorText(error))));
+}
+
+/** What a (replica, stage) reported last, and at which step. */
+interface Latest<T> {
+  step: number;
+  value: T;
+}
+
+/** A history value, unless what is shown (perhaps live, which may come first) is newer. */
+function keepNewer<T>(into: Map<string, Latest<T>>, key: string, step: number, value: T): void {
+  if ((into.get(key)?.step ?? -1) <= step) into.set(key, { step, value });
+}
+
+export function pipelineTab(pane: HTMLElement, ctx: JobContext): void {
+  const plan = h("div", { id: "pipeline-plan" }, h("p", { class: "muted" }, "loading…"));
+  const chart = h("div", { class: "graph-host", id: "pipeline-timeline" });
+  pane.append(
+    plan,
+    h(
+      "div",
+      { class: "legend" },
+      h("span", { class: "key forward" }, "forward (F)"),
+      h("span", { class: "key backward" }, "backward (B)"),
+      h("span", { class: "muted" }, "each stage's latest timed step; bars are numbered by micro-batch"),
+    ),
+    chart,
+  );
+  let pipeline: Pipeline | null = null;
+  // By `${replica}/${stage}`. A live event is always the newest (a job placed again reports
+  // lower steps); history fills in where nothing newer is shown.
+  const timelines = new Map<string, Latest<StageTimeline>>();
+  const busy = new Map<string, Latest<number>>();
+
+  const drawPlan = (p: Pipeline) =>
+    fill(
+      plan,
+      h(
+        "div",
+        { class: "facts card" },
+        fact("stages", String(p.stages.length)),
+        fact("micro-batches", String(p.microbatches)),
+        fact("schedule", p.schedule),
+        fact("replicas", String(p.replicas)),
+        fact("rematerialize", p.rematerialize ? "yes" : "no"),
+      ),
+      h(
+        "div",
+        { class: "table-wrap narrow" },
+        table(
+          [
+            { title: "stage", cell: (s) => stageKey(s.stage) },
+            { title: "layers", cell: (s) => s.layers.join(", ") },
+          ],
+          p.stages.map((layers, stage) => ({ stage, layers })),
+        ),
+      ),
+    );
+  const drawChart = () => {
+    const p = pipeline;
+    if (!p) return;
+    const stages = p.stages.length;
+    // One chart per replica (each a whole pipeline), its rows the stages.
+    const charts = Array.from({ length: p.replicas }, (_, group) => {
+      const rows: StageTimeline[] = [];
+      const fractions = new Map<number, number>();
+      for (let stage = 0; stage < stages; stage++) {
+        const timeline = timelines.get(`${group}/${stage}`);
+        if (timeline !== undefined) rows.push(timeline.value);
+        const fraction = busy.get(`${group}/${stage}`);
+        if (fraction !== undefined) fractions.set(stage, fraction.value);
+      }
+      return h(
+        "div",
+        { class: "pipeline-replica", "data-replica": group },
+        p.replicas > 1 ? h("h3", {}, `replica ${group}`) : null,
+        drawTimeline(stages, rows, fractions),
+      );
+    });
+    const waiting = h("p", { class: "muted" }, "No timeline yet: the stages time a step every disp_freq steps.");
+    fill(chart, timelines.size === 0 ? waiting : null, ...charts);
+  };
+
+  const load = async () => {
+    const [fresh, metrics] = await Promise.all([
+      api.pipeline(ctx.id, ctx.scope.signal),
+      api.metrics(ctx.id, 1, ctx.scope.signal, [BUSY]),
+    ]);
+    pipeline = fresh;
+    for (const t of fresh.timelines) keepNewer(timelines, `${t.group}/${t.rank}`, t.step, t);
+    for (const series of metrics.series) {
+      const [step, value] = series.points[series.points.length - 1] ?? [0, null];
+      if (value !== null) keepNewer(busy, `${series.group}/${series.rank}`, step, value);
+    }
+    drawPlan(fresh);
+    drawChart();
+  };
+  const reload = () => void load().catch((error) => fill(plan, errorBox(errorText(error))));
+  ctx.on("timeline", (t) => {
+    timelines.set(`${t.group}/${t.rank}`, { step: t.step, value: t });
+    drawChart();
+  });
+  ctx.on("metric", (m) => {
+    const value = m.values[BUSY];
+    if (typeof value !== "number") return;
+    busy.set(`${m.group}/${m.rank}`, { step: m.step, value });
+    drawChart();
+  });
+  // After the job ends, the rows the ingester stored last.
+  ctx.on("state", reload);
+  reload();
 }
 
 export function eventsTab(pane: HTMLElement, ctx: JobContext): void {

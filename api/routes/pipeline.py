@@ -1,0 +1,66 @@
+"""/jobs/{id}/pipeline: a pipelined job's stages, micro-batches and replicas, and the latest
+timeline of each stage (when it ran each micro-batch's forward and backward)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastapi import APIRouter
+
+from api.deps import CurrentUser, ServicesDep, SessionDep, VisibleJob
+from api.routes.jobs import compiled_job
+from api.schemas import PipelineOut, StageTimelineOut, errors
+from dsl.compiler import CompiledJob
+from dsl.planner import plan_pipeline
+from dsl.schema import PipelineConfig
+from dsl.topology import Topology
+from scheduler import store
+from scheduler.models import Job, PipelineTimeline
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+
+def pipeline_config(job: Job) -> PipelineConfig:
+    """The job's pipeline section; NotFound (404) for a job without one."""
+    section = job.spec.get("pipeline")
+    if section is None:
+        raise store.NotFound(f"job {job.id} has no pipeline")
+    return PipelineConfig.model_validate(section)
+
+
+def stage_lists(config: PipelineConfig, compile_job: Callable[[], CompiledJob]) -> list[list[str]]:
+    """The layers of each stage: as written, or planned as the workers plan them from a count
+    (which needs the compiled net, so only then is the job compiled)."""
+    if isinstance(config.stages, list):
+        return config.stages
+    return plan_pipeline(compile_job()).layer_lists()
+
+
+def pipeline_view(
+    job: Job, config: PipelineConfig, stages: list[list[str]], rows: list[PipelineTimeline]
+) -> PipelineOut:
+    return PipelineOut(
+        stages=stages,
+        microbatches=config.microbatches,
+        schedule=config.schedule,
+        rematerialize=config.rematerialize,
+        replicas=Topology.from_dict(job.topology).nworker_groups,
+        timelines=[StageTimelineOut.of(r.group, r.rank, r.step, r.events) for r in rows],
+    )
+
+
+@router.get(
+    "/{job_id}/pipeline",
+    response_model=PipelineOut,
+    summary="The pipeline of a pipelined job",
+    description="The layers of each stage, the micro-batches, schedule and replicas, and each "
+    "stage's latest timeline: when it ran the forward (F) and backward (B) of every "
+    "micro-batch, in seconds from the start of the step. 404 for a job without a pipeline.",
+    responses=errors(401, 404, 422),
+)
+def job_pipeline(
+    job: VisibleJob, user: CurrentUser, session: SessionDep, services: ServicesDep
+) -> PipelineOut:
+    config = pipeline_config(job)
+    stages = stage_lists(config, lambda: compiled_job(job, user, session, services))
+    return pipeline_view(job, config, stages, store.pipeline_timelines(session, job.id))
