@@ -247,7 +247,7 @@ class StageOut(BaseModel):
     inputs: list[str] = Field(description="layers of earlier stages whose outputs it reads")
 
 
-class PipelineOut(BaseModel):
+class PipelinePlanOut(BaseModel):
     """The planner's stages (dsl/planner.py PipelinePlan.to_dict)."""
 
     stages: list[StageOut]
@@ -285,6 +285,6 @@ class ValidationOut(BaseModel):
     total_params: int
     topology: dict[str, Any]
     placement: PlacementOut
-    pipeline: PipelineOut | None = Field(
+    pipeline: PipelinePlanOut | None = Field(
         description="the pipeline's stages as the planner cut them; null without a pipeline"
     )

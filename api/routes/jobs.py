@@ -31,7 +31,7 @@ from api.schemas import (
     LogsOut,
     MetricNames,
     MetricsOut,
-    PipelineOut,
+    PipelinePlanOut,
     SeriesOut,
     ValidationOut,
     errors,
@@ -157,7 +157,7 @@ def validate_job(
         total_params=compiled.total_params,
         topology=checked.topology.to_dict(),
         placement=placement_preview(session, checked.topology, submission.priority),
-        pipeline=PipelineOut.model_validate(checked.plan.to_dict()) if checked.plan else None,
+        pipeline=PipelinePlanOut.model_validate(checked.plan.to_dict()) if checked.plan else None,
     )
 
 

@@ -9,7 +9,9 @@ from typing import Any
 import yaml
 
 from contract.records import JobStream, TimelineRecord
+from dsl.planner import plan_pipeline
 from scheduler.ingest import ingest_once
+from tests.conftest import compile_with_data
 
 ROOT = Path(__file__).resolve().parents[2]
 MLP = yaml.safe_load((ROOT / "examples" / "digits_mlp.yaml").read_text())
@@ -73,12 +75,16 @@ def test_a_pipelined_jobs_plan_and_its_stages_latest_timelines(api: Any) -> None
     assert api.client.get(f"/api/v1/jobs/{job_id}/pipeline").status_code == 401
 
 
-def test_stages_given_by_count_are_planned_as_the_workers_plan_them(api: Any) -> None:
+def test_stages_given_by_count_are_planned_as_the_workers_plan_them(
+    api: Any, cache_dir: Path
+) -> None:
     document = pipelined(stages=2, microbatches=4, schedule="gpipe", rematerialize=True)
     document += "cluster: {framework: allreduce, nworker_groups: 2}\n"
     job_id = api.submit(document)["id"]
     body = get_pipeline(api, job_id).json()
-    assert body["stages"] == [["data", "fc1", "tanh1", "fc2"], ["tanh2", "fc3", "loss"]]
+    compiled, _ = compile_with_data(document, cache_dir=cache_dir)
+    assert body["stages"] == plan_pipeline(compiled).layer_lists()
+    assert body["stages"][0][0] == "data" and body["stages"][-1][-1] == "loss"
     assert (body["microbatches"], body["schedule"], body["rematerialize"]) == (4, "gpipe", True)
     assert body["replicas"] == 2
 

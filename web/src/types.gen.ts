@@ -264,7 +264,7 @@ export interface StageOut {
 }
 
 /** The planner's stages (dsl/planner.py PipelinePlan.to_dict). */
-export interface PipelineOut {
+export interface PipelinePlanOut {
   stages: StageOut[];
   microbatches: number;
   schedule: "gpipe" | "1f1b";
@@ -306,5 +306,5 @@ export interface ValidationOut {
   topology: Record<string, unknown>;
   placement: PlacementOut;
   /** the pipeline's stages as the planner cut them; null without a pipeline */
-  pipeline: PipelineOut | null;
+  pipeline: PipelinePlanOut | null;
 }
