@@ -17,6 +17,7 @@ from dsl.layers.base import LayerConfig
 from dsl.registry import did_you_mean
 from dsl.schema import JobSpec, PipelineConfig
 from dsl.source import SourceMap
+from dsl.topology import resolve_topology
 
 UNSUPPORTED_ALGORITHMS = {
     "cd": "cd runs Gibbs sampling up and down through the rbm in one place, and a pipeline "
@@ -101,13 +102,17 @@ def _microbatch_issues(spec: JobSpec, config: PipelineConfig, source: SourceMap)
     issues = []
     batch, micro, stages = spec.data.batch_size, config.microbatches, config.count
     where = ("pipeline", "microbatches")
-    if batch % micro:
+    # Each replica of the pipeline trains on its equal part of the batch.
+    replicas = resolve_topology(spec.cluster, config).nworker_groups
+    if batch % replicas == 0 and (batch // replicas) % micro:
+        rows = batch // replicas
+        each = f" ({replicas} replicas of {rows} rows)" if replicas > 1 else ""
         issues.append(
             source.issue(
                 where,
-                f"data.batch_size {batch} does not split into {micro} equal micro-batches",
-                f"use a number of micro-batches that divides {batch} "
-                f"({_divisors_text(batch)}), or change data.batch_size",
+                f"data.batch_size {batch}{each} does not split into {micro} equal micro-batches",
+                f"use a number of micro-batches that divides {rows} "
+                f"({_divisors_text(rows)}), or change data.batch_size",
             )
         )
     if config.schedule == "1f1b" and micro < stages:

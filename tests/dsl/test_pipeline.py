@@ -167,6 +167,17 @@ def test_batch_size_must_split_into_the_micro_batches() -> None:
     assert (found.line, found.column) == (13, 3)
 
 
+def test_each_replicas_part_of_the_batch_must_split_into_the_micro_batches() -> None:
+    text = JOB + "cluster: {framework: allreduce, nworker_groups: 4}\n"
+    found = issue(text, "pipeline.microbatches")
+    assert found.message == (
+        "data.batch_size 8 (4 replicas of 2 rows) does not split into 4 equal micro-batches"
+    )
+    assert found.hint == (
+        "use a number of micro-batches that divides 2 (1, 2), or change data.batch_size"
+    )
+
+
 def test_1f1b_needs_as_many_micro_batches_as_stages() -> None:
     found = issue(JOB.replace("  microbatches: 4\n", ""), "pipeline.microbatches")
     assert found.message == (
