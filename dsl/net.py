@@ -115,31 +115,48 @@ class NeuralNet(nn.Module):
                     break
                 continue
             inputs = flow.inputs(step)
+            out: torch.Tensor | tuple[torch.Tensor, ...]
             if step.wants_label:
                 if y is None:
                     continue
                 inputs.append(flow.label(step))
-                out = step.module(*inputs)
-                if step.module.is_loss:
-                    losses.append(out)
-                if with_metrics:
-                    with torch.no_grad():
-                        for key, value in step.module.metrics(*inputs).items():
-                            # A second layer reporting the same metric keeps its own name.
-                            metrics[key if key not in metrics else f"{step.name}/{key}"] = value
+                out = run_labelled(step, inputs, losses, metrics if with_metrics else None)
             else:
                 out = flow.after_layer(step, step.module(*inputs))
             flow.keep(step, out)
             if step.name == stop_at:
                 break
-        loss = None
-        if losses:
-            loss = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
-        return NetOutput(loss=loss, metrics=metrics, outputs=flow.outputs)
+        return NetOutput(loss=total_loss(losses), metrics=metrics, outputs=flow.outputs)
 
     def _flow(self, y: torch.Tensor | None, phase: Phase) -> Flow:
         """The bookkeeping of one pass; a net split over workers returns its own."""
         return Flow(y)
+
+
+def run_labelled(
+    step: Step,
+    inputs: list[torch.Tensor],
+    losses: list[torch.Tensor],
+    metrics: dict[str, torch.Tensor] | None,
+) -> torch.Tensor:
+    """Run a layer that reads the labels (the last of `inputs`): a loss joins `losses`, and
+    its metrics join `metrics` unless that is None."""
+    out: torch.Tensor = step.module(*inputs)
+    if step.module.is_loss:
+        losses.append(out)
+    if metrics is not None:
+        with torch.no_grad():
+            for key, value in step.module.metrics(*inputs).items():
+                # A second layer reporting the same metric keeps its own name.
+                metrics[key if key not in metrics else f"{step.name}/{key}"] = value
+    return out
+
+
+def total_loss(losses: list[torch.Tensor]) -> torch.Tensor | None:
+    """The net's loss: the sum of its loss layers'; None without one."""
+    if not losses:
+        return None
+    return losses[0] if len(losses) == 1 else torch.stack(losses).sum()
 
 
 class Flow:

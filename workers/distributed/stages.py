@@ -19,7 +19,7 @@ from torch.utils.checkpoint import checkpoint as rematerialized
 from dsl.compiler import CompiledJob
 from dsl.graph import SourceRef
 from dsl.layers.base import Phase
-from dsl.net import CompiledLayer, NeuralNet, Step
+from dsl.net import CompiledLayer, NeuralNet, Step, run_labelled, total_loss
 from dsl.planner import PipelinePlan
 
 Key = tuple[str, int]  # (layer, output index): one tensor of a pass
@@ -105,17 +105,8 @@ def run_head(
     metrics: dict[str, torch.Tensor] = {}
     for step in flow.head:
         inputs = [values[_key(ref)] for ref in step.sources] + [y]
-        out = step.module(*inputs)
-        if step.module.is_loss:
-            losses.append(out)
-        if with_metrics:
-            with torch.no_grad():
-                for key, value in step.module.metrics(*inputs).items():
-                    metrics[key if key not in metrics else f"{step.name}/{key}"] = value
-    loss = None
-    if losses:
-        loss = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
-    return loss, metrics
+        run_labelled(step, inputs, losses, metrics if with_metrics else None)
+    return total_loss(losses), metrics
 
 
 class SavedActivations:
