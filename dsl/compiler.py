@@ -24,6 +24,7 @@ from dsl.layers.base import BuildContext, LayerConfig, LayerShapeError, Shape
 from dsl.net import CompiledLayer, NeuralNet
 from dsl.overrides import apply_overrides
 from dsl.schema import JobSpec
+from dsl.search_checks import search_issues
 from dsl.source import SourceMap, parse_document
 from dsl.topology import Topology, resolve_topology, topology_problems
 from dsl.validation import translate_validation_error
@@ -158,6 +159,7 @@ def cross_field_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
     for key, message, hint in topology_problems(topology):
         issues.append(source.issue(("cluster", key), message, hint))
     issues.extend(_precision_issues(spec, topology, source))
+    issues.extend(search_issues(spec, source))
     return issues
 
 
