@@ -43,10 +43,11 @@ class JobState(enum.StrEnum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
+    PRUNED = "PRUNED"  # a sweep's trial stopped early by the sweep's pruner
 
     @property
     def terminal(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PRUNED)
 
 
 class SweepState(enum.StrEnum):

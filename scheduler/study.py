@@ -92,6 +92,9 @@ def open_storage(sql_url: str) -> RDBStorage:
                 finally:
                     engine.dispose()
             storage = RDBStorage(url, engine_kwargs=options)
+            if url.startswith("sqlite"):  # readers and the one writer need not wait for each other
+                with storage.engine.connect() as connection:
+                    connection.exec_driver_sql("PRAGMA journal_mode=WAL")
             _STORAGES[sql_url] = storage
         return storage
 
@@ -218,17 +221,21 @@ class SweepStudy:
         else:
             self.study.tell(number, state=state, skip_if_finished=True)
 
-    def report(self, number: int, points: list[tuple[int, float]]) -> bool:
-        """Record a running trial's intermediate values (step, value); whether the pruner
-        stops it now."""
+    def report(self, number: int, points: list[tuple[int, float]]) -> int | None:
+        """Record a running trial's intermediate values (step, value), in step order, asking
+        the pruner at each new last step: the step at which it stops the trial, or None. Points
+        recorded before (a batch read again) are asked about again, to the same answer."""
         trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
         trial = self.storage.get_trial(trial_id)
         if trial.state != TrialState.RUNNING:
-            return False
-        for step, value in points:
+            return None
+        for step, value in sorted(points):
             if step not in trial.intermediate_values:
                 self.storage.set_trial_intermediate_value(trial_id, step, value)
-        return bool(self.study.pruner.prune(self.study, self.storage.get_trial(trial_id)))
+                trial = self.storage.get_trial(trial_id)
+            if step == trial.last_step and self.study.pruner.prune(self.study, trial):
+                return step
+        return None
 
     def best(self) -> list[FrozenTrial]:
         """The best trial (one objective), or the Pareto front (several); none before one

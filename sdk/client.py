@@ -36,7 +36,7 @@ from sdk.models import (
 
 API_PREFIX = "/api/v1"
 MAX_POINTS = 100_000  # the most points per series the server returns in one answer
-TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "PRUNED"})
 # What the progress bar shows next to the step counter (see sdk.console.format_stats).
 PROGRESS_METRICS = (
     "train/loss",
@@ -333,7 +333,7 @@ class Job:
         self.client.request("DELETE", f"/jobs/{self.id}")
 
     def wait(self, progress: bool = False, timeout: float | None = None, poll: float = 1.0) -> Job:
-        """Block until the job ends (SUCCEEDED, FAILED or CANCELLED); return it refreshed."""
+        """Block until the job ends (SUCCEEDED, FAILED, CANCELLED, PRUNED); return it refreshed."""
         if progress:
             from sdk.progress import follow_with_progress
 

@@ -52,7 +52,7 @@ class AllocationOut(BaseModel):
     state: AllocationState
 
 
-JobState = Literal["QUEUED", "SCHEDULED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"]
+JobState = Literal["QUEUED", "SCHEDULED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "PRUNED"]
 
 
 class RunningJob(BaseModel):

@@ -44,7 +44,7 @@ export interface AllocationOut {
   state: AllocationState;
 }
 
-export type JobState = "QUEUED" | "SCHEDULED" | "RUNNING" | "SUCCEEDED" | "FAILED" | "CANCELLED";
+export type JobState = "QUEUED" | "SCHEDULED" | "RUNNING" | "SUCCEEDED" | "FAILED" | "CANCELLED" | "PRUNED";
 
 export interface RunningJob {
   /** null for other users' jobs unless the caller is an admin */
