@@ -177,6 +177,9 @@ class JobOut(BaseModel):
     overrides: dict[str, Any]
     topology: dict[str, Any] = Field(description="the resolved cluster: worker and server groups")
     queue_position: int | None = Field(description="1-based place in the queue while QUEUED")
+    sweep_id: int | None = Field(description="the sweep the job is a trial of, if any")
+    trial_number: int | None = Field(description="its number in the sweep, from 0")
+    pruned_step: int | None = Field(description="PRUNED: the step (rung) its sweep stopped it at")
 
 
 # JobOut's fields that are not the Job column of their name: computed for one job by the API

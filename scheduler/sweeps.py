@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from sqlalchemy import select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from contract.records import Keys
@@ -84,6 +84,19 @@ def trials(session: Session, sweep_id: int) -> list[Job]:
     return list(
         session.scalars(select(Job).where(Job.sweep_id == sweep_id).order_by(Job.trial_number))
     )
+
+
+def trial_counts(session: Session, sweep_ids: list[int]) -> dict[int, tuple[int, int]]:
+    """Each sweep's trials created and ended so far, in one query."""
+    ended = case((Job.state.in_([s for s in JobState if s.terminal]), 1), else_=0)
+    rows = session.execute(
+        select(Job.sweep_id, func.count(), func.sum(ended))
+        .where(Job.sweep_id.in_(sweep_ids))
+        .group_by(Job.sweep_id)
+    )
+    counts = {sweep_id: (0, 0) for sweep_id in sweep_ids}
+    counts.update({sweep_id: (int(n), int(done or 0)) for sweep_id, n, done in rows})
+    return counts
 
 
 def search_of(sweep: Sweep) -> SearchConfig:
