@@ -41,7 +41,7 @@ def _follow(url: str, token: str, job_file: Path, stop: threading.Event, where: 
     thread)."""
     from sdk.client import Client, Job, TrainyardError
     from sdk.progress import follow_with_progress
-    from sdk.sweeps import follow_sweep, summary_line
+    from sdk.sweeps import follow_sweep
 
     try:
         with Client(url, token) as client:
@@ -50,7 +50,7 @@ def _follow(url: str, token: str, job_file: Path, stop: threading.Event, where: 
             console.print(f"submitted {job_file} as {kind} [bold]{job.id}[/]")
             if isinstance(job, Job):
                 follow_with_progress(job, console=console, stop=stop)
-            else:
+            else:  # its table ends with the sweep's result
                 follow_sweep(job, console=console, stop=stop)
     except TrainyardError as exc:
         if not stop.is_set():
@@ -67,8 +67,6 @@ def _follow(url: str, token: str, job_file: Path, stop: threading.Event, where: 
         console.print(f"job {job.id} [bold]{job.state}[/] after {job.step} steps   {final}")
         if job.error:
             console.print(f"[red]error[/] {job.error}")
-    else:
-        console.print(summary_line(job.info))
     console.print(f"the stack keeps running: {where}\nadmin token: {token}   Ctrl-C stops it")
 
 

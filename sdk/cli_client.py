@@ -23,7 +23,7 @@ from contract.settings import Settings
 from sdk.client import Client, Job, JobSpecRejected, TrainyardError, Unreachable
 from sdk.connection import client_file, write_private_json
 from sdk.console import describe_topology, layer_table, placement_table, print_issues
-from sdk.sweeps import Sweep
+from sdk.sweeps import Sweep, format_value
 
 console = Console()
 err_console = Console(stderr=True)
@@ -111,9 +111,9 @@ def best_line(sweep: Sweep) -> str:
         return f"sweep {sweep.id} {sweep.state}: no trial completed" + (
             f" ({detail.error})" if detail.error else ""
         )
-    params = "  ".join(f"{path}={value}" for path, value in best.params.items())
-    metric = detail.objectives[0].metric
-    return f"best: trial {best.number} (job {best.job_id}) {metric} {best.value}   {params}"
+    params = "  ".join(f"{path}={format_value(value)}" for path, value in best.params.items())
+    metric = f"{detail.objectives[0].metric} {format_value(best.value)}"
+    return f"best: trial {best.number} (job {best.job_id}) {metric}   {params}"
 
 
 def _job_and_overrides(job_file: Path, set_: list[str] | None) -> tuple[str, dict[str, Any]]:

@@ -102,7 +102,8 @@ def _check_deadline(sweep: Sweep, deadline: float | None, timeout: float | None)
         raise WaitTimeout(f"sweep {sweep.id} is still {sweep.state} after {timeout}s")
 
 
-def _number(value: Any) -> str:
+def format_value(value: Any) -> str:
+    """A parameter or metric value for a table: floats to 4 significant digits."""
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
@@ -120,16 +121,16 @@ def trial_table(detail: SweepDetail) -> Table:
         if trial.pruned_step is not None:
             step += f" (rung {trial.pruned_step})"
         if len(detail.objectives) > 1:
-            result = ", ".join(_number(v) for v in trial.values) if trial.values else "-"
+            result = ", ".join(format_value(v) for v in trial.values) if trial.values else "-"
         else:
-            result = "-" if trial.value is None else _number(trial.value)
+            result = "-" if trial.value is None else format_value(trial.value)
         marked = "*" if trial.number == detail.best_trial else ""
         table.add_row(
             f"{trial.number}{marked}",
             str(trial.job_id),
             trial.state,
             step,
-            *(_number(trial.params.get(name, "-")) for name in names),
+            *(format_value(trial.params.get(name, "-")) for name in names),
             result,
         )
     return table
@@ -159,14 +160,19 @@ def follow_sweep(
     """Poll the sweep every `poll` seconds and show its trials live until it ends (or `stop`
     is set)."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    with Live(Text("waiting for the sweep"), console=console or Console()) as live:
-        while True:
-            detail = sweep.detail()
-            live.update(Group(trial_table(detail), Text.from_markup(summary_line(detail))))
-            if sweep.done:
-                return sweep
-            _check_deadline(sweep, deadline, timeout)
-            if stop is None:
-                time.sleep(poll)
-            elif stop.wait(poll):
-                return sweep
+    console = console or Console()
+    try:
+        with Live(Text("waiting for the sweep"), console=console) as live:
+            while True:
+                detail = sweep.detail()
+                live.update(Group(trial_table(detail), Text.from_markup(summary_line(detail))))
+                if sweep.done:
+                    return sweep
+                _check_deadline(sweep, deadline, timeout)
+                if stop is None:
+                    time.sleep(poll)
+                elif stop.wait(poll):
+                    return sweep
+    finally:
+        if not console.is_terminal:  # a terminal's Live ends its last frame's line itself
+            console.line()
