@@ -28,6 +28,9 @@ MULTI_OBJECTIVE = ("nsga2", "random", "tpe", "grid")
 NOT_BUILT = {"pbt": "population-based training"}
 MAX_TRIALS = 10_000
 MAX_CHOICES = 256
+# Each value checked at submission compiles the base job once (dsl/search_checks.py): bounded,
+# so that no document holds a server for long.
+MAX_PROBES = 256
 SCALARS = (str, builtins.int, float, bool, type(None))
 SPACE_FORMS = (
     "{loguniform: [low, high]}, {uniform: [low, high]}, {int: [low, high]} or "

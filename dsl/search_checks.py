@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from dsl.errors import JobSpecError, Path, SpecIssue
 from dsl.registry import did_you_mean
-from dsl.search import MAX_TRIALS, MULTI_OBJECTIVE, SearchConfig, SpaceEntry
+from dsl.search import MAX_PROBES, MAX_TRIALS, MULTI_OBJECTIVE, SearchConfig, SpaceEntry
 from dsl.source import SourceMap
 
 if TYPE_CHECKING:
@@ -36,6 +36,16 @@ def search_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
         )
     issues += _pruner_issues(search, spec.train_steps, source)
     issues += _trial_count_issues(search, source)
+    probes = sum(len(entry.probes()) for entry in search.space.values())
+    if probes > MAX_PROBES:
+        issues.append(
+            source.issue(
+                (*at, "space"),
+                f"the space has {probes} values to check (every choice, and 3 for each range); "
+                f"a sweep is checked with at most {MAX_PROBES}",
+                "list fewer choices, or give a range ({int: [low, high]}) instead",
+            )
+        )
     base = spec.model_dump(mode="json", exclude={"search"})
     for path in search.space:
         problem = _path_problem(base, path)

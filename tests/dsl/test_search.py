@@ -240,3 +240,13 @@ def test_pruner_rules() -> None:
     assert only_issue(sweep(SEARCH.replace("  max_trials: 8\n", ""))).message.startswith(
         "algorithm tpe needs max_trials"
     )
+
+
+def test_the_values_checked_at_submission_are_bounded() -> None:
+    many = ", ".join(str(n) for n in range(1, 201))
+    text = sweep(
+        SEARCH.replace("[8, 16, 32]", f"[{many}]").replace("[local, allreduce]", f"[{many}]")
+    )
+    issue = only_issue(text)
+    assert issue.path == "search.space"
+    assert issue.message.startswith("the space has 406 values to check")
