@@ -22,7 +22,7 @@ from api.dashboard import Dashboard
 from api.deps import Services
 from api.errors import install_error_handlers
 from api.limits import BodyLimit
-from api.routes import cluster, datasets, examples, jobs, pipeline, system
+from api.routes import cluster, datasets, examples, jobs, pipeline, sweeps, system
 from api.stream import router as stream_router
 from contract.records import Keys
 from contract.settings import Settings
@@ -84,6 +84,7 @@ def create_app(settings: Settings | None = None, *, web_dist: Path | None = WEB_
     for router in (
         jobs.router,
         pipeline.router,
+        sweeps.router,
         stream_router,
         cluster.router,
         datasets.router,

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from scheduler.models import AllocationState, JobOut, JobState, NodeState
+from scheduler.models import AllocationState, JobOut, JobState, NodeState, SweepState
 
 PRIORITY_RANGE = 1_000_000
 
@@ -66,6 +66,61 @@ class SubmitRequest(BaseModel):
 
 class JobDetail(JobOut):
     spec_yaml: str = Field(description="the document as submitted")
+
+
+class ObjectiveOut(BaseModel):
+    metric: str
+    mode: Literal["min", "max"]
+
+
+class SweepOut(BaseModel):
+    id: int
+    name: str
+    owner: str = Field(description="the submitting user's name")
+    state: SweepState
+    algorithm: str = Field(description="search.algorithm: the Optuna sampler")
+    pruner: str = Field(description="search.pruner.type")
+    objectives: list[ObjectiveOut] = Field(description="one for `metric`, or `objectives`")
+    trial_count: int = Field(description="how many trials the sweep runs")
+    max_parallel: int
+    trials_created: int = Field(description="trials queued so far")
+    trials_ended: int = Field(description="trials that ended (any way)")
+    best_trial: int | None = Field(description="the best trial's number (one objective)")
+    best_value: float | None = Field(description="its value of the metric")
+    cancel_requested: bool
+    error: str | None = Field(description="why the sweep failed")
+    created_at: datetime
+    ended_at: datetime | None
+
+
+class TrialOut(BaseModel):
+    number: int = Field(description="the trial's number in the sweep, from 0")
+    job_id: int = Field(description="the trial's job (GET /jobs/{id})")
+    state: JobState
+    params: dict[str, Any] = Field(description="the value of each path of the search space")
+    value: float | None = Field(description="its last value of the (first) metric, if any")
+    values: list[float] | None = Field(
+        description="its last value of each objective's metric, once it reported them all"
+    )
+    step: int
+    train_steps: int
+    pruned_step: int | None = Field(description="PRUNED: the step (rung) it was stopped at")
+
+
+class SweepDetail(SweepOut):
+    search: dict[str, Any] = Field(description="the search section, as validated")
+    spec_yaml: str = Field(description="the document as submitted")
+    trials: list[TrialOut] = Field(description="in trial order")
+    best: TrialOut | None = Field(description="the best trial so far (one objective)")
+    best_job: JobDetail | None = Field(description="the best trial's job, whole")
+    pareto_front: list[TrialOut] = Field(
+        description="several objectives: the trials no other trial beats on every one"
+    )
+
+
+class SweepPage(BaseModel):
+    items: list[SweepOut]
+    next_before: int | None = Field(description="pass as ?before= for the next page; null at end")
 
 
 class JobPage(BaseModel):

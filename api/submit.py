@@ -20,7 +20,7 @@ from dsl.topology import Topology
 from scheduler.cluster import node_capacities
 from scheduler.models import Job, JobState, User
 from scheduler.placement import PlacementRequest, fits_empty_cluster, plan_placement
-from scheduler.submission import CheckedJob, check_job
+from scheduler.submission import CheckedJob, CheckedSweep, check_job, check_sweep
 
 YAML_TYPES = frozenset(
     {"application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "text/plain"}
@@ -121,12 +121,17 @@ async def read_submission(
     return Submission(document=text, spec_yaml=text, priority=priority or 0)
 
 
-def check_submission(
-    session: Session, user: User, submission: Submission, settings: Settings
-) -> CheckedJob:
+def submission_base_dir(submission: Submission, settings: Settings) -> Path:
+    """The folder the job's relative file paths resolve against (admins only)."""
     base = settings.resolved_data_dir()
     if submission.base_dir:
         base = base / Path(submission.base_dir).expanduser()  # an absolute one replaces it
+    return base
+
+
+def check_submission(
+    session: Session, user: User, submission: Submission, settings: Settings
+) -> CheckedJob:
     try:
         return check_job(
             submission.document,
@@ -134,16 +139,49 @@ def check_submission(
             owner=user,
             overrides=submission.overrides,
             cache_dir=settings.cache_dir(),
-            base_dir=base,
+            base_dir=submission_base_dir(submission, settings),
         )
     except RecursionError:
+        raise _too_deep() from None
+
+
+def check_sweep_submission(
+    session: Session, user: User, submission: Submission, settings: Settings
+) -> CheckedSweep:
+    try:
+        return check_sweep(
+            submission.document,
+            session=session,
+            owner=user,
+            overrides=submission.overrides,
+            cache_dir=settings.cache_dir(),
+            base_dir=submission_base_dir(submission, settings),
+        )
+    except RecursionError:
+        raise _too_deep() from None
+
+
+def refuse_sweep(checked: CheckedJob) -> None:
+    """POST /jobs takes jobs: a document with a search section is a sweep, with a route of
+    its own (its answer is a sweep, not a job)."""
+    if checked.spec.search is not None:
         raise JobSpecError(
-            SpecIssue(
-                "<document>",
-                "the job document is nested too deeply",
-                hint="a job is a few levels of mappings and lists",
+            checked.compiled.source.issue(
+                ("search",),
+                "a document with a search section is a sweep, and this route takes jobs",
+                "submit it to POST /api/v1/sweeps (`trainyard submit` does), or remove search",
             )
-        ) from None
+        )
+
+
+def _too_deep() -> JobSpecError:
+    return JobSpecError(
+        SpecIssue(
+            "<document>",
+            "the job document is nested too deeply",
+            hint="a job is a few levels of mappings and lists",
+        )
+    )
 
 
 def placement_preview(session: Session, topology: Topology, priority: int) -> PlacementOut:

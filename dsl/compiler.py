@@ -25,6 +25,7 @@ from dsl.net import CompiledLayer, NeuralNet
 from dsl.overrides import apply_overrides
 from dsl.pipeline import pipeline_issues
 from dsl.schema import JobSpec
+from dsl.search_checks import search_issues
 from dsl.source import SourceMap, parse_document
 from dsl.topology import Topology, resolve_topology, topology_problems
 from dsl.validation import translate_validation_error
@@ -161,6 +162,7 @@ def cross_field_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
         issues.append(source.issue(("cluster", key), message, hint))
     issues.extend(pipeline_issues(spec, source))
     issues.extend(_precision_issues(spec, topology, source))
+    issues.extend(search_issues(spec, source))
     return issues
 
 

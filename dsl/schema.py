@@ -14,6 +14,7 @@ import dsl.layers  # noqa: F401  (registers every layer type)
 from dsl.config import StrictModel
 from dsl.data_config import DataConfig
 from dsl.layers.base import LAYERS, LayerConfig
+from dsl.search import SearchConfig
 from dsl.updater_config import UpdaterConfig
 
 
@@ -166,6 +167,10 @@ class JobSpec(StrictModel):
         default=False,
         description="run the net's forward through torch.compile (eager where it cannot be "
         "compiled)",
+    )
+    search: SearchConfig | None = Field(
+        default=None,
+        description="makes the job a sweep: trials of this job with values from a search space",
     )
 
     def layer(self, name: str) -> LayerConfig:

@@ -37,29 +37,36 @@ def _settings(**given: Any) -> Settings:
 
 
 def _follow(url: str, token: str, job_file: Path, stop: threading.Event, where: str) -> None:
-    """Submit a job to the fresh stack, show its progress, print the result (a thread)."""
-    from sdk.client import Client, TrainyardError
+    """Submit a job (or sweep) to the fresh stack, show its progress, print the result (a
+    thread)."""
+    from sdk.client import Client, Job, TrainyardError
     from sdk.progress import follow_with_progress
+    from sdk.sweeps import follow_sweep
 
     try:
         with Client(url, token) as client:
             job = client.submit(job_file)
-            console.print(f"submitted {job_file} as job [bold]{job.id}[/]")
-            follow_with_progress(job, console=console, stop=stop)
+            kind = "job" if isinstance(job, Job) else "sweep"
+            console.print(f"submitted {job_file} as {kind} [bold]{job.id}[/]")
+            if isinstance(job, Job):
+                follow_with_progress(job, console=console, stop=stop)
+            else:  # its table ends with the sweep's result
+                follow_sweep(job, console=console, stop=stop)
     except TrainyardError as exc:
         if not stop.is_set():
             err_console.print(f"[bold red]error[/] {exc}")
         return
     if not job.done:
         return
-    final = "  ".join(
-        f"{key} {value:.4f}"
-        for key, value in sorted(job.summary.items())
-        if isinstance(value, int | float) and key.startswith(("test/", "train/"))
-    )
-    console.print(f"job {job.id} [bold]{job.state}[/] after {job.step} steps   {final}")
-    if job.error:
-        console.print(f"[red]error[/] {job.error}")
+    if isinstance(job, Job):
+        final = "  ".join(
+            f"{key} {value:.4f}"
+            for key, value in sorted(job.summary.items())
+            if isinstance(value, int | float) and key.startswith(("test/", "train/"))
+        )
+        console.print(f"job {job.id} [bold]{job.state}[/] after {job.step} steps   {final}")
+        if job.error:
+            console.print(f"[red]error[/] {job.error}")
     console.print(f"the stack keeps running: {where}\nadmin token: {token}   Ctrl-C stops it")
 
 

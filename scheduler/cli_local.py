@@ -65,13 +65,26 @@ def _fail(exc: JobSpecError, filename: str) -> NoReturn:
 
 
 def _prepare(job: Path, set_: list[str] | None) -> tuple[CompiledJob, Dataset]:
-    """Validate and build the job, or print its located errors and exit 1."""
+    """Validate and build the job, or print its located errors and exit 1. A sweep's space is
+    checked too: the base job compiled with the values each entry can produce."""
     from dsl.compiler import compile_job
+    from dsl.search import base_document
+    from dsl.search_checks import space_issues
     from workers.data import TrainingData
 
     data = TrainingData(cache_dir=_cache_dir(), base_dir=job.parent)
+    text = _read_job(job)
     try:
-        compiled = compile_job(_read_job(job), data, overrides=_overrides(set_), filename=str(job))
+        overrides = _overrides(set_)
+        compiled = compile_job(text, data, overrides=overrides, filename=str(job))
+        search = compiled.spec.search
+        if search is not None:
+            base = base_document(text, overrides, str(job))
+            issues = space_issues(
+                search, compiled.source, lambda values: compile_job(base, data, overrides=values)
+            )
+            if issues:
+                raise JobSpecError(issues)
     except JobSpecError as exc:
         _fail(exc, str(job))
     return compiled, data.dataset
@@ -140,6 +153,13 @@ def validate(
     if plan is not None:
         console.print(pipeline_table(plan.to_dict()))
         console.print(describe_pipeline(plan.to_dict()))
+    search = spec.search
+    if search is not None:
+        console.print(
+            f"sweep: {search.algorithm} over {', '.join(search.space)}: "
+            f"{search.trial_count()} trial(s), {search.max_parallel} at a time, "
+            f"pruner {search.pruner.type}"
+        )
 
 
 def _plan(compiled: CompiledJob, profile_on: Dataset | None, filename: str) -> PipelinePlan:
@@ -194,6 +214,12 @@ def train(
         raise typer.Exit(2)
     compiled, dataset = _prepare(job, set_)
     spec = compiled.spec
+    if spec.search is not None:
+        err_console.print(
+            "[bold red]error[/] the job has a search section: a sweep runs its trials on the "
+            "service; submit it with `trainyard submit`"
+        )
+        raise typer.Exit(2)
     if spec.cluster.framework != "local" or spec.pipeline is not None:
         what = (
             f"cluster.framework '{spec.cluster.framework}'"

@@ -4,15 +4,17 @@ One consumer group ("ingest") reads each job's stream in batches of up to 5000 r
 batch is written in ONE transaction (bulk inserts) and acknowledged (XACK) only after the
 commit, so a crash loses nothing: unacknowledged records are read again from the group's
 pending list when the ingester starts (at-least-once). Allocation state records drive the
-job's state: the first RUNNING starts it, all workers DONE finish it, one FAILED fails it.
+job's state: the first RUNNING starts it, all workers DONE finish it, one FAILED fails it. A
+sweep's trial sends its metric to the sweep's pruner (`Pruning`), which may end it PRUNED.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import threading
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import redis
 from sqlalchemy import Table, insert, select
@@ -48,6 +50,7 @@ log = logging.getLogger("trainyard.ingest")
 GROUP = "ingest"
 CONSUMER = "ingester"
 BATCH = 5000
+IDLE_SECONDS = 0.05  # between passes that found nothing to write
 MAX_NAME = 64  # Metric.name's column width
 SUMMARY_METRIC = "test/accuracy"
 # A job's server shards keep their state in Redis, so a dead one is placed again (by the
@@ -56,6 +59,21 @@ MAX_SHARD_REPLACEMENTS = 3
 METRICS = cast(Table, Metric.__table__)
 LOGS = cast(Table, LogLine.__table__)
 TIMELINES = cast(Table, PipelineTimeline.__table__)
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """A trial the sweep's pruner stopped: at which step (the rung), and why."""
+
+    step: int
+    reason: str
+
+
+class Pruning(Protocol):
+    """Decides, from a job's new metric rows, whether its sweep's pruner stops it (asked before
+    the batch's transaction; None for a job that is no sweep's trial)."""
+
+    def pruned_at(self, job_id: int, rows: list[dict[str, Any]]) -> Pruned | None: ...
 
 
 @dataclass
@@ -202,7 +220,7 @@ def _may_replace_shard(session: Session, job: Job) -> bool:
     return len(session.scalars(query).all()) <= MAX_SHARD_REPLACEMENTS
 
 
-def apply_batch(session: Session, job: Job, batch: Batch) -> None:
+def apply_batch(session: Session, job: Job, batch: Batch, pruned: Pruned | None = None) -> None:
     # Core inserts (executemany) of plain rows: about twice as fast as the ORM's bulk path.
     if batch.metrics:
         session.execute(insert(METRICS), batch.metrics)
@@ -230,6 +248,9 @@ def apply_batch(session: Session, job: Job, batch: Batch) -> None:
         )
     for record in batch.states:
         apply_state(session, job, record)
+    if pruned is not None and can_transition(job.state, JobState.PRUNED):
+        job.pruned_step = pruned.step
+        transition(session, job, JobState.PRUNED, pruned.reason)
 
 
 def upsert_timelines(
@@ -268,9 +289,11 @@ class Ingester:
         *,
         count: int = BATCH,
         consumer: str = CONSUMER,
+        pruning: Pruning | None = None,
     ) -> None:
         self.db, self.client, self.keys = db, client, keys
         self.count, self.consumer = count, consumer
+        self.pruning = pruning  # a sweep's trials: their intermediate values to its pruner
         self._groups: set[str] = set()
         self._recovered: set[str] = set()  # streams whose pending records were re-read
 
@@ -285,6 +308,18 @@ class Ingester:
                 continue
             total += self.ingest_job(int(text))
         return total
+
+    def run_until(self, stop: threading.Event) -> None:
+        """Ingest until `stop` is set (the scheduler's ingest thread)."""
+        while not stop.is_set():
+            try:
+                written = self.run_once()
+            except Exception:
+                log.exception("ingest pass failed; retrying")
+                stop.wait(1.0)
+                continue
+            if written == 0:
+                stop.wait(IDLE_SECONDS)
 
     def _read(self, stream: str) -> list[tuple[Any, Any]]:
         if stream not in self._groups:
@@ -316,6 +351,9 @@ class Ingester:
                 self._retire(job_id, stream)
             return 0
         batch = parse_batch(job_id, entries)
+        pruned = None
+        if self.pruning is not None and batch.metrics:
+            pruned = self.pruning.pruned_at(job_id, batch.metrics)
         found = ended = False  # the job exists; it became terminal in this batch
         try:
             with self.db.session() as session:
@@ -323,7 +361,7 @@ class Ingester:
                 if job is not None:
                     found = True
                     was_terminal = JobState(job.state).terminal
-                    apply_batch(session, job, batch)
+                    apply_batch(session, job, batch, pruned)
                     terminal = JobState(job.state).terminal
                     ended = terminal and not was_terminal
         except Exception:

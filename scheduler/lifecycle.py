@@ -1,7 +1,8 @@
 """Job states and their transitions; every transition is an event with a time and a reason.
 
 QUEUED -> SCHEDULED -> RUNNING -> SUCCEEDED | FAILED | CANCELLED. A job whose node is lost
-goes back to QUEUED to be placed again; any live state may end in FAILED or CANCELLED.
+goes back to QUEUED to be placed again; any live state may end in FAILED or CANCELLED. A
+sweep's trial that trails the others is PRUNED by the sweep's pruner once placed.
 """
 
 from __future__ import annotations
@@ -18,11 +19,19 @@ _ALLOWED: dict[JobState, set[JobState]] = {
         JobState.SUCCEEDED,
         JobState.FAILED,
         JobState.CANCELLED,
+        JobState.PRUNED,
     },
-    JobState.RUNNING: {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.QUEUED},
+    JobState.RUNNING: {
+        JobState.SUCCEEDED,
+        JobState.FAILED,
+        JobState.CANCELLED,
+        JobState.QUEUED,
+        JobState.PRUNED,
+    },
     JobState.SUCCEEDED: set(),
     JobState.FAILED: set(),
     JobState.CANCELLED: set(),
+    JobState.PRUNED: set(),
 }
 
 

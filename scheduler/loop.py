@@ -3,7 +3,8 @@
 Every pass: sync the nodes the agents registered in Redis into SQL (marking the silent ones
 lost, their jobs placed again once), then place queued jobs whole in (-priority, id) order,
 write each allocation's record to Redis and send its Celery task to the node's queue. The
-ingester runs beside it in its own thread, turning job streams into SQL rows and job states.
+ingester (job streams into SQL rows and job states) and the sweeps (trials asked of each
+sweep's study, results told) run beside it in threads of their own.
 """
 
 from __future__ import annotations
@@ -47,11 +48,11 @@ from scheduler.models import (
 )
 from scheduler.placement import plan_queue
 from scheduler.store import job_run_dir
+from scheduler.sweep_runner import TrialPruning, run_sweeps
 
 log = logging.getLogger("trainyard.scheduler")
 
 NODE_LOST = "node lost"
-IDLE_INGEST_SECONDS = 0.05
 # Ended jobs' parameter-server keys are deleted by the scheduler that saw them end; one started
 # later also sweeps the jobs that ended in this window before it.
 KEY_SWEEP_WINDOW = timedelta(hours=24)
@@ -369,18 +370,6 @@ def stop_allocations(client: redis.Redis, keys: Keys, allocation_ids: list[int])
 
 
 # -- the process -----------------------------------------------------------------------------
-def _ingest_forever(ingester: Ingester, stop: threading.Event) -> None:
-    while not stop.is_set():
-        try:
-            written = ingester.run_once()
-        except Exception:
-            log.exception("ingest pass failed; retrying")
-            stop.wait(1.0)
-            continue
-        if written == 0:
-            stop.wait(IDLE_INGEST_SECONDS)
-
-
 def run_scheduler(settings: Settings, stop: threading.Event) -> None:
     """Place jobs, track nodes and ingest job streams until `stop` is set.
 
@@ -394,10 +383,14 @@ def run_scheduler(settings: Settings, stop: threading.Event) -> None:
     keys = Keys(settings.redis_prefix)
     celery = create_celery(settings)
     settings.artifacts().mkdir(parents=True, exist_ok=True)
-    ingest = threading.Thread(
-        target=_ingest_forever, args=(Ingester(db, client, keys), stop), name="ingest"
-    )
-    ingest.start()
+    pruning = TrialPruning(db, settings.sql_url())  # sweeps' trials: metrics to their pruners
+    ingester = Ingester(db, client, keys, pruning=pruning)
+    threads = [
+        threading.Thread(target=ingester.run_until, args=(stop,), name="ingest"),
+        threading.Thread(target=run_sweeps, args=(db, settings, client, keys, stop), name="sweeps"),
+    ]
+    for thread in threads:
+        thread.start()
     tracker = NodeTracker()
     ps_clients = [
         redis.Redis.from_url(url) for url in settings.ps_urls() if url != settings.redis_url
@@ -416,7 +409,8 @@ def run_scheduler(settings: Settings, stop: threading.Event) -> None:
             stop.wait(max(settings.schedule_seconds - (time.monotonic() - started), 0.0))
     finally:
         stop.set()
-        ingest.join()
+        for thread in threads:
+            thread.join()
         db.dispose()
         client.close()
         for ps_client in ps_clients:

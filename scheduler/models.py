@@ -43,10 +43,22 @@ class JobState(enum.StrEnum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
+    PRUNED = "PRUNED"  # a sweep's trial stopped early by the sweep's pruner
 
     @property
     def terminal(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PRUNED)
+
+
+class SweepState(enum.StrEnum):
+    RUNNING = "RUNNING"  # asking for trials, or waiting for them to end
+    SUCCEEDED = "SUCCEEDED"  # every trial ended, and at least one completed
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def terminal(self) -> bool:
+        return self != SweepState.RUNNING
 
 
 class AllocationState(enum.StrEnum):
@@ -84,6 +96,32 @@ class ApiToken(Base):
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
+class Sweep(Base):
+    """A hyperparameter search: trials of a base job (the document without `search`), each an
+    ordinary job with `sweep_id` and `trial_number` set. Optuna's study (named `study_name`)
+    holds the sampler's history beside these tables (scheduler/study.py)."""
+
+    __tablename__ = "sweeps"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    name: Mapped[str] = mapped_column(String(100), index=True)
+    state: Mapped[str] = mapped_column(String(16), index=True, default=SweepState.RUNNING)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    spec_yaml: Mapped[str] = mapped_column(Text)  # the document as submitted
+    overrides: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    base_job: Mapped[dict[str, Any]] = mapped_column(JSON)  # overrides applied, no search
+    search: Mapped[dict[str, Any]] = mapped_column(JSON)  # the validated search section
+    base_dir: Mapped[str | None] = mapped_column(Text, nullable=True)  # relative files' folder
+    study_name: Mapped[str] = mapped_column(String(100), unique=True)
+    best_trial: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    best_value: Mapped[float | None] = mapped_column(Float, nullable=True)
+    pareto_trials: Mapped[list[int]] = mapped_column(JSON, default=list)  # several objectives
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)  # no new trials
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
 class Job(Base):
     __tablename__ = "jobs"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -106,6 +144,10 @@ class Job(Base):
     scheduled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id"), nullable=True, index=True)
+    trial_number: Mapped[int | None] = mapped_column(Integer, nullable=True)  # Optuna's
+    pruned_step: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the rung
+    __table_args__ = (UniqueConstraint("sweep_id", "trial_number", name="uq_jobs_sweep_trial"),)
 
 
 # What clients see of a job: the API's JobOut (api/schemas.py serves it, the SDK and the
@@ -135,6 +177,9 @@ class JobOut(BaseModel):
     overrides: dict[str, Any]
     topology: dict[str, Any] = Field(description="the resolved cluster: worker and server groups")
     queue_position: int | None = Field(description="1-based place in the queue while QUEUED")
+    sweep_id: int | None = Field(description="the sweep the job is a trial of, if any")
+    trial_number: int | None = Field(description="its number in the sweep, from 0")
+    pruned_step: int | None = Field(description="PRUNED: the step (rung) its sweep stopped it at")
 
 
 # JobOut's fields that are not the Job column of their name: computed for one job by the API

@@ -21,15 +21,18 @@ from sqlalchemy.orm import Session
 
 from dsl.compiler import CompiledJob, compile_job
 from dsl.data_config import CsvData, DatasetData, DataSourceConfig, NpzData, TextData
-from dsl.errors import DataSourceError, SpecIssue
+from dsl.errors import DataSourceError, JobSpecError, SpecIssue
 from dsl.layers.base import BuildContext
 from dsl.planner import PipelinePlan, plan_pipeline
 from dsl.schema import JobSpec
+from dsl.search import SearchConfig, base_document
+from dsl.search_checks import space_issues
 from dsl.source import SourceMap
 from dsl.topology import Topology, resolve_topology
 from scheduler.datasets import dataset_names, get_dataset
 from scheduler.models import User
 from scheduler.store import NewJob
+from scheduler.sweeps import NewSweep
 from workers.data import DataInfo, describe
 from workers.data.uploaded import as_file_source
 
@@ -113,6 +116,80 @@ def check_job(
         _execution_spec(spec, resolved[0], base_dir, plan),
         plan,
     )
+
+
+@dataclass(frozen=True)
+class CheckedSweep:
+    """A sweep document checked: its base job compiled, every value of its space too."""
+
+    checked: CheckedJob  # the whole document: the base job's net, the search validated
+    search: SearchConfig
+    base_job: dict[str, Any]  # the document without `search`, the overrides applied
+
+    def to_new_sweep(
+        self,
+        *,
+        spec_yaml: str,
+        overrides: Mapping[str, Any],
+        base_dir: Path,
+        priority: int = 0,
+    ) -> NewSweep:
+        return NewSweep(
+            name=self.checked.spec.name,
+            spec_yaml=spec_yaml,
+            overrides=dict(overrides),
+            base_job=self.base_job,
+            search=self.search.model_dump(mode="json", exclude_unset=True),
+            base_dir=str(base_dir),
+            priority=priority,
+        )
+
+
+def check_sweep(
+    document: str | Mapping[str, Any],
+    *,
+    session: Session,
+    owner: User,
+    cache_dir: Path,
+    base_dir: Path,
+    overrides: Mapping[str, Any] | None = None,
+) -> CheckedSweep:
+    """`check_job` for a document with a `search:` section, then the base job compiled with the
+    values each space entry can produce (dsl.search_checks.space_issues): a value that gives
+    an invalid job is a located error at its entry. A document without one is refused."""
+    checked = check_job(
+        document,
+        session=session,
+        owner=owner,
+        cache_dir=cache_dir,
+        base_dir=base_dir,
+        overrides=overrides,
+    )
+    search = checked.spec.search
+    if search is None:
+        raise JobSpecError(
+            checked.compiled.source.issue(
+                (),
+                "the document has no search section, so it is a job, not a sweep",
+                "submit it as a job (POST /jobs), or add search: to sweep it",
+            )
+        )
+    base = base_document(document, overrides)
+
+    def compile_trial(values: Mapping[str, Any]) -> object:
+        return check_job(
+            base,
+            session=session,
+            owner=owner,
+            cache_dir=cache_dir,
+            base_dir=base_dir,
+            overrides=values,
+        )
+
+    issues = space_issues(search, checked.compiled.source, compile_trial)
+    if issues:
+        raise JobSpecError(issues)
+    return CheckedSweep(checked, search, base)
 
 
 def _service_rules(owner: User, spec: JobSpec, source: SourceMap) -> list[SpecIssue]:

@@ -1,5 +1,5 @@
 """The client's side of the `trainyard` command: the commands that talk to a server over HTTP
-(sdk/cli_client.py) and `schema`.
+(sdk/cli_client.py, and sdk/cli_sweeps.py for sweeps) and `schema`.
 
 The installed command (scheduler/cli.py) adds the server commands and the local training ones
 to these. This module imports nothing of the server side, of workers or of torch, so that
@@ -16,7 +16,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from sdk import cli_client
+from sdk import cli_client, cli_sweeps
 
 err_console = Console(stderr=True)
 
@@ -47,6 +47,7 @@ def register(app: typer.Typer) -> None:
     """Add the client commands to `app`."""
     app.command()(schema)
     cli_client.register(app)
+    cli_sweeps.register(app)
 
 
 def run(app: typer.Typer) -> None:

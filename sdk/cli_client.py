@@ -1,6 +1,7 @@
 """Client commands of the `trainyard` CLI: talk to a server through the SDK.
 
-submit, jobs, show, logs, metrics, cancel, download and login (and `validate --server`).
+submit, jobs, show, logs, metrics, cancel, download and login (and `validate --server`);
+sdk/cli_sweeps.py adds `sweep list|show|best|cancel`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from sdk.console import (
     placement_table,
     print_issues,
 )
+from sdk.sweeps import Sweep, format_value
 
 console = Console()
 err_console = Console(stderr=True)
@@ -38,7 +40,7 @@ AsJson = Annotated[bool, typer.Option("--json", help="print JSON instead of a ta
 
 
 @contextmanager
-def _reporting(filename: str = "<job>") -> Iterator[None]:
+def reporting(filename: str = "<job>") -> Iterator[None]:
     """Print SDK errors for humans and exit non-zero (2 when the server is unreachable)."""
     try:
         yield
@@ -51,8 +53,8 @@ def _reporting(filename: str = "<job>") -> Iterator[None]:
         raise typer.Exit(2 if isinstance(exc, Unreachable) else 1) from None
 
 
-def _client() -> Client:
-    with _reporting():
+def connect() -> Client:
+    with reporting():
         return Client()
 
 
@@ -75,17 +77,50 @@ def submit(
     priority: Annotated[int, typer.Option(help="higher runs first")] = 0,
     follow: Annotated[bool, typer.Option(help="show progress until the job ends")] = False,
 ) -> None:
-    """Submit a job to the server."""
+    """Submit a job to the server (a sweep, when the document has a search section)."""
     text, overrides = _job_and_overrides(job_file, set_)
-    client = _client()
-    with _reporting(str(job_file)):
+    client = connect()
+    with reporting(str(job_file)):
         job = client.submit(text, overrides=overrides, priority=priority)
+        if isinstance(job, Sweep):
+            follow_submitted_sweep(job, follow)
+            return
         console.print(f"submitted job [bold]{job.id}[/] ({job.name}): {job.state}")
         if follow:
             job.wait(progress=True)
             console.print(_final_line(job))
             if job.state != "SUCCEEDED":
                 raise typer.Exit(1)
+
+
+def follow_submitted_sweep(sweep: Sweep, follow: bool) -> None:
+    info = sweep.info
+    console.print(
+        f"submitted sweep [bold]{sweep.id}[/] ({sweep.name}): {sweep.state}, "
+        f"{info.trial_count} trials, {info.max_parallel} at a time"
+    )
+    if not follow:
+        return
+    sweep.wait(progress=True)
+    console.print(best_line(sweep))
+    if sweep.state != "SUCCEEDED":
+        raise typer.Exit(1)
+
+
+def best_line(sweep: Sweep) -> str:
+    """The sweep's result in one line: its best trial, or its Pareto front."""
+    detail = sweep.detail()
+    if detail.pareto_front:
+        numbers = ", ".join(str(trial.number) for trial in detail.pareto_front)
+        return f"sweep {sweep.id}: Pareto front of trials {numbers}"
+    best = detail.best
+    if best is None:
+        return f"sweep {sweep.id} {sweep.state}: no trial completed" + (
+            f" ({detail.error})" if detail.error else ""
+        )
+    params = "  ".join(f"{path}={format_value(value)}" for path, value in best.params.items())
+    metric = f"{detail.objectives[0].metric} {format_value(best.value)}"
+    return f"best: trial {best.number} (job {best.job_id}) {metric}   {params}"
 
 
 def _job_and_overrides(job_file: Path, set_: list[str] | None) -> tuple[str, dict[str, Any]]:
@@ -110,8 +145,8 @@ def validate_on_server(job_file: Path, set_: list[str] | None) -> None:
     """`trainyard validate --server`: POST /jobs/validate, printed like the local check plus
     the placement the scheduler would make on the cluster now."""
     text, overrides = _job_and_overrides(job_file, set_)
-    client = _client()
-    with _reporting(str(job_file)):
+    client = connect()
+    with reporting(str(job_file)):
         result = client.validate(text, overrides=overrides)
     layers = result["layers"]
     console.print(layer_table(layers, f"{result['name']}: {len(layers)} layers"))
@@ -134,8 +169,8 @@ def jobs(
     as_json: AsJson = False,
 ) -> None:
     """List jobs, newest first."""
-    client = _client()
-    with _reporting():
+    client = connect()
+    with reporting():
         found = list(islice(client.jobs(state=state.upper() if state else None, name=name), limit))
     if as_json:
         sys.stdout.write(json.dumps([j.info.model_dump(mode="json") for j in found]) + "\n")
@@ -159,8 +194,8 @@ def jobs(
 
 def show(job_id: JobId, as_json: AsJson = False) -> None:
     """Show one job: state, progress, times, final metrics and its state history."""
-    client = _client()
-    with _reporting():
+    client = connect()
+    with reporting():
         job = client.job(job_id)
         events = job.events()
     if as_json:
@@ -198,8 +233,8 @@ def logs(
     poll: Annotated[float, typer.Option(help="seconds between polls with --follow")] = 1.0,
 ) -> None:
     """Print a job's log lines."""
-    client = _client()
-    with _reporting():
+    client = connect()
+    with reporting():
         job = client.job(job_id)
         after: int | None = None
         while True:
@@ -223,8 +258,8 @@ def metrics(
     max_points: Annotated[int, typer.Option(help="downsample each series to this many")] = 50,
 ) -> None:
     """Without --name: each metric's latest value. With --name: the points of those metrics."""
-    client = _client()
-    with _reporting():
+    client = connect()
+    with reporting():
         job = client.job(job_id)
         if not name:
             names = job.metric_names()
@@ -249,8 +284,8 @@ def metrics(
 
 def cancel(job_id: JobId) -> None:
     """Cancel a job (queued jobs at once; running ones within seconds)."""
-    client = _client()
-    with _reporting():
+    client = connect()
+    with reporting():
         job = client.job(job_id).cancel()
     console.print(f"job {job.id}: {job.state}" + (" (cancel requested)" if not job.done else ""))
 
@@ -261,8 +296,8 @@ def download(
     output: Annotated[Path, typer.Option(help="directory to save it in")] = Path("."),
 ) -> None:
     """Download a checkpoint (safetensors)."""
-    client = _client()
-    with _reporting():
+    client = connect()
+    with reporting():
         path = client.job(job_id).download_checkpoint(output, step=step)
     console.print(f"saved {path}")
 
@@ -274,7 +309,7 @@ def login(
     """Check a server address and token, and remember them for the CLI and SDK."""
     if token is None:
         token = typer.prompt("API token", hide_input=True)
-    with _reporting(), Client(url, token) as client:
+    with reporting(), Client(url, token) as client:
         client.get_json("/jobs", limit=1)
     settings = Settings()
     path = client_file(settings)

@@ -5,6 +5,7 @@
     job = client.submit("job.yaml")        # the local stack started by `trainyard up`
     job.wait(progress=True)
     job.metrics("test/accuracy")           # [(step, value), ...]
+    sweep = client.submit("sweep.yaml")    # a document with `search:`: a Sweep (sdk/sweeps.py)
 
 Every HTTP failure becomes a typed exception; a rejected job carries the language's located
 errors (`JobSpecRejected.errors`, the same `SpecIssue`s the local CLI prints).
@@ -12,7 +13,6 @@ errors (`JobSpecRejected.errors`, the same `SpecIssue`s the local CLI prints).
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Iterator, Mapping
@@ -20,10 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 from contract.settings import Settings
-from dsl.errors import SpecIssue
 from sdk.connection import resolve_connection
+from sdk.errors import AuthError as AuthError
+from sdk.errors import Conflict as Conflict
+from sdk.errors import JobSpecRejected as JobSpecRejected
+from sdk.errors import NotFound, TrainyardError, Unreachable, WaitTimeout, raise_for_response
+from sdk.errors import RequestRejected as RequestRejected
+from sdk.errors import ServerError as ServerError
 from sdk.models import (
     CheckpointOut,
     ClusterOut,
@@ -32,11 +38,14 @@ from sdk.models import (
     JobDetail,
     JobOut,
     LogLineOut,
+    SweepDetail,
+    SweepOut,
 )
+from sdk.sweeps import Sweep
 
 API_PREFIX = "/api/v1"
 MAX_POINTS = 100_000  # the most points per series the server returns in one answer
-TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "PRUNED"})
 # What the progress bar shows next to the step counter (see sdk.console.format_stats).
 PROGRESS_METRICS = (
     "train/loss",
@@ -45,112 +54,6 @@ PROGRESS_METRICS = (
     "test/accuracy",
     "samples_per_sec",
 )
-
-
-# -- errors -------------------------------------------------------------------------------------
-class TrainyardError(Exception):
-    """Base of every SDK error; `status` is the HTTP status when there was a response."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-
-
-class Unreachable(TrainyardError):
-    """No answer from the server (not started, wrong address, network)."""
-
-
-class AuthError(TrainyardError):
-    """401 (missing or bad token) or 403 (not allowed)."""
-
-
-class NotFound(TrainyardError):
-    """404: unknown id, or a job of another user."""
-
-
-class Conflict(TrainyardError):
-    """409: the request does not fit the resource's state (e.g. cancel a finished job)."""
-
-
-class RequestRejected(TrainyardError):
-    """Another 4xx: body too big (413), wrong content type (415), a bad query parameter (422
-    without located job errors)."""
-
-
-class JobSpecRejected(RequestRejected):
-    """422: the job document is invalid; `errors` locate each problem in the YAML."""
-
-    def __init__(self, message: str, errors: list[SpecIssue], status: int = 422) -> None:
-        super().__init__(message, status)
-        self.errors = errors
-
-    def __str__(self) -> str:
-        # The server's detail already lists the problems; print them once, located.
-        lines = [self.message.splitlines()[0] if self.errors else self.message]
-        for issue in self.errors:
-            where = f"{issue.line}:{issue.column}: " if issue.line else ""
-            lines.append(f"  error {where}{issue.path}: {issue.message}")
-            if issue.hint:
-                lines.append(f"      hint: {issue.hint}")
-        return "\n".join(lines)
-
-
-class ServerError(TrainyardError):
-    """5xx: the server failed; the message is what it said."""
-
-
-class WaitTimeout(TrainyardError, TimeoutError):
-    """`Job.wait(timeout=...)` ran out before the job finished."""
-
-
-_BY_STATUS: dict[int, type[TrainyardError]] = {
-    401: AuthError,
-    403: AuthError,
-    404: NotFound,
-    409: Conflict,
-}
-
-
-def _issues(raw: object) -> list[SpecIssue]:
-    if not isinstance(raw, list):
-        return []
-    out = []
-    for item in raw:
-        if isinstance(item, Mapping):
-            out.append(
-                SpecIssue(
-                    path=str(item.get("path", "")),
-                    message=str(item.get("message", "")),
-                    line=item.get("line"),
-                    column=item.get("column"),
-                    hint=item.get("hint"),
-                )
-            )
-    return out
-
-
-def raise_for_response(response: httpx.Response) -> None:
-    """Translate an error response (`{"detail": ..., "errors": [...]}`) to a typed exception."""
-    if response.is_success:
-        return
-    status = response.status_code
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    detail = body.get("detail") if isinstance(body, dict) else None
-    if not isinstance(detail, str):
-        detail = (
-            json.dumps(detail) if detail is not None else (response.text or response.reason_phrase)
-        )
-    message = f"{status} {detail}"
-    errors = _issues(body.get("errors") if isinstance(body, dict) else None)
-    if status == 422 and errors:
-        raise JobSpecRejected(message, errors, status)
-    if status >= 500:
-        raise ServerError(message, status)
-    raise _BY_STATUS.get(status, RequestRejected)(message, status)
 
 
 # -- the client ---------------------------------------------------------------------------------
@@ -208,13 +111,14 @@ class Client:
         job: str | Path | Mapping[str, Any],
         overrides: Mapping[str, Any] | None = None,
         priority: int = 0,
-    ) -> Job:
-        """Submit a job: a YAML file path, YAML text, or an already-parsed mapping."""
-        body = {
-            "spec": _job_document(job),
-            "overrides": dict(overrides or {}),
-            "priority": priority,
-        }
+    ) -> Job | Sweep:
+        """Submit a job: a YAML file path, YAML text, or an already-parsed mapping. A document
+        with a `search:` section is a sweep, and its Sweep is returned."""
+        document = _job_document(job)
+        body = {"spec": document, "overrides": dict(overrides or {}), "priority": priority}
+        if _is_sweep(document):
+            data = self.request("POST", "/sweeps", json=body).json()
+            return Sweep(self, SweepDetail.model_validate(data))
         data = self.request("POST", "/jobs", json=body).json()
         return Job(self, JobDetail.model_validate(data))
 
@@ -240,6 +144,20 @@ class Client:
                 yield Job(self, JobOut.model_validate(item))
             cursor = page.get("next_cursor")
             if not cursor:
+                return
+
+    def sweep(self, sweep_id: int) -> Sweep:
+        return Sweep(self, SweepDetail.model_validate(self.get_json(f"/sweeps/{sweep_id}")))
+
+    def sweeps(self, page_size: int = 50) -> Iterator[Sweep]:
+        """Every visible sweep, newest first, fetched page by page as the caller iterates."""
+        before: int | None = None
+        while True:
+            page = self.get_json("/sweeps", limit=page_size, before=before)
+            for item in page["items"]:
+                yield Sweep(self, SweepOut.model_validate(item))
+            before = page.get("next_before")
+            if not before:
                 return
 
     # -- cluster and datasets --------------------------------------------------------------------
@@ -279,6 +197,17 @@ def _job_document(job: str | Path | Mapping[str, Any]) -> str | dict[str, Any]:
             raise TrainyardError(f"no such job file: {path}")
         return path.read_text()
     return job
+
+
+def _is_sweep(document: str | dict[str, Any]) -> bool:
+    """Whether the document has a `search:` section (a malformed one is the server's to
+    locate, as a job)."""
+    if isinstance(document, str):
+        try:
+            document = yaml.safe_load(document)
+        except yaml.YAMLError:
+            return False
+    return isinstance(document, dict) and "search" in document
 
 
 class Job:
@@ -333,7 +262,7 @@ class Job:
         self.client.request("DELETE", f"/jobs/{self.id}")
 
     def wait(self, progress: bool = False, timeout: float | None = None, poll: float = 1.0) -> Job:
-        """Block until the job ends (SUCCEEDED, FAILED or CANCELLED); return it refreshed."""
+        """Block until the job ends (SUCCEEDED, FAILED, CANCELLED, PRUNED); return it refreshed."""
         if progress:
             from sdk.progress import follow_with_progress
 

@@ -37,7 +37,15 @@ from api.schemas import (
     errors,
     finite,
 )
-from api.submit import SUBMIT_BODY, Submission, check_submission, placement_preview, read_submission
+from api.submit import (
+    SUBMIT_BODY,
+    Submission,
+    check_submission,
+    check_sweep_submission,
+    placement_preview,
+    read_submission,
+    refuse_sweep,
+)
 from dsl.compiler import CompiledJob
 from dsl.graph import SourceRef
 from dsl.schema import JobSpec
@@ -115,7 +123,8 @@ def compiled_job(job: Job, user: User, session: Session, services: Services) -> 
     summary="Submit a job",
     description="The body is the job's YAML (application/yaml, application/x-yaml, text/yaml "
     "or text/plain) or JSON `{spec, overrides, priority}`. The job is validated and compiled "
-    "first (422 with located errors if it is not valid), then queued.",
+    "first (422 with located errors if it is not valid), then queued. A document with a "
+    "`search` section is a sweep: 422 here, POST /sweeps takes it.",
     openapi_extra=SUBMIT_BODY,
     responses=errors(401, 413, 415, 422),
 )
@@ -123,6 +132,7 @@ def submit_job(
     user: CurrentUser, submission: SubmissionDep, session: SessionDep, services: ServicesDep
 ) -> JobDetail:
     checked = check_submission(session, user, submission, services.settings)
+    refuse_sweep(checked)
     job = store.create_job(
         session,
         user,
@@ -142,7 +152,8 @@ def submit_job(
     summary="Validate a job without submitting it",
     description="A dry run of POST /jobs: the layer table with output shapes and parameter "
     "counts, the resolved topology, where the scheduler would place the job right now and, "
-    "for a pipelined job, its stages as the planner cuts them (estimated costs).",
+    "for a pipelined job, its stages as the planner cuts them (estimated costs). "
+    "For a sweep, its base job's, with every value of its search space checked too.",
     openapi_extra=SUBMIT_BODY,
     responses=errors(401, 413, 415, 422),
 )
@@ -150,6 +161,8 @@ def validate_job(
     user: CurrentUser, submission: SubmissionDep, session: SessionDep, services: ServicesDep
 ) -> ValidationOut:
     checked = check_submission(session, user, submission, services.settings)
+    if checked.spec.search is not None:  # a sweep: its space is checked too
+        checked = check_sweep_submission(session, user, submission, services.settings).checked
     compiled = checked.compiled
     return ValidationOut(
         name=compiled.spec.name,

@@ -299,6 +299,33 @@ def test_a_distributed_job_is_sent_to_the_service(tmp_path: Path) -> None:
     assert "trainyard submit" in result.stderr
 
 
+SEARCH = """\
+search:
+  metric: test/accuracy
+  mode: max
+  max_trials: 4
+  space:
+    updater.lr.base: {loguniform: [0.01, 0.1]}
+    neuralnet.layers.fc1.units: {choice: [16, 0]}
+"""
+
+
+def test_validate_checks_a_sweeps_space_and_train_refuses_a_sweep(tmp_path: Path) -> None:
+    bad = write_job(tmp_path, TINY_JOB + SEARCH)
+    result = invoke("validate", bad)
+    assert result.exit_code == 1
+    assert f"{bad}:27:5: search.space.neuralnet.layers.fc1.units: choice value 0" in result.stderr
+    good = write_job(tmp_path, TINY_JOB + SEARCH.replace("[16, 0]", "[16, 32]"), "good.yaml")
+    result = invoke("validate", good)
+    assert result.exit_code == 0, result.output
+    assert "sweep: tpe over updater.lr.base, neuralnet.layers.fc1.units: 4 trial(s)" in (
+        result.stdout
+    )
+    result = invoke("train", good, "--run-dir", tmp_path / "run")
+    assert result.exit_code == 2 and "trainyard submit" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
 def test_cuda_without_a_device_is_a_clear_error(tmp_path: Path) -> None:
     result = invoke("train", write_job(tmp_path), "--device", "cuda")

@@ -34,8 +34,9 @@ export const JOB_STATES: JobState[] = [
   "SUCCEEDED",
   "FAILED",
   "CANCELLED",
+  "PRUNED",
 ];
-export const TERMINAL: ReadonlySet<string> = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
+export const TERMINAL: ReadonlySet<string> = new Set(["SUCCEEDED", "FAILED", "CANCELLED", "PRUNED"]);
 
 /** A job as listed; fetched by id (JobDetail) it also carries the submitted document. */
 export type Job = JobOut & Partial<Pick<JobDetail, "spec_yaml">>;

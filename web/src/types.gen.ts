@@ -44,7 +44,7 @@ export interface AllocationOut {
   state: AllocationState;
 }
 
-export type JobState = "QUEUED" | "SCHEDULED" | "RUNNING" | "SUCCEEDED" | "FAILED" | "CANCELLED";
+export type JobState = "QUEUED" | "SCHEDULED" | "RUNNING" | "SUCCEEDED" | "FAILED" | "CANCELLED" | "PRUNED";
 
 export interface RunningJob {
   /** null for other users' jobs unless the caller is an admin */
@@ -164,6 +164,12 @@ export interface JobOut {
   topology: Record<string, unknown>;
   /** 1-based place in the queue while QUEUED */
   queue_position: number | null;
+  /** the sweep the job is a trial of, if any */
+  sweep_id: number | null;
+  /** its number in the sweep, from 0 */
+  trial_number: number | null;
+  /** PRUNED: the step (rung) its sweep stopped it at */
+  pruned_step: number | null;
 }
 
 export interface JobDetail extends JobOut {
@@ -239,6 +245,82 @@ export interface PipelineOut {
   replicas: number;
   /** each stage's latest timeline, by replica and stage; empty before the first */
   timelines: StageTimelineOut[];
+}
+
+export interface ObjectiveOut {
+  metric: string;
+  mode: "min" | "max";
+}
+
+export type SweepState = "RUNNING" | "SUCCEEDED" | "FAILED" | "CANCELLED";
+
+export interface SweepOut {
+  id: number;
+  name: string;
+  /** the submitting user's name */
+  owner: string;
+  state: SweepState;
+  /** search.algorithm: the Optuna sampler */
+  algorithm: string;
+  /** search.pruner.type */
+  pruner: string;
+  /** one for `metric`, or `objectives` */
+  objectives: ObjectiveOut[];
+  /** how many trials the sweep runs */
+  trial_count: number;
+  max_parallel: number;
+  /** trials queued so far */
+  trials_created: number;
+  /** trials that ended (any way) */
+  trials_ended: number;
+  /** the best trial's number (one objective) */
+  best_trial: number | null;
+  /** its value of the metric */
+  best_value: number | null;
+  cancel_requested: boolean;
+  /** why the sweep failed */
+  error: string | null;
+  created_at: string;
+  ended_at: string | null;
+}
+
+export interface TrialOut {
+  /** the trial's number in the sweep, from 0 */
+  number: number;
+  /** the trial's job (GET /jobs/{id}) */
+  job_id: number;
+  state: JobState;
+  /** the value of each path of the search space */
+  params: Record<string, unknown>;
+  /** its last value of the (first) metric, if any */
+  value: number | null;
+  /** its last value of each objective's metric, once it reported them all */
+  values: number[] | null;
+  step: number;
+  train_steps: number;
+  /** PRUNED: the step (rung) it was stopped at */
+  pruned_step: number | null;
+}
+
+export interface SweepDetail extends SweepOut {
+  /** the search section, as validated */
+  search: Record<string, unknown>;
+  /** the document as submitted */
+  spec_yaml: string;
+  /** in trial order */
+  trials: TrialOut[];
+  /** the best trial so far (one objective) */
+  best: TrialOut | null;
+  /** the best trial's job, whole */
+  best_job: JobDetail | null;
+  /** several objectives: the trials no other trial beats on every one */
+  pareto_front: TrialOut[];
+}
+
+export interface SweepPage {
+  items: SweepOut[];
+  /** pass as ?before= for the next page; null at end */
+  next_before: number | null;
 }
 
 export interface LayerOut {
