@@ -152,3 +152,12 @@ def test_the_checks_see_the_code() -> None:
     files = _package_files()
     assert all(files[p] for p in PACKAGES), {p: len(files[p]) for p in PACKAGES}
     assert "dsl.layers.base" in _imports(ROOT / "dsl" / "schema.py", module_level_only=True)
+
+
+def test_test_modules_have_names_of_their_own() -> None:
+    """pytest imports test modules by their file name (the test folders are not packages), so
+    two files of one name in different folders stop the whole run at collection."""
+    names: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert not {name: paths for name, paths in names.items() if len(paths) > 1}
