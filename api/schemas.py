@@ -351,10 +351,26 @@ class DatasetOut(BaseModel):
     created_at: datetime
 
 
+class LoopHealth(BaseModel):
+    last_pass_seconds_ago: float | None = Field(
+        description="seconds since the loop last completed a pass; null: never seen"
+    )
+    alive: bool = Field(description="it passed within the liveness timeout (or was never seen)")
+
+
 class Health(BaseModel):
-    status: str = Field(description="ok when the database and Redis answer, else degraded")
+    status: str = Field(
+        description="ok when the database and Redis answer and the scheduler's loops are "
+        "alive, else degraded"
+    )
     db: bool
     redis: bool
+    scheduler: LoopHealth | None = Field(
+        default=None, description="the scheduler's placement loop (null when Redis is away)"
+    )
+    ingest: LoopHealth | None = Field(
+        default=None, description="the ingester, job streams into SQL (null when Redis is away)"
+    )
 
 
 ERROR_DESCRIPTIONS = {

@@ -38,6 +38,8 @@ class ExitCode(enum.IntEnum):
     FAILED = 1
     INVALID = 2  # the job cannot run here
     CANCELLED = 3
+    # Stopped to leave its node (the agent's SIGTERM); it saved a restart point if it could.
+    DRAINED = 4
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,20 @@ class Keys:
     @property
     def nodes(self) -> str:
         return f"{self.prefix}:nodes"
+
+    def node_claims(self, name: str) -> str:
+        """Set of the allocation ids a node's agent claimed and has not reported ended."""
+        return f"{self.prefix}:node:{name}:claims"
+
+    @property
+    def scheduler_lease(self) -> str:
+        """Held by the one scheduler that acts (SET NX with an expiry, renewed each pass)."""
+        return f"{self.prefix}:scheduler:lease"
+
+    @property
+    def liveness(self) -> str:
+        """Hash of the scheduler's loops and when each last completed a pass (/healthz)."""
+        return f"{self.prefix}:scheduler:liveness"
 
     def job_scope(self, job_id: int) -> str:
         """Prefix of a job's own working keys (rendezvous, parameter-server shards)."""
@@ -308,16 +324,28 @@ def _decode_fields(kind: str, fields: dict[str, str]) -> Record:
     )
 
 
-class JobStream:
-    """Appends records to one job's stream."""
+ATTEMPT = "attempt"  # a stream entry's envelope field: which placement of the job wrote it
 
-    def __init__(self, client: redis.Redis, keys: Keys, job_id: int) -> None:
-        self.client, self.keys, self.job_id = client, keys, job_id
+
+def entry_attempt(raw: Mapping[Any, Any]) -> int:
+    """The attempt a stream entry was written by (0 when it does not say)."""
+    value = raw.get(ATTEMPT.encode(), raw.get(ATTEMPT, b"0"))
+    text = value.decode() if isinstance(value, bytes) else str(value)
+    return int(text) if text.isdigit() else 0
+
+
+class JobStream:
+    """Appends records to one job's stream, each marked with the attempt (placement) of the job
+    that wrote it: the ingester drops the metrics of attempts the job has restarted from."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, job_id: int, attempt: int = 0) -> None:
+        self.client, self.keys, self.job_id, self.attempt = client, keys, job_id, attempt
         self.stream = keys.job_stream(job_id)
 
     def publish(self, record: Record) -> None:
+        fields = {**encode_record(record), ATTEMPT: str(self.attempt)}
         pipe = self.client.pipeline(transaction=False)
-        pipe.xadd(self.stream, encode_record(record), maxlen=STREAM_MAXLEN, approximate=True)  # type: ignore[arg-type]
+        pipe.xadd(self.stream, fields, maxlen=STREAM_MAXLEN, approximate=True)  # type: ignore[arg-type]
         pipe.sadd(self.keys.streams_with_data, str(self.job_id))
         pipe.execute()
 
@@ -333,6 +361,9 @@ CLAIMED = "claimed"  # set once (HSETNX) by the agent that runs it: redeliveries
 FINISHED = "finished"  # the final state the agent reported
 STOP = "stop"  # the scheduler wants this one process stopped (its node was lost)
 DISPATCHED = "dispatched"  # the Celery task was sent
+SEEN = "seen"  # when the agent last saw its process alive (every heartbeat)
+# A field of a node's registration hash (Keys.node): its agent is stopping and takes no work.
+DRAINING = "draining"
 
 
 @dataclass(frozen=True)
@@ -352,6 +383,9 @@ class AllocationInfo:
     topology: dict[str, Any]
     spec: dict[str, Any]  # the execution spec: validated, dataset names resolved to paths
     run_dir: Path
+    attempt: int = 0  # the job's placements before this one (restarts, drains, lost nodes)
+    resume_from: str = ""  # the restart point this attempt continues from ("": step 0)
+    restart_seconds: float = 0.0  # restart points every this many seconds (0: none)
 
     def to_hash(self) -> dict[str, str]:
         return {
@@ -367,6 +401,9 @@ class AllocationInfo:
             "topology": json.dumps(self.topology),
             "spec": json.dumps(self.spec),
             "run_dir": str(self.run_dir),
+            "attempt": str(self.attempt),
+            "resume_from": self.resume_from,
+            "restart_seconds": repr(self.restart_seconds),
         }
 
     @classmethod
@@ -385,6 +422,9 @@ class AllocationInfo:
             topology=json.loads(fields["topology"]),
             spec=json.loads(fields["spec"]),
             run_dir=Path(fields["run_dir"]),
+            attempt=int(fields.get("attempt", "0")),
+            resume_from=fields.get("resume_from", ""),
+            restart_seconds=float(fields.get("restart_seconds", "0")),
         )
 
 

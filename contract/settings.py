@@ -97,6 +97,21 @@ class Settings(BaseSettings):
 
     # The scheduler
     schedule_seconds: float = Field(default=0.25, gt=0, description="placement loop period")
+    scheduler_lease_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="one scheduler acts at a time: a second takes over this long after the "
+        "first stops renewing its lease",
+    )
+    liveness_timeout_seconds: float = Field(
+        default=30.0, gt=0, description="/healthz: a scheduler loop silent this long is degraded"
+    )
+    restart_point_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        description="a running job saves a restart point this often (seconds of training; "
+        "0: only its own checkpoints), apart from its checkpoints and deleted when it ends",
+    )
 
     def resolved_data_dir(self) -> Path:
         return self.data_dir.expanduser()

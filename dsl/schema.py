@@ -133,6 +133,13 @@ class ClusterConfig(StrictModel):
     staleness: int | None = Field(default=None, ge=0, description="bounded staleness (SSP)")
     compression: Literal["none", "fp16", "bf16"] = "none"
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    max_restarts: int = Field(
+        default=3,
+        ge=0,
+        le=100,
+        description="times the service restarts the job from its latest restart point after "
+        "a process or node fails; then the job fails with the last cause",
+    )
 
 
 class JobSpec(StrictModel):

@@ -11,14 +11,17 @@ allocation once, reports RUNNING, hands the allocation to a worker process, supe
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+import signal
 import socket
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import redis
 from celery import Celery
@@ -26,8 +29,10 @@ from celery.signals import worker_shutting_down
 
 from contract.records import (
     CLAIMED,
+    DRAINING,
     FINISHED,
     FINISHED_TTL_SECONDS,
+    SEEN,
     AllocationInfo,
     ExitCode,
     JobStream,
@@ -44,6 +49,33 @@ from scheduler.process import StandbyPool, WorkerProcess
 log = logging.getLogger("trainyard.agent")
 
 SUPERVISE_SECONDS = 0.25
+# How long a draining worker may take to save its restart point and exit (within the
+# 10 seconds `docker compose stop` waits before it kills).
+DRAIN_SECONDS = 8.0
+
+
+def exit_cause(code: int) -> str:
+    """Why a process exited with `code`, in words (a negative code is the signal)."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name}" + (", perhaps out of memory" if -code == 9 else "")
+    return "failed" if code == ExitCode.FAILED else f"exit code {code}"
+
+
+def stop_orphan(pid: int) -> bool:
+    """SIGKILL the process group of `pid` if it is a worker process; whether one was."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    if b"workers.entry" not in cmdline:
+        return False  # the pid was reused by another program
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    return True
 
 
 def detect_gpus(settings: Settings) -> int:
@@ -147,8 +179,10 @@ class Agent:
             return "missing"
         if not self.client.hsetnx(key, CLAIMED, f"{self.name} {time.time():.3f}"):
             return "already claimed"
+        # Remembered until its end is reported: an agent that starts again reconciles these.
+        self.client.sadd(self.keys.node_claims(self.name), str(allocation_id))
         info = AllocationInfo.from_hash(allocation_id, fields)
-        stream = JobStream(self.client, self.keys, info.job_id)
+        stream = JobStream(self.client, self.keys, info.job_id, info.attempt)
         if stop_requested(self.client, self.keys, info.job_id, allocation_id):
             outcome = Outcome(AllocationState.CANCELLED, self._stop_reason(info), None)
         else:
@@ -156,12 +190,44 @@ class Agent:
                 StateRecord(allocation_id, AllocationState.RUNNING, reason=f"on {self.name}")
             )
             outcome = self._run(info)
-        stream.publish(StateRecord(allocation_id, outcome.state, outcome.reason, outcome.exit_code))
+        self._report(info, outcome)
+        return str(outcome.state)
+
+    def _report(self, info: AllocationInfo, outcome: Outcome) -> None:
+        key = self.keys.allocation(info.allocation_id)
+        stream = JobStream(self.client, self.keys, info.job_id, info.attempt)
+        stream.publish(
+            StateRecord(info.allocation_id, outcome.state, outcome.reason, outcome.exit_code)
+        )
         pipe = self.client.pipeline(transaction=False)
         pipe.hset(key, FINISHED, outcome.state)
         pipe.expire(key, FINISHED_TTL_SECONDS)
+        pipe.srem(self.keys.node_claims(self.name), str(info.allocation_id))
         pipe.execute()
-        return str(outcome.state)
+
+    def reconcile(self) -> list[int]:
+        """At start: the allocations an earlier run of this agent claimed and never reported
+        ended (it was killed, or its machine restarted). A process of theirs still running
+        is an orphan nobody supervises: it is stopped. Each is reported failed, so its job
+        restarts from its restart point instead of holding its slots forever."""
+        claims_key = self.keys.node_claims(self.name)
+        members: set[bytes] = self.client.smembers(claims_key)  # type: ignore[assignment]
+        reported = []
+        for raw in sorted(members, key=int):
+            allocation_id = int(raw)
+            fields = decode(self.client.hgetall(self.keys.allocation(allocation_id)))
+            if not fields or FINISHED in fields:
+                self.client.srem(claims_key, raw)
+                continue
+            info = AllocationInfo.from_hash(allocation_id, fields)
+            pid = int(fields.get("pid", "0") or 0)
+            stopped = pid > 0 and stop_orphan(pid)
+            what = f"its process {pid} was stopped" if stopped else "its process was gone"
+            reason = f"the node agent on {self.name} restarted; {what}"
+            self._report(info, Outcome(AllocationState.FAILED, reason, None))
+            log.warning("allocation %s (job %s): %s", allocation_id, info.job_id, reason)
+            reported.append(allocation_id)
+        return reported
 
     def _run(self, info: AllocationInfo) -> Outcome:
         process = self.pool.take()
@@ -181,14 +247,24 @@ class Agent:
                 process.kill_group()
 
     def _supervise(self, info: AllocationInfo, process: WorkerProcess) -> Outcome:
+        seen = -float("inf")
         while True:
             code = process.wait(SUPERVISE_SECONDS)
             if code is not None:
                 return self._outcome(info, process, code)
+            process.sample_memory()
+            now = time.monotonic()
+            if now - seen >= self.settings.heartbeat_seconds:
+                # The scheduler writes off a process whose agent stops saying it supervises
+                # it (a stuck agent, or Redis restarted empty and the records with it).
+                self.client.hset(self.keys.allocation(info.allocation_id), SEEN, repr(time.time()))
+                seen = now
             if self.shutdown.is_set():
-                code = process.kill_group()
+                # A drain: the worker saves a restart point on SIGTERM and the job is placed
+                # again (here later, or on another node), not failed.
+                code = process.drain(DRAIN_SECONDS)
                 return Outcome(
-                    AllocationState.FAILED, f"the node agent on {self.name} stopped", code
+                    AllocationState.DRAINED, f"the node agent on {self.name} stopped", code
                 )
             if stop_requested(self.client, self.keys, info.job_id, info.allocation_id):
                 code = process.kill_group()
@@ -200,7 +276,8 @@ class Agent:
         if code == ExitCode.CANCELLED:
             return Outcome(AllocationState.CANCELLED, self._stop_reason(info), code)
         output = process.output_tail()
-        return Outcome(AllocationState.FAILED, output or f"the worker exited with {code}", code)
+        how = f"exited {code} ({exit_cause(code)}; peak memory {process.peak_memory()})"
+        return Outcome(AllocationState.FAILED, f"{how}\n{output}" if output else how, code)
 
     def _stop_reason(self, info: AllocationInfo) -> str:
         if self.client.exists(self.keys.cancel(info.job_id)):
@@ -234,12 +311,16 @@ def run_agent(settings: Settings) -> None:
     register_tasks(app, agent)
 
     def on_shutdown(**_: object) -> None:
-        # Celery's warm shutdown waits for running tasks; make them stop their processes.
+        # Celery's warm shutdown waits for running tasks; make them drain their processes,
+        # and tell the scheduler to place nothing new here meanwhile.
         agent.shutdown.set()
+        with contextlib.suppress(redis.RedisError):
+            agent.client.hset(agent.keys.node(agent.name), DRAINING, "1")
 
     worker_shutting_down.connect(on_shutdown, weak=False)
     settings.cache_dir().mkdir(parents=True, exist_ok=True)
     agent.pool.start()
+    agent.reconcile()
     agent.heartbeat()
     stop = threading.Event()
     beat = threading.Thread(target=agent.heartbeat_loop, args=(stop,), daemon=True)

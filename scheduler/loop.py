@@ -13,12 +13,13 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import redis
 from celery import Celery
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from contract import records
@@ -35,130 +36,35 @@ from scheduler.cluster import (
 )
 from scheduler.db import Database
 from scheduler.ingest import Ingester
-from scheduler.lifecycle import can_transition, transition
+from scheduler.lease import SchedulerLease, record_pass
+from scheduler.lifecycle import transition
 from scheduler.models import (
     Allocation,
     AllocationState,
     Job,
-    JobEvent,
     JobState,
     Node,
     NodeState,
     utcnow,
 )
+from scheduler.nodes import (
+    NodeTracker,
+    read_nodes,
+    silent_allocations,
+    sync_nodes,
+    write_off_silent,
+)
 from scheduler.placement import plan_queue
+from scheduler.recovery import prune_restart_points
 from scheduler.store import job_run_dir
 from scheduler.sweep_runner import TrialPruning, run_sweeps
 
 log = logging.getLogger("trainyard.scheduler")
 
-NODE_LOST = "node lost"
 # Ended jobs' parameter-server keys are deleted by the scheduler that saw them end; one started
 # later also sweeps the jobs that ended in this window before it.
 KEY_SWEEP_WINDOW = timedelta(hours=24)
 KEY_SWEEP_SECONDS = 5.0
-
-
-# -- nodes ---------------------------------------------------------------------------------------
-@dataclass
-class NodeTracker:
-    """When each node's heartbeat value last changed, on the scheduler's own clock (so node
-    clocks may be skewed)."""
-
-    seen: dict[str, tuple[str, float]] = field(default_factory=dict)
-
-    def age(self, name: str, beat: str, now: float) -> float:
-        last = self.seen.get(name)
-        if last is None or last[0] != beat:
-            self.seen[name] = (beat, now)
-            return 0.0
-        return now - last[1]
-
-
-def read_nodes(client: redis.Redis, keys: Keys) -> dict[str, dict[str, str]]:
-    """The registration hash of every node agent in Redis (a node that left has none)."""
-    members: set[bytes] = client.smembers(keys.nodes)  # type: ignore[assignment]
-    names = sorted(m.decode() for m in members)
-    pipe = client.pipeline(transaction=False)
-    for name in names:
-        pipe.hgetall(keys.node(name))
-    return {name: decode(raw) for name, raw in zip(names, pipe.execute(), strict=True) if raw}
-
-
-def sync_nodes(
-    session: Session,
-    reported: dict[str, dict[str, str]],
-    tracker: NodeTracker,
-    timeout: float,
-    now: float | None = None,
-) -> list[int]:
-    """Bring Node rows up to date; returns the allocation ids to stop (their node is lost)."""
-    now = time.monotonic() if now is None else now
-    rows = {node.name: node for node in session.scalars(select(Node))}
-    lost: list[tuple[Node, str]] = []
-    for name, info in reported.items():
-        fresh = tracker.age(name, info.get("heartbeat", ""), now) <= timeout
-        row = rows.get(name)
-        if row is None:
-            if not fresh:
-                continue
-            row = Node(name=name, queue=info["queue"], slots=int(info["slots"]))
-            session.add(row)
-            log.info("node %s joined", name)
-        row.queue, row.slots, row.gpus = info["queue"], int(info["slots"]), int(info["gpus"])
-        row.last_heartbeat = datetime.fromtimestamp(float(info["heartbeat"]), UTC)
-        if fresh and row.state != NodeState.ALIVE:
-            row.state = NodeState.ALIVE
-            log.info("node %s is alive", name)
-        elif not fresh and row.state == NodeState.ALIVE:
-            lost.append((row, f"{NODE_LOST}: {name} sent no heartbeat for {timeout:g}s"))
-    for name, row in rows.items():
-        if name not in reported and row.state == NodeState.ALIVE:
-            lost.append((row, f"{NODE_LOST}: {name} is no longer registered"))
-    stops: list[int] = []
-    for row, reason in lost:
-        stops += mark_lost(session, row, reason)
-    return stops
-
-
-def mark_lost(session: Session, node: Node, reason: str) -> list[int]:
-    """The node's processes are written off; each job they belonged to is placed again once
-    (continuing from its last checkpoint) or fails. Returns the allocations to stop."""
-    log.warning("%s", reason)
-    node.state = NodeState.LOST
-    session.flush()
-    on_node = session.scalars(
-        select(Allocation).where(
-            Allocation.node_id == node.id, Allocation.state.in_(ACTIVE_ALLOCATIONS)
-        )
-    ).all()
-    stops: list[int] = []
-    for job_id in sorted({a.job_id for a in on_node}):
-        job = session.get(Job, job_id, with_for_update=True)
-        live = session.scalars(
-            select(Allocation).where(
-                Allocation.job_id == job_id, Allocation.state.in_(ACTIVE_ALLOCATIONS)
-            )
-        ).all()
-        # A gang is all or nothing: the job's processes on other nodes go too.
-        for alloc in live:
-            alloc.state, alloc.ended_at = AllocationState.FAILED, utcnow()
-            stops.append(alloc.id)
-        if job is None or JobState(job.state).terminal:
-            continue
-        before = session.scalar(
-            select(func.count(JobEvent.id)).where(
-                JobEvent.job_id == job_id,
-                JobEvent.state == JobState.QUEUED,
-                JobEvent.reason.startswith(NODE_LOST),
-            )
-        )
-        if before == 0 and can_transition(job.state, JobState.QUEUED):
-            transition(session, job, JobState.QUEUED, f"{reason}; placed again")
-        elif can_transition(job.state, JobState.FAILED):
-            job.error = f"{reason} (the second time this job lost a node)"
-            transition(session, job, JobState.FAILED, job.error)
-    return stops
 
 
 # -- placement and dispatch ----------------------------------------------------------------------
@@ -185,6 +91,9 @@ def allocation_info(settings: Settings, job: Job, alloc: Allocation, node: Node)
         topology=topology,
         spec=job.spec,  # the execution spec: files absolute, datasets resolved at submission
         run_dir=job_run_dir(settings.artifacts(), job.id),
+        attempt=job.attempt,
+        resume_from=job.restart_from or "",
+        restart_seconds=settings.restart_point_seconds,
     )
 
 
@@ -201,6 +110,9 @@ def schedule_once(session: Session, settings: Settings) -> list[Dispatch]:
     decision = plan_queue(
         [placement_request(job) for job in jobs.values()], node_capacities(session)
     )
+    for job_id, reason in decision.waiting.items():
+        if jobs[job_id].pending_reason != reason:  # written when it changes, not every pass
+            jobs[job_id].pending_reason = reason
     nodes = {
         node.name: node
         for node in session.scalars(select(Node).where(Node.state == NodeState.ALIVE))
@@ -223,6 +135,7 @@ def schedule_once(session: Session, settings: Settings) -> list[Dispatch]:
         ]
         session.add_all(allocs)
         session.flush()
+        job.pending_reason = None
         transition(session, job, JobState.SCHEDULED, f"placed on {plan.describe()}")
         for alloc, a in zip(allocs, plan.assignments, strict=True):
             info = allocation_info(settings, job, alloc, nodes[a.node])
@@ -296,10 +209,12 @@ def replace_servers(session: Session, settings: Settings) -> list[Dispatch]:
 @dataclass
 class KeySweeper:
     """Deletes the parameter-server keys of ended jobs whose processes have all stopped, from
-    the main Redis and every REDIS_PS_URLS server, once per job (per scheduler process)."""
+    the main Redis and every REDIS_PS_URLS server, and their restart points, once per job (per
+    scheduler process)."""
 
     clients: list[redis.Redis]
     keys: Keys
+    artifacts: Path | None = None  # ended jobs' restart points are deleted there
     swept: set[int] = field(default_factory=set)
     last: float = 0.0
 
@@ -323,6 +238,8 @@ class KeySweeper:
         for job_id in job_ids:
             for client in self.clients:
                 removed += delete_matching(client, self.keys.ps_pattern(job_id))
+            if self.artifacts is not None:
+                prune_restart_points(self.artifacts, job_id)
             self.swept.add(job_id)
         return removed
 
@@ -371,23 +288,43 @@ def stop_allocations(client: redis.Redis, keys: Keys, allocation_ids: list[int])
 
 # -- the process -----------------------------------------------------------------------------
 def run_scheduler(settings: Settings, stop: threading.Event) -> None:
-    """Place jobs, track nodes and ingest job streams until `stop` is set.
+    """Place jobs, track nodes and ingest job streams until `stop` is set, while this
+    scheduler holds the lease (scheduler/lease.py); a second one waits for it.
 
     The database must be migrated already (`trainyard scheduler` and `trainyard up` do it).
     """
     if not settings.redis_url:
         raise RuntimeError("the scheduler needs Redis: set REDIS_URL (or TRAINYARD_REDIS_URL)")
-    db = Database(settings.sql_url())
     # RESP2: redis-py parses its replies about twice as fast as RESP3's (ingest throughput).
     client = redis.Redis.from_url(settings.redis_url, protocol=2)
     keys = Keys(settings.redis_prefix)
+    lease = SchedulerLease(client, keys, settings.scheduler_lease_seconds)
+    try:
+        while lease.wait(stop):
+            act(settings, client, keys, lease, stop)
+    finally:
+        lease.release()
+        client.close()
+
+
+def act(
+    settings: Settings,
+    client: redis.Redis,
+    keys: Keys,
+    lease: SchedulerLease,
+    stop: threading.Event,
+) -> None:
+    """The scheduler's work, until `stop` is set or the lease is lost (a pause longer than
+    the lease let another scheduler take over: this one goes back to waiting)."""
+    db = Database(settings.sql_url())
     celery = create_celery(settings)
     settings.artifacts().mkdir(parents=True, exist_ok=True)
     pruning = TrialPruning(db, settings.sql_url())  # sweeps' trials: metrics to their pruners
-    ingester = Ingester(db, client, keys, pruning=pruning)
+    ingester = Ingester(db, client, keys, pruning=pruning, artifacts=settings.artifacts())
+    halt = threading.Event()
     threads = [
-        threading.Thread(target=ingester.run_until, args=(stop,), name="ingest"),
-        threading.Thread(target=run_sweeps, args=(db, settings, client, keys, stop), name="sweeps"),
+        threading.Thread(target=ingester.run_until, args=(halt,), name="ingest"),
+        threading.Thread(target=run_sweeps, args=(db, settings, client, keys, halt), name="sweeps"),
     ]
     for thread in threads:
         thread.start()
@@ -395,24 +332,24 @@ def run_scheduler(settings: Settings, stop: threading.Event) -> None:
     ps_clients = [
         redis.Redis.from_url(url) for url in settings.ps_urls() if url != settings.redis_url
     ]
-    sweeper = KeySweeper([client, *ps_clients], keys)
+    sweeper = KeySweeper([client, *ps_clients], keys, artifacts=settings.artifacts())
     try:
-        with db.session() as session:
-            recovered = undispatched(session, settings, client)
-        dispatch(celery, client, keys, recovered)
         while not stop.is_set():
             started = time.monotonic()
             try:
+                if not lease.hold():
+                    log.error("lost the scheduler lease to %s; waiting again", lease.holder_now())
+                    return
                 scheduling_pass(db, client, keys, celery, settings, tracker, sweeper)
+                record_pass(client, keys, "schedule")
             except Exception:
                 log.exception("scheduling pass failed; retrying")
             stop.wait(max(settings.schedule_seconds - (time.monotonic() - started), 0.0))
     finally:
-        stop.set()
+        halt.set()
         for thread in threads:
             thread.join()
         db.dispose()
-        client.close()
         for ps_client in ps_clients:
             ps_client.close()
 
@@ -429,7 +366,13 @@ def scheduling_pass(
     """Node sync, then placement and dispatch; returns the ids of the allocations sent."""
     reported = read_nodes(client, keys)
     with db.session() as session:
-        stops = sync_nodes(session, reported, tracker, settings.node_timeout_seconds)
+        stops = sync_nodes(
+            session,
+            reported,
+            tracker,
+            settings.node_timeout_seconds,
+            artifacts=settings.artifacts(),
+        )
     stop_allocations(client, keys, stops)
     with db.session() as session:
         items = replace_servers(session, settings) + schedule_once(session, settings)
@@ -437,6 +380,16 @@ def scheduling_pass(
     if sweeper is not None and sweeper.due(time.monotonic()):
         sweeper.last = time.monotonic()
         with db.session() as session:
+            # Records or task messages lost (Redis restarted empty) are sent again; processes
+            # nobody reports on any more are written off and their jobs placed again.
+            dispatch(celery, client, keys, undispatched(session, settings, client))
+            timeout = settings.node_timeout_seconds
+            silent = silent_allocations(session, client, keys, tracker, timeout)
+            stop_allocations(
+                client,
+                keys,
+                write_off_silent(session, silent, timeout, settings.artifacts()),
+            )
             ended = sweeper.ended_jobs(session)
         if ended:
             removed = sweeper.sweep(ended)

@@ -67,6 +67,7 @@ class AllocationState(enum.StrEnum):
     DONE = "DONE"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
+    DRAINED = "DRAINED"  # stopped by its node agent leaving; the job is placed again
 
     @property
     def active(self) -> bool:
@@ -75,6 +76,7 @@ class AllocationState(enum.StrEnum):
 
 class NodeState(enum.StrEnum):
     ALIVE = "ALIVE"
+    DRAINING = "DRAINING"  # its agent is stopping: takes no new work
     LOST = "LOST"
 
 
@@ -147,6 +149,11 @@ class Job(Base):
     sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id"), nullable=True, index=True)
     trial_number: Mapped[int | None] = mapped_column(Integer, nullable=True)  # Optuna's
     pruned_step: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the rung
+    # Placements before the current one (restarts, drains, lost nodes); its records carry it.
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    restarts: Mapped[int] = mapped_column(Integer, default=0)  # failures restarted from
+    restart_from: Mapped[str | None] = mapped_column(Text, nullable=True)  # this attempt's point
+    pending_reason: Mapped[str | None] = mapped_column(Text, nullable=True)  # why not placed
     __table_args__ = (UniqueConstraint("sweep_id", "trial_number", name="uq_jobs_sweep_trial"),)
 
 
@@ -180,6 +187,10 @@ class JobOut(BaseModel):
     sweep_id: int | None = Field(description="the sweep the job is a trial of, if any")
     trial_number: int | None = Field(description="its number in the sweep, from 0")
     pruned_step: int | None = Field(description="PRUNED: the step (rung) its sweep stopped it at")
+    restarts: int = Field(description="times it was restarted after a process or node failed")
+    pending_reason: str | None = Field(
+        description="QUEUED: why the cluster cannot place it now (e.g. not enough free slots)"
+    )
 
 
 # JobOut's fields that are not the Job column of their name: computed for one job by the API

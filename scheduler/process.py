@@ -13,6 +13,7 @@ import signal
 import subprocess
 import threading
 from collections import deque
+from pathlib import Path
 
 TERM_GRACE_SECONDS = 5.0
 
@@ -31,6 +32,7 @@ class WorkerProcess:
             bufsize=1,
         )
         self.tail: deque[str] = deque(maxlen=tail_lines)
+        self.peak_kb = 0  # the largest resident set seen (VmHWM), for a failure's reason
         # Reading continuously keeps a chatty child from blocking on a full pipe.
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -62,6 +64,29 @@ class WorkerProcess:
             return self.popen.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             return None
+
+    def sample_memory(self) -> None:
+        """Read the process's peak resident set so far (Linux), kept after it exits."""
+        try:
+            status = Path(f"/proc/{self.popen.pid}/status").read_text()
+        except OSError:
+            return
+        for line in status.splitlines():
+            if line.startswith("VmHWM:"):
+                self.peak_kb = max(self.peak_kb, int(line.split()[1]))
+                return
+
+    def peak_memory(self) -> str:
+        if self.peak_kb == 0:
+            return "unknown"
+        mb = self.peak_kb / 1024
+        return f"{mb / 1024:.1f} GB" if mb >= 1024 else f"{mb:.0f} MB"
+
+    def drain(self, grace: float) -> int:
+        """SIGTERM the worker (it saves a restart point and exits), then the group as usual."""
+        self._signal(signal.SIGTERM)
+        code = self.wait(grace)
+        return code if code is not None else self.kill_group(grace=0.0)
 
     def kill_group(self, grace: float = TERM_GRACE_SECONDS) -> int:
         """SIGTERM the whole process group, SIGKILL it after `grace` seconds; the exit code."""

@@ -33,8 +33,8 @@ from dsl.errors import JobSpecError
 from dsl.search import SearchConfig
 from scheduler import store
 from scheduler.db import Database
-from scheduler.ingest import Pruned
 from scheduler.models import Job, JobState, Sweep, SweepState, User
+from scheduler.stream_rows import Pruned
 from scheduler.study import Asked, StudyUnavailable, SweepStudy, open_storage
 from scheduler.sweeps import cancel_live_trials, end_sweep, search_of, trial_values
 

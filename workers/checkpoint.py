@@ -1,15 +1,15 @@
 """Checkpoints as safetensors files: parameters, buffers, updater state, random-number
 generator states and the step.
 
-Writes are atomic (a temporary file renamed into place), so a crash never leaves a torn
-checkpoint; only the newest `keep` files stay. Nothing is pickled.
+Writes are atomic (a temporary file, synced, renamed into place), so a crash never leaves a
+torn checkpoint; only the newest `keep` files stay. Nothing is pickled.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,11 +17,23 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 
-_NAME = re.compile(r"^step-(\d{8,})\.safetensors$")
+from contract.runs import checkpoint_path, list_checkpoints
 
 
 class CheckpointError(ValueError):
     """A checkpoint cannot be read or does not fit the net."""
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, no permission)."""
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @dataclass
@@ -36,24 +48,7 @@ class Checkpoint:
     meta: dict[str, str] = field(default_factory=dict)
 
 
-def checkpoint_path(directory: Path, step: int) -> Path:
-    return directory / f"step-{step:08d}.safetensors"
-
-
-def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
-    """(step, path) of every checkpoint in `directory`, oldest first."""
-    if not directory.is_dir():
-        return []
-    found = []
-    for entry in directory.iterdir():
-        match = _NAME.match(entry.name)
-        if match:
-            found.append((int(match.group(1)), entry))
-    return sorted(found)
-
-
 def save_checkpoint(directory: Path, ckpt: Checkpoint, keep: int) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
     for prefix, group in (
         ("param", ckpt.params),
@@ -67,8 +62,19 @@ def save_checkpoint(directory: Path, ckpt: Checkpoint, keep: int) -> Path:
     final = checkpoint_path(directory, ckpt.step)
     tmp = final.with_suffix(".tmp")
     try:
+        directory.mkdir(parents=True, exist_ok=True)
         save_file(tensors, str(tmp), metadata=meta)
+        _fsync(tmp)  # the bytes are on disk before the name points at them
         os.replace(tmp, final)
+        _fsync(directory)  # and the rename itself survives a crash of the machine
+    except (OSError, SafetensorError) as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        reason = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+        raise CheckpointWriteError(
+            f"cannot write checkpoint {final.name} to {directory}: {reason}; "
+            "the earlier checkpoints are unchanged"
+        ) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

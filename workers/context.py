@@ -55,6 +55,9 @@ class RunContext(Place):
     sinks: Sequence[MetricSink] = ()
     base_dir: Path = field(default_factory=Path.cwd)  # relative paths of the job (init_from)
     resume: bool = False
+    drain: Callable[[], bool] = lambda: False
+    resume_from: Path | None = None  # the service's restart point for this attempt
+    restart_seconds: float = 0.0
 
     @property
     def spec(self) -> JobSpec:
@@ -73,4 +76,7 @@ class RunContext(Place):
             group_rank=self.rank,
             base_dir=self.base_dir,
             should_stop=self.should_stop,
+            drain=self.drain,
+            resume_from=self.resume_from,
+            restart_seconds=self.restart_seconds,
         )

@@ -4,13 +4,15 @@ The node agent starts it in its own process group and supervises it. With `--sta
 process imports torch and the trainer first and then waits for an allocation id on stdin, so
 a job starts without paying for the imports (seconds on a small machine).
 
-Exit codes: 0 trained to the end, 1 failed, 2 the job cannot run here, 3 cancelled. What the
+Exit codes: 0 trained to the end, 1 failed, 2 the job cannot run here, 3 cancelled, 4 drained
+(SIGTERM: it stopped, saving a restart point when it could, to continue elsewhere). What the
 process prints (stderr) is the agent's reason when it fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from dataclasses import replace
@@ -30,7 +32,8 @@ if TYPE_CHECKING:
 
 
 class StopPoll:
-    """The trainer's `should_stop`: asks Redis at most every `every` seconds."""
+    """The trainer's `should_stop`: asks Redis at most every `every` seconds. SIGTERM (the node
+    agent draining its node) stops the run too, as a drain: the trainer saves a restart point."""
 
     def __init__(
         self, client: redis.Redis, keys: Keys, info: AllocationInfo, every: float = 0.5
@@ -38,8 +41,14 @@ class StopPoll:
         self.client, self.keys, self.info, self.every = client, keys, info, every
         self.last = -float("inf")
         self.stopped = False
+        self.draining = False
+
+    def on_sigterm(self, signum: int, frame: object) -> None:
+        self.draining = True
 
     def __call__(self) -> bool:
+        if self.draining:
+            return True
         now = time.monotonic()
         if not self.stopped and now - self.last >= self.every:
             self.last = now
@@ -95,6 +104,7 @@ def train(
     from dsl.errors import JobSpecError
     from dsl.schema import JobSpec
     from dsl.topology import Topology
+    from workers.checkpoint import CheckpointWriteError
     from workers.context import Place, RunContext
     from workers.data import TrainingData
 
@@ -102,6 +112,7 @@ def train(
     # The service checked the job at submission: its execution spec is used as it is.
     spec = JobSpec.model_validate(info.spec)
     should_stop = StopPoll(client, keys, info)
+    signal.signal(signal.SIGTERM, should_stop.on_sigterm)
     place = Place(
         topology=Topology.from_dict(info.topology),
         group=info.group,
@@ -112,7 +123,8 @@ def train(
         should_stop=should_stop,
     )
     if info.role == "server":
-        return _serve(spec, place)
+        code = _serve(spec, place)
+        return ExitCode.DRAINED if should_stop.draining else code
     data = TrainingData(cache_dir=cache_dir)
     try:
         job = compile_job(spec, data, filename=f"job {info.job_id}")
@@ -125,10 +137,19 @@ def train(
         dataset=data.dataset,
         run_dir=info.run_dir,
         device="cuda" if info.gpus and torch.cuda.is_available() else "cpu",
+        drain=lambda: should_stop.draining,
+        resume_from=Path(info.resume_from) if info.resume_from else None,
+        restart_seconds=info.restart_seconds,
     )
-    summary = _train(context, JobStream(client, keys, info.job_id))
+    try:
+        summary = _train(context, JobStream(client, keys, info.job_id, info.attempt))
+    except CheckpointWriteError as exc:  # disk full, no permission: the reason, no traceback
+        print(str(exc), file=sys.stderr)
+        return ExitCode.FAILED
     if summary.status == "succeeded":
         return ExitCode.OK
+    if summary.status == "drained":
+        return ExitCode.DRAINED
     if summary.status == "cancelled":
         return ExitCode.CANCELLED
     print(f"training {summary.status} at step {summary.steps}", file=sys.stderr)
@@ -138,16 +159,12 @@ def train(
 def _train(context: RunContext, stream: JobStream) -> Summary:
     """Train this allocation's worker: rank 0 of group 0 writes the job's run directory, the
     other workers of a distributed topology their own."""
-    from workers.checkpoint import list_checkpoints
     from workers.context import worker_dir
     from workers.metrics import JsonlSink
     from workers.parallel import train
 
     lead = context.group == 0 and context.rank == 0
     run_dir = context.run_dir if lead else worker_dir(context.run_dir, context.group, context.rank)
-    # A local job placed again after its node was lost continues from its last checkpoint.
-    local = context.topology.framework == "local"
-    resume = local and bool(list_checkpoints(context.run_dir / "checkpoints"))
     jsonl = JsonlSink(run_dir)
     sinks: list[MetricSink] = [
         RedisSink(stream, group=context.group, rank=context.rank),
@@ -155,7 +172,7 @@ def _train(context: RunContext, stream: JobStream) -> Summary:
         StderrLog(),
     ]
     try:
-        return train(replace(context, run_dir=run_dir, sinks=sinks, resume=resume))
+        return train(replace(context, run_dir=run_dir, sinks=sinks))
     finally:
         jsonl.close()
 

@@ -56,7 +56,7 @@ from workers.distributed.rendezvous import (
     redis_store,
 )
 from workers.metrics import MetricRecord, MetricSink
-from workers.trainer import Summary, Trainer, TrainOptions
+from workers.trainer import RestartClock, Summary, Trainer, TrainOptions
 
 
 class TopologyError(ValueError):
@@ -163,7 +163,7 @@ class WholeCheckpoints:
         self.updater: dict[str, torch.Tensor] = {}
 
     def after_update(self, step: int) -> None:
-        if checkpoint_due(self.trainer.spec, step + 1):
+        if checkpoint_due(self.trainer.spec, step + 1) or self.trainer.restart_clock.due(step + 1):
             self.params = self.net.gather_full(dict(self.net.named_params()))
             self.updater = self.net.gather_full(self.trainer.updater.state_tensors())
             self.step = step + 1
@@ -182,12 +182,29 @@ class WholeCheckpoints:
         )
 
 
+def synced_restart_points(trainer: Trainer, *, group: ProcessGroup = None) -> None:
+    """Restart points of a trainer whose checkpoint is a collective (its parts are joined
+    first): rank 0 of `group` decides when, every disp_freq steps, and tells the others."""
+    source = 0 if group is None else dist.get_global_rank(group, 0)
+
+    def sync(flag: bool) -> bool:
+        tensor = torch.tensor([int(flag)], dtype=torch.int32, device=trainer.device)
+        dist.broadcast(tensor, src=source, group=group)
+        return bool(tensor.item())
+
+    trainer.saves_alone = False
+    trainer.restart_clock = RestartClock(
+        trainer.options.restart_seconds, every=trainer.spec.disp_freq, sync=sync
+    )
+
+
 def whole_checkpoints(trainer: Trainer) -> WholeCheckpoints | None:
     """5. Make a trainer whose net is split by feature save and load whole-model checkpoints."""
     net = trainer.net
     if not isinstance(net, PartitionedNet) or not net.shard_axes:
         return None
     whole = WholeCheckpoints(trainer, net)
+    synced_restart_points(trainer, group=net.group)
     update = trainer.apply_update
 
     def apply_update(step: int) -> None:
@@ -257,8 +274,11 @@ def train(ctx: RunContext) -> Summary:
         name = "pipeline" if ctx.topology.stages > 1 else ctx.topology.framework
         worker = FRAMEWORKS.get(name)(ctx, cleanup)
         summary = worker.trainer.run()
-        for finish in worker.after_run:
-            finish()
+        # A stopped worker leaves at once: its peers may be stopping at another step, and a
+        # closing barrier or the shards' last exchange would wait for them.
+        if summary.status not in ("cancelled", "drained"):
+            for finish in worker.after_run:
+                finish()
         return summary
 
 
@@ -341,6 +361,7 @@ def _pipeline(ctx: RunContext, cleanup: ExitStack) -> Worker:
         compression=ctx.spec.cluster.compression,
         due=lambda done: checkpoint_due(ctx.spec, done),
     )
+    synced_restart_points(trainer)  # the whole job's world: its stages save together
     return Worker(trainer, after_run=[dist.barrier])
 
 

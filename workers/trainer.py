@@ -2,11 +2,12 @@
 
 A run is `train_one_batch` (the job's algorithm computes gradients) followed by the update,
 repeated `train_steps` times, with `evaluate` every test.freq steps and `save_checkpoint` every
-checkpoint.freq steps. The loop does not assume it runs alone: a worker passes its rank and
-world size (it then trains on its part of each global batch) and may replace how the update is
-applied (`apply_update`), e.g. by pushing gradients to parameter-server shards. Every forward
-pass runs in the job's `precision` (workers/precision.py), through the compiled forward when the
-job asks for `compile` (workers/compiled.py).
+checkpoint.freq steps (and the service's restart points every few minutes). The loop does not
+assume it runs alone: a worker passes its rank and world size (it then trains on its part of
+each global batch) and may replace how the update is applied (`apply_update`), e.g. by pushing
+gradients to parameter-server shards. Every forward pass runs in the job's `precision`
+(workers/precision.py), through the compiled forward when the job asks for `compile`
+(workers/compiled.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 import torch
 
 from contract.records import MetricRecord
+from contract.runs import RESTART
 from dsl.compiler import CompiledJob
 from workers.algorithms import ALGORITHMS, BatchResult, rbm_input
 from workers.checkpoint import (
@@ -51,6 +53,12 @@ class TrainOptions:
     group_rank: int | None = None
     base_dir: Path = field(default_factory=Path.cwd)
     should_stop: Callable[[], bool] = lambda: False
+    # Whether a stop is the node agent's drain (SIGTERM): the run saves a restart point first.
+    drain: Callable[[], bool] = lambda: False
+    # The service's restart points: the file this attempt continues from, and how often the
+    # writer saves one (seconds of training; 0: never).
+    resume_from: Path | None = None
+    restart_seconds: float = 0.0
     # Whether this worker writes the run's checkpoints and summary; default: part 0 of the
     # batches does (the stages of a pipeline all read part 0, and only the first one writes).
     writes: bool | None = None
@@ -108,6 +116,37 @@ class _Window:
         return out
 
 
+class RestartClock:
+    """When the writer saves a restart point: every `seconds` of training. The answer for a
+    step is computed once; with `sync` (a collective that hands every worker rank 0's answer)
+    it is asked every `every` steps, so the workers that save together agree on the step."""
+
+    def __init__(
+        self,
+        seconds: float,
+        *,
+        every: int = 1,
+        sync: Callable[[bool], bool] | None = None,
+    ) -> None:
+        self.seconds, self.every, self.sync = seconds, every, sync
+        self.last = time.monotonic()
+        self._memo = (-1, False)
+
+    def due(self, step: int) -> bool:
+        if self._memo[0] == step:
+            return self._memo[1]
+        answer = False
+        if self.seconds > 0 and step % self.every == 0:
+            now = time.monotonic()
+            answer = now - self.last >= self.seconds
+            if self.sync is not None:
+                answer = self.sync(answer)
+            if answer:
+                self.last = now
+        self._memo = (step, answer)
+        return answer
+
+
 class Trainer:
     def __init__(
         self,
@@ -152,6 +191,10 @@ class Trainer:
         # checkpoint here (workers/parallel.py); a whole net saves and loads as it is.
         self.checkpoint_out: Callable[[Checkpoint], Checkpoint] = lambda ckpt: ckpt
         self.checkpoint_in: Callable[[Checkpoint], Checkpoint] = lambda ckpt: ckpt
+        # Whether the writer can save on its own (a net split by feature or into stages joins
+        # its parts in a collective first, only at steps every worker knows of).
+        self.saves_alone = True
+        self.restart_clock = RestartClock(options.restart_seconds)
         # Run after `restore` and before the first step: a worker fetches the shared parameters
         # (workers/distributed/ps/client.py) so every replica starts from the same values.
         self.start_hooks: list[Callable[[], None]] = []
@@ -229,7 +272,13 @@ class Trainer:
             sink.checkpoint(self.step, path)
         return path
 
-    def _write_checkpoint(self) -> Path:
+    def save_restart_point(self) -> Path:
+        """A restart point (the service's, apart from the user's checkpoints): one is kept."""
+        path = self._write_checkpoint(self.options.run_dir / RESTART, keep=1)
+        self.log(f"step {self.step}: restart point {path.name}")
+        return path
+
+    def _write_checkpoint(self, directory: Path | None = None, keep: int | None = None) -> Path:
         buffers = {
             f"{name}/{local}": buf
             for name, module in self.net.layers.items()
@@ -249,29 +298,33 @@ class Trainer:
             },
         )
         return save_checkpoint(
-            self.checkpoint_dir, self.checkpoint_out(ckpt), self.spec.checkpoint.keep
+            directory or self.checkpoint_dir,
+            self.checkpoint_out(ckpt),
+            self.spec.checkpoint.keep if keep is None else keep,
         )
 
     def restore(self) -> None:
-        """Continue from the run's latest checkpoint (`--resume`), or start from init_from."""
-        if self.options.resume:
+        """Continue from the service's restart point, or the run's latest checkpoint
+        (`--resume`), or start from init_from."""
+        path = self.options.resume_from
+        if path is None and self.options.resume:
             try:
                 path = resolve_checkpoint(self.checkpoint_dir)
             except ValueError:
                 self.log("resume: no checkpoint yet, starting from step 0")
-            else:
-                ckpt = self.checkpoint_in(load_checkpoint(path))
-                load_matching_params(self.net.named_params(), ckpt)
-                self._load_buffers(ckpt)
-                self.updater.load_state_tensors(ckpt.updater)
-                self.precision.load_state(ckpt.meta)
-                self._load_rng_states(ckpt.rng)
-                self.step = ckpt.step
-                self.batches.restore(
-                    {"epoch": int(ckpt.meta["epoch"]), "position": int(ckpt.meta["position"])}
-                )
-                self.log(f"resumed from {path.name} at step {self.step}")
-                return
+        if path is not None:
+            ckpt = self.checkpoint_in(load_checkpoint(path))
+            load_matching_params(self.net.named_params(), ckpt)
+            self._load_buffers(ckpt)
+            self.updater.load_state_tensors(ckpt.updater)
+            self.precision.load_state(ckpt.meta)
+            self._load_rng_states(ckpt.rng)
+            self.step = ckpt.step
+            self.batches.restore(
+                {"epoch": int(ckpt.meta["epoch"]), "position": int(ckpt.meta["position"])}
+            )
+            self.log(f"resumed from {path.name} at step {self.step}")
+            return
         if self.spec.checkpoint.init_from:
             where = Path(self.spec.checkpoint.init_from)
             if not where.is_absolute():
@@ -320,8 +373,12 @@ class Trainer:
         saved_step = -1
         while self.step < spec.train_steps:
             if self.options.should_stop():
-                status = "cancelled"
+                status = "drained" if self.options.drain() else "cancelled"
+                if status == "drained" and self.options.is_writer and self.saves_alone:
+                    self.save_restart_point()
                 break
+            # Asked by every worker at this same point: a synced clock's answer is a collective.
+            restart_point = self.restart_clock.due(self.step + 1)
             x, y = next(self.batches)
             result = self.train_one_batch(x, y)
             window.add(result, len(x))
@@ -344,6 +401,8 @@ class Trainer:
                 and self.options.is_writer
             ):
                 checkpoint, saved_step = self.save_checkpoint(), self.step
+            elif restart_point and self.options.is_writer and self.step < spec.train_steps:
+                self.save_restart_point()
             if on_step is not None:
                 on_step(self.step)
         if status == "succeeded":

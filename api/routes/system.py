@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
 from fastapi import APIRouter, Response
@@ -10,21 +11,24 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select, text
 
-from api.deps import CurrentUser, ServicesDep, SessionDep
-from api.schemas import Health, errors
+from api.deps import CurrentUser, Services, ServicesDep, SessionDep
+from api.schemas import Health, LoopHealth, errors
+from contract.records import decode
 from scheduler.cluster import node_capacities
 from scheduler.models import Job, JobState, NodeState
 from scheduler.store import job_counts
 
 router = APIRouter(tags=["system"])
+LOOPS = ("schedule", "ingest")
 
 
 @router.get(
     "/healthz",
     response_model=Health,
     summary="Liveness and dependencies",
-    description="No token needed. 200 with status ok when the database and Redis answer; "
-    "503 with the same body (status degraded) when one does not.",
+    description="No token needed. 200 when the database and Redis answer, 503 (status "
+    "degraded) when one does not. `scheduler` and `ingest` say when the scheduler's loops last "
+    "completed a pass; one silent past the liveness timeout makes the status degraded.",
     responses={503: {"model": Health, "description": "the database or Redis is unavailable"}},
 )
 def healthz(services: ServicesDep, response: Response) -> Health:
@@ -34,13 +38,36 @@ def healthz(services: ServicesDep, response: Response) -> Health:
         db_ok = True
     except Exception:  # any failure to reach the database is what this endpoint reports
         db_ok = False
+    loops: dict[str, LoopHealth] = {}
     try:
         redis_ok = bool(services.redis.ping())
+        loops = loop_health(services)
     except Exception:  # likewise for Redis
         redis_ok = False
     if not (db_ok and redis_ok):
         response.status_code = 503
-    return Health(status="ok" if db_ok and redis_ok else "degraded", db=db_ok, redis=redis_ok)
+    ok = db_ok and redis_ok and all(loop.alive for loop in loops.values())
+    return Health(
+        status="ok" if ok else "degraded",
+        db=db_ok,
+        redis=redis_ok,
+        scheduler=loops.get("schedule"),
+        ingest=loops.get("ingest"),
+    )
+
+
+def loop_health(services: Services) -> dict[str, LoopHealth]:
+    """When the scheduler's loops last completed a pass (scheduler/lease.py records it)."""
+    raw = decode(services.redis.hgetall(services.keys.liveness))
+    limit = services.settings.liveness_timeout_seconds
+    out = {}
+    for loop in LOOPS:
+        ago = max(time.time() - float(raw[loop]), 0.0) if loop in raw else None
+        out[loop] = LoopHealth(
+            last_pass_seconds_ago=None if ago is None else round(ago, 3),
+            alive=ago is None or ago <= limit,
+        )
+    return out
 
 
 @router.get(
@@ -76,8 +103,16 @@ def prometheus(session: SessionDep, services: ServicesDep, _: CurrentUser) -> Re
         "Metric points the ingester has written to SQL",
         value=int(services.redis.get(services.keys.ingested_points) or 0),
     )
+    ages = GaugeMetricFamily(
+        "trainyard_loop_last_pass_seconds",
+        "Seconds since the scheduler's loop last completed a pass",
+        labels=["loop"],
+    )
+    for loop, health in loop_health(services).items():
+        if health.last_pass_seconds_ago is not None:
+            ages.add_metric([loop], health.last_pass_seconds_ago)
     registry = CollectorRegistry()
-    registry.register(Snapshot([jobs, queue, nodes, slots, gpus, points]))
+    registry.register(Snapshot([jobs, queue, nodes, slots, gpus, points, ages]))
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -101,9 +101,10 @@ def env(sql_url: str, redis_url: str) -> Iterator[Env]:
 
 
 def make_job(
-    env: Env, *, state: JobState = JobState.RUNNING, workers: int = 2
+    env: Env, *, state: JobState = JobState.RUNNING, workers: int = 2, max_restarts: int = 0
 ) -> tuple[int, list[int]]:
-    """A job placed on one node with `workers` allocations; (job id, allocation ids)."""
+    """A job placed on one node with `workers` allocations; (job id, allocation ids). It is
+    not restarted after a failure unless `max_restarts` says so."""
     with env.db.session() as session:
         owner = store.get_user(session, "alice") or store.create_user(session, "alice")
         job = store.create_job(
@@ -113,7 +114,7 @@ def make_job(
                 name="ingest-test",
                 spec_yaml="name: ingest-test",
                 overrides={},
-                spec={"name": "ingest-test"},
+                spec={"name": "ingest-test", "cluster": {"max_restarts": max_restarts}},
                 topology={**TOPOLOGY, "nworkers_per_group": workers, "workers": workers},
                 framework="local",
                 train_steps=100,
@@ -304,6 +305,52 @@ def test_a_failed_worker_fails_the_job_and_stops_its_siblings(env: Env) -> None:
     ingest_once(env.db, env.client, env.keys)
     assert env.allocation(a0).state == AllocationState.CANCELLED
     assert env.job(job_id).state == JobState.FAILED
+
+
+def test_a_failed_worker_restarts_the_job_from_its_restart_point(env: Env, tmp_path: Path) -> None:
+    job_id, (a0, a1) = make_job(env, max_restarts=1)
+    point = tmp_path / "jobs" / str(job_id) / "restart" / "step-00000040.safetensors"
+    point.parent.mkdir(parents=True)
+    point.write_bytes(b"the restart point")
+    ingester = Ingester(env.db, env.client, env.keys, artifacts=tmp_path)
+    old = JobStream(env.client, env.keys, job_id, attempt=0)
+    for step, accuracy in ((20, 0.5), (40, 0.6), (60, 0.9)):
+        old.publish(MetricRecord(step, {"test/accuracy": accuracy}))
+    old.publish(StateRecord(a1, "FAILED", reason="exited -9 (killed by SIGKILL)", exit_code=-9))
+    ingester.run_once()
+    job = env.job(job_id)
+    assert (job.state, job.attempt, job.restarts, job.step) == (JobState.QUEUED, 1, 1, 40)
+    assert job.best_metric == 0.6  # step 60 is trained again: not counted twice
+    assert Path(job.restart_from or "").read_bytes() == b"the restart point"
+    assert env.client.hexists(env.keys.allocation(a0), "stop")  # the sibling stops
+    with env.db.session() as session:
+        reason = session.scalars(
+            select(JobEvent.reason).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+        ).all()[-1]
+        steps = session.scalars(select(Metric.step).where(Metric.job_id == job_id)).all()
+    assert reason == (
+        "worker 0/1 on node-a exited -9 (killed by SIGKILL); restart 1 of 1 from step 40 "
+        "(20 steps to train again)"
+    )
+    assert sorted(steps) == [20, 40]
+    old.publish(MetricRecord(80, {"test/accuracy": 0.95}))  # the sibling, still stopping
+    JobStream(env.client, env.keys, job_id, attempt=1).publish(MetricRecord(60, {"x": 1.0}))
+    ingester.run_once()
+    with env.db.session() as session:
+        steps = session.scalars(select(Metric.step).where(Metric.job_id == job_id)).all()
+    assert sorted(steps) == [20, 40, 60]
+    # The second failure is past cluster.max_restarts: the job fails with its cause.
+    with env.db.session() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        transition(session, job, JobState.SCHEDULED, "test")
+        session.add(Allocation(job_id=job_id, node_id=1, role="worker", group=0, rank=0, slots=1))
+    with env.db.session() as session:
+        a2 = max(session.scalars(select(Allocation.id)).all())
+    JobStream(env.client, env.keys, job_id, 1).publish(StateRecord(a2, "FAILED", "boom", 1))
+    ingester.run_once()
+    job = env.job(job_id)
+    assert (job.state, job.error) == (JobState.FAILED, "boom")
 
 
 def test_a_cancelled_job_ends_cancelled(env: Env) -> None:

@@ -15,17 +15,10 @@ from contract.settings import Settings
 from scheduler import store
 from scheduler.cluster import node_capacities, queue_view
 from scheduler.db import Database, migrate
-from scheduler.ingest import MAX_SHARD_REPLACEMENTS, apply_state
-from scheduler.loop import (
-    KeySweeper,
-    NodeTracker,
-    mark_lost,
-    replace_servers,
-    schedule_once,
-    sync_nodes,
-    undispatched,
-)
+from scheduler.loop import KeySweeper, replace_servers, schedule_once, undispatched
 from scheduler.models import Allocation, AllocationState, Job, JobEvent, JobState, Node, NodeState
+from scheduler.nodes import NodeTracker, mark_lost, sync_nodes
+from scheduler.stream_rows import MAX_SHARD_REPLACEMENTS, apply_state
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -162,12 +155,15 @@ def test_a_cancelled_queued_job_is_not_placed(db: Database, settings: Settings) 
     assert state(db, job_id) == JobState.CANCELLED
 
 
-def test_a_lost_node_requeues_its_job_once_then_fails_it(db: Database, settings: Settings) -> None:
+def test_a_lost_node_restarts_its_job_until_max_restarts_then_fails_it(
+    db: Database, settings: Settings
+) -> None:
     tracker = NodeTracker()
     with db.session() as session:
         nodes = {"n1": registration(2), "n2": registration(2, name="n2")}
         sync_nodes(session, nodes, tracker, TIMEOUT, now=0.0)
     job_id = add_job(db, 2)
+    set_max_restarts(db, job_id, 1)
     with db.session() as session:
         schedule_once(session, settings)
     with db.session() as session:
@@ -195,12 +191,24 @@ def test_a_lost_node_requeues_its_job_once_then_fails_it(db: Database, settings:
         job = session.get(Job, job_id)
         assert job is not None and job.state == JobState.FAILED
         assert job.error == (
-            "node lost: n2 sent no heartbeat for 3s (the second time this job lost a node)"
+            "node lost: n2 sent no heartbeat for 3s (no restarts left: cluster.max_restarts is 1)"
         )
-        events = session.scalars(
-            select(JobEvent.state).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+        assert (job.restarts, job.attempt) == (1, 1)
+        events = session.execute(
+            select(JobEvent.state, JobEvent.reason)
+            .where(JobEvent.job_id == job_id)
+            .order_by(JobEvent.id)
         ).all()
-    assert events == ["QUEUED", "SCHEDULED", "QUEUED", "SCHEDULED", "FAILED"]
+    assert [state for state, _ in events] == [
+        "QUEUED",
+        "SCHEDULED",
+        "QUEUED",
+        "SCHEDULED",
+        "FAILED",
+    ]
+    assert events[2].reason == (
+        "node lost: n1 sent no heartbeat for 3s; restart 1 of 1 from step 0"
+    )
 
 
 def test_allocations_not_dispatched_are_sent_again(
@@ -241,10 +249,18 @@ def live_server(db: Database, job_id: int) -> Allocation:
         ).first()  # type: ignore[return-value]
 
 
+def set_max_restarts(db: Database, job_id: int, limit: int) -> None:
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        job.spec = {**job.spec, "cluster": {**job.spec.get("cluster", {}), "max_restarts": limit}}
+
+
 def test_a_dead_shard_is_placed_again_then_the_job_fails(db: Database, settings: Settings) -> None:
     with db.session() as session:
         sync_nodes(session, {"n1": registration(3)}, NodeTracker(), TIMEOUT, now=0.0)
     job_id = add_job(db, 2, servers=1)
+    set_max_restarts(db, job_id, 0)  # no restart of the whole job after the shard's
     other = add_job(db, 1)
     with db.session() as session:
         placed = schedule_once(session, settings)

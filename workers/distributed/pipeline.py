@@ -291,7 +291,8 @@ class PipelineCheckpoints:
         self.merged: tuple[dict[str, torch.Tensor], ...] = ({}, {}, {})
 
     def after_update(self, step: int) -> None:
-        if self.groups.replica != 0 or not self.due(step + 1):
+        due = self.due(step + 1) or self.trainer.restart_clock.due(step + 1)
+        if self.groups.replica != 0 or not due:
             return
         net = self.trainer.net
         mine = (

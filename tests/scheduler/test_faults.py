@@ -1,0 +1,192 @@
+"""Faults injected into a running service by killing real processes (SIGKILL) and stopping a
+node agent (SIGTERM): every job still ends SUCCEEDED, from its restart point, with each step's
+metrics counted once.
+
+The scheduler and the node agents are processes of their own here, so each can be killed and
+started again. docs/reliability.md tabulates what these tests inject.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import uuid
+from collections.abc import Iterator
+
+import psutil
+import pytest
+import redis
+
+from contract.records import Keys
+from contract.settings import Settings
+from scheduler.db import Database, migrate
+from scheduler.models import AllocationState, JobState
+from tests.scheduler.cluster_harness import Cluster, stop_process
+
+pytestmark = pytest.mark.slow
+
+STEPS = 2000  # about 10 s of training on a quiet 2-core machine
+EVERY = 50  # disp_freq: train/loss is reported at each multiple
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A redis-server of this module's own: one test stops it and starts it again empty."""
+    server = RedisServer(tmp_path_factory.mktemp("fault-redis"), persist=False)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer
+) -> Iterator[Cluster]:
+    data_dir = tmp_path_factory.mktemp("fault-data")
+    settings = Settings(
+        data_dir=data_dir,
+        redis_url=redis_url,
+        redis_prefix=f"f{uuid.uuid4().hex[:8]}",
+        heartbeat_seconds=0.5,
+        node_timeout_seconds=20.0,  # long enough for an agent killed here to come back first
+        schedule_seconds=0.1,
+        scheduler_lease_seconds=3.0,
+        restart_point_seconds=1.0,
+    )
+    migrate(settings.sql_url())
+    db = Database(settings.sql_url())
+    client = redis.Redis.from_url(redis_url)
+    found = Cluster(settings, db, client, Keys(settings.redis_prefix), {}, data_dir)
+    found.vital = ()
+    found.start_scheduler()
+    found.start_agent("node-1", slots=2)
+    try:
+        yield found
+    finally:
+        for process in found.agents.values():
+            stop_process(process)
+        db.dispose()
+        client.close()
+
+
+def submit(cluster: Cluster, **overrides: object) -> int:
+    return cluster.submit(train_steps=STEPS, disp_freq=EVERY, **overrides)
+
+
+def running_with_a_restart_point(cluster: Cluster, job_id: int) -> None:
+    """Wait until the job has trained a while and saved a restart point."""
+    restart = cluster.settings.artifacts() / "jobs" / str(job_id) / "restart"
+    cluster.wait_for(
+        f"job {job_id} to train and save a restart point",
+        lambda: cluster.job(job_id).step >= 4 * EVERY and any(restart.glob("step-*")),
+    )
+
+
+def assert_succeeded_once_per_step(cluster: Cluster, job_id: int) -> None:
+    cluster.wait_state(job_id, JobState.SUCCEEDED, JobState.FAILED, timeout=240)
+    job = cluster.job(job_id)
+    assert job.state == JobState.SUCCEEDED, (job.error, cluster.events(job_id))
+    assert sorted(cluster.metric_steps(job_id, "train/loss")) == list(
+        range(EVERY, STEPS + 1, EVERY)
+    ), "a step missing or counted twice"
+    run_dir = cluster.settings.artifacts() / "jobs" / str(job_id)
+    cluster.wait_for("its restart points to be deleted", lambda: not (run_dir / "restart").exists())
+
+
+def restart_from(cluster: Cluster, job_id: int, pattern: str) -> int:
+    """The step of the (only) QUEUED event after the first whose reason matches `pattern`."""
+    reasons = [reason for state, reason in cluster.events(job_id) if state == "QUEUED"][1:]
+    assert len(reasons) == 1, reasons
+    match = re.fullmatch(pattern, reasons[0])
+    assert match is not None, reasons[0]
+    return int(match.group("step"))
+
+
+def test_a_killed_worker_restarts_from_its_restart_point(cluster: Cluster) -> None:
+    job_id = submit(cluster)
+    running_with_a_restart_point(cluster, job_id)
+    [(alloc, _)] = cluster.allocations(job_id)
+    os.kill(cluster.pid(alloc.id), signal.SIGKILL)
+    assert_succeeded_once_per_step(cluster, job_id)
+    step = restart_from(
+        cluster,
+        job_id,
+        r"worker 0/0 on node-1 exited -9 \(killed by SIGKILL, perhaps out of memory; peak "
+        r"memory \d+ MB\); restart 1 of 3 from step (?P<step>\d+)( \(\d+ steps to train again\))?",
+    )
+    assert step > 0
+    assert cluster.job(job_id).restarts == 1
+
+
+def test_a_killed_worker_of_a_synchronous_group_restarts_the_gang(cluster: Cluster) -> None:
+    job_id = submit(cluster, **{"cluster.framework": "allreduce", "cluster.nworkers_per_group": 2})
+    running_with_a_restart_point(cluster, job_id)
+    first = cluster.allocations(job_id)
+    rank1 = next(alloc for alloc, _ in first if alloc.rank == 1)
+    os.kill(cluster.pid(rank1.id), signal.SIGKILL)
+    assert_succeeded_once_per_step(cluster, job_id)
+    restart_from(cluster, job_id, r"worker 0/1 on node-1 exited -9 .*from step (?P<step>\d+).*")
+    allocations = cluster.allocations(job_id)
+    assert len(allocations) == 4  # both workers, twice
+    assert [a.state for a, _ in allocations[:2]] == [AllocationState.FAILED] * 2
+
+
+def test_a_killed_agent_reconciles_its_orphans_when_it_starts_again(cluster: Cluster) -> None:
+    job_id = submit(cluster)
+    running_with_a_restart_point(cluster, job_id)
+    [(alloc, _)] = cluster.allocations(job_id)
+    orphan = cluster.pid(alloc.id)
+    agent = cluster.agents["node-1"]
+    os.kill(agent.pid, signal.SIGKILL)  # the agent only: its worker lives on, unsupervised
+    agent.wait()
+    assert psutil.pid_exists(orphan)
+    cluster.start_agent("node-1", slots=2)
+    cluster.wait_for("the orphan to be stopped", lambda: not psutil.pid_exists(orphan))
+    assert_succeeded_once_per_step(cluster, job_id)
+    restart_from(
+        cluster,
+        job_id,
+        rf"worker 0/0 on node-1 the node agent on node-1 restarted; its process {orphan} was "
+        r"stopped; restart 1 of 3 from step (?P<step>\d+).*",
+    )
+
+
+def test_a_stopping_agent_drains_its_job_to_another_node(cluster: Cluster) -> None:
+    cluster.start_agent("node-2", slots=2)
+    job_id = submit(cluster)
+    running_with_a_restart_point(cluster, job_id)
+    [(_, node)] = cluster.allocations(job_id)
+    stop_process(cluster.agents[node])  # SIGTERM, as `docker compose stop` does
+    assert_succeeded_once_per_step(cluster, job_id)
+    step = restart_from(
+        cluster,
+        job_id,
+        rf"worker 0/0 on {node}: the node agent on {node} stopped; placed again from step "
+        r"(?P<step>\d+)",  # the drain saved a restart point at the step it stopped
+    )
+    assert step > 0
+    assert cluster.job(job_id).restarts == 0  # a drain is no failure
+    [first, second] = cluster.allocations(job_id)
+    assert first[0].state == AllocationState.DRAINED and second[1] != node
+    cluster.start_agent(node, slots=2)
+
+
+def test_a_killed_scheduler_loses_no_job_and_starts_none_twice(cluster: Cluster) -> None:
+    standby = cluster.start_scheduler("scheduler-2")  # waits: the first holds the lease
+    running = submit(cluster)
+    running_with_a_restart_point(cluster, running)
+    log = cluster.logs / "scheduler-2.log"
+    cluster.wait_for(
+        "the second scheduler to wait", lambda: "holds the lease; waiting" in log.read_text()
+    )
+    os.killpg(cluster.agents["scheduler"].pid, signal.SIGKILL)
+    queued = submit(cluster)  # while no scheduler acts
+    cluster.wait_for(
+        "the second scheduler to take over", lambda: "holds the lease\n" in log.read_text()
+    )
+    for job_id in (running, queued):
+        assert_succeeded_once_per_step(cluster, job_id)
+        assert len(cluster.allocations(job_id)) == 1  # tracked again, never started twice
+        assert cluster.job(job_id).restarts == 0
+    cluster.agents["scheduler"] = standby
