@@ -31,18 +31,7 @@ EVERY = 50  # disp_freq: train/loss is reported at each multiple
 
 
 @pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """A redis-server of this module's own: one test stops it and starts it again empty."""
-    server = RedisServer(tmp_path_factory.mktemp("fault-redis"), persist=False)
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def cluster(
-    tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer
-) -> Iterator[Cluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Cluster]:
     data_dir = tmp_path_factory.mktemp("fault-data")
     settings = Settings(
         data_dir=data_dir,
