@@ -47,6 +47,7 @@ from scheduler.models import (
     utcnow,
 )
 from scheduler.placement import plan_queue
+from scheduler.quotas import Limits, owner_shares
 from scheduler.store import job_run_dir
 from scheduler.sweep_runner import TrialPruning, run_sweeps
 
@@ -198,8 +199,11 @@ def schedule_once(session: Session, settings: Settings) -> list[Dispatch]:
             jobs[job.id] = job
     if not jobs:
         return []
+    shares = owner_shares(
+        session, Limits.defaults(settings), {job.owner_id for job in jobs.values()}
+    )
     decision = plan_queue(
-        [placement_request(job) for job in jobs.values()], node_capacities(session)
+        [placement_request(job) for job in jobs.values()], node_capacities(session), shares
     )
     nodes = {
         node.name: node
