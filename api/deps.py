@@ -107,7 +107,7 @@ async def listen_for_revocations(url: str, channel: str, cache: TokenCache) -> N
                     if message.get("type") == "message":
                         data = message["data"]
                         cache.drop(data.decode() if isinstance(data, bytes) else str(data))
-        except (redis.ConnectionError, redis.TimeoutError, OSError):
+        except (redis.RedisError, OSError):  # down, restarted, refused: retry
             cache.clear()
             await asyncio.sleep(1.0)
         finally:
