@@ -10,8 +10,9 @@ never runs migrations, so starting several API processes is safe.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 
 import redis
@@ -19,10 +20,20 @@ from anyio import to_thread
 from fastapi import FastAPI
 
 from api.dashboard import Dashboard
-from api.deps import Services
+from api.deps import Services, listen_for_revocations
 from api.errors import install_error_handlers
 from api.limits import BodyLimit
-from api.routes import cluster, datasets, examples, jobs, pipeline, sweeps, system
+from api.routes import (
+    cluster,
+    datasets,
+    examples,
+    jobs,
+    pipeline,
+    quotas,
+    sweeps,
+    system,
+    tokens,
+)
 from api.stream import router as stream_router
 from contract.records import Keys
 from contract.settings import Settings
@@ -55,7 +66,15 @@ def create_app(settings: Settings | None = None, *, web_dist: Path | None = WEB_
         # Sync handlers and dependencies run in anyio's pool (40 threads by default); on the
         # CPU-bound SQL reads more threads than cores only convoy on the interpreter lock.
         to_thread.current_default_thread_limiter().total_tokens = settings.api_threads
+        listener = asyncio.create_task(
+            listen_for_revocations(
+                settings.redis_url or "", services.keys.tokens_revoked, services.tokens
+            )
+        )
         yield
+        listener.cancel()
+        with suppress(asyncio.CancelledError):
+            await listener
         services.redis.close()
         services.db.dispose()
 
@@ -90,6 +109,8 @@ def create_app(settings: Settings | None = None, *, web_dist: Path | None = WEB_
         datasets.router,
         system.router,
         examples.router,
+        tokens.router,
+        quotas.router,
     ):
         app.include_router(router, prefix=API_PREFIX)
     app.add_api_route("/healthz", system.healthz, include_in_schema=False)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Annotated
 
 import redis
+import redis.asyncio
 from fastapi import Depends, HTTPException, Path, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -20,7 +23,7 @@ from contract.settings import Settings
 from dsl.compiler import CompiledJob
 from scheduler import store
 from scheduler.db import Database
-from scheduler.models import Job, User
+from scheduler.models import Job, User, utcnow
 
 # Ids and steps are 32-bit integer columns; larger numbers cannot name anything.
 MAX_INT = 2**31 - 1
@@ -55,7 +58,9 @@ class GraphCache:
 
 class TokenCache:
     """Users of recently seen tokens, for a few seconds: every request authenticates, and this
-    saves the busiest endpoints a query each. Keyed by the token's hash, like the table."""
+    saves the busiest endpoints a query each. Keyed by the token's hash, like the table. A
+    revoked token is dropped at once: by this process when it revokes it, by every other API
+    process when the revocation is announced on Redis (`listen_for_revocations`)."""
 
     def __init__(self, seconds: float = 10.0, size: int = 1024) -> None:
         self.seconds, self.size = seconds, size
@@ -69,11 +74,48 @@ class TokenCache:
             return None
         return found[1]
 
-    def put(self, token_hash: str, user: User) -> None:
+    def put(self, token_hash: str, user: User, expires_at: datetime | None = None) -> None:
+        until = time.monotonic() + self.seconds
+        if expires_at is not None:  # never past the token's own expiry
+            left = (store.aware(expires_at) - utcnow()).total_seconds()
+            until = min(until, time.monotonic() + left)
         with self._lock:
             if len(self._items) >= self.size:
                 self._items.clear()  # a burst of distinct tokens: start over, stay bounded
-            self._items[token_hash] = (time.monotonic() + self.seconds, user)
+            self._items[token_hash] = (until, user)
+
+    def drop(self, token_hash: str) -> None:
+        with self._lock:
+            self._items.pop(token_hash, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+async def listen_for_revocations(url: str, channel: str, cache: TokenCache) -> None:
+    """Drop tokens other processes revoke (`trainyard admin tokens revoke`, another API
+    worker) from `cache`, as they are announced; runs until cancelled. While the connection is
+    down, announcements could be missed: the cache is cleared on every (re)subscription."""
+    while True:
+        client = redis.asyncio.Redis.from_url(url)
+        try:
+            async with client.pubsub() as pubsub:
+                await pubsub.subscribe(channel)
+                cache.clear()
+                async for message in pubsub.listen():
+                    if message.get("type") == "message":
+                        data = message["data"]
+                        cache.drop(data.decode() if isinstance(data, bytes) else str(data))
+        except (redis.RedisError, OSError):  # down, restarted, refused: retry
+            cache.clear()
+            await asyncio.sleep(1.0)
+        finally:
+            await client.aclose()
+
+
+def announce_revocation(client: redis.Redis, keys: Keys, token_hash: str) -> None:
+    client.publish(keys.tokens_revoked, token_hash)
 
 
 @dataclass
@@ -137,14 +179,20 @@ def authenticate(
     user = tokens.get(token_hash)
     if user is not None:
         return user
-    user = store.user_for_token(session, credentials.credentials)
-    if user is None:
+    try:
+        found = store.find_token(session, credentials.credentials)
+    except store.Expired as error:
+        raise HTTPException(
+            401, str(error), headers={"WWW-Authenticate": 'Bearer error="invalid_token"'}
+        ) from None
+    if found is None:
         raise HTTPException(
             401, "invalid API token", headers={"WWW-Authenticate": 'Bearer error="invalid_token"'}
         )
+    user, row = found
     if session.dirty:  # the token's last_used_at moved (at most once a minute)
         session.commit()
-    tokens.put(token_hash, user)
+    tokens.put(token_hash, user, row.expires_at)
     return user
 
 

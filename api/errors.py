@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException
 from dsl.errors import JobSpecError
 from scheduler.datasets import TooLarge, UnsupportedKind
 from scheduler.lifecycle import IllegalTransition
+from scheduler.quotas import QuotaExceeded
 from scheduler.store import Conflict, InvalidRequest, NotFound, StoreError
 
 log = logging.getLogger("trainyard.api")
@@ -36,6 +37,8 @@ def error_response(
 def status_of(error: StoreError) -> int:
     if isinstance(error, NotFound):
         return 404
+    if isinstance(error, QuotaExceeded):
+        return 403
     if isinstance(error, Conflict):
         return 409
     if isinstance(error, TooLarge):

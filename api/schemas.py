@@ -375,12 +375,14 @@ class Health(BaseModel):
 
 ERROR_DESCRIPTIONS = {
     400: "bad request",
-    401: "missing or invalid API token",
+    401: "missing, invalid or expired API token",
+    403: "not allowed for this user (admins only, or over a quota)",
     404: "no such object, or not yours",
     409: "not allowed in the object's current state",
     413: "request body too large",
     415: "unsupported content type or file kind",
     422: "invalid job (with located errors) or invalid parameters",
+    429: "too many submissions: wait the seconds of the Retry-After header",
     503: "the database or Redis is unavailable",
 }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -20,11 +21,18 @@ from typing import Annotated, Any
 import redis.asyncio
 from fastapi import APIRouter, Depends, Header, HTTPException, Query
 from fastapi.responses import StreamingResponse
-from fastapi.security import HTTPAuthorizationCredentials
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import Credentials, JobId, Services, ServicesDep, authenticate
+from api.deps import (
+    Credentials,
+    CurrentUser,
+    JobId,
+    Services,
+    ServicesDep,
+    authenticate,
+)
 from api.schemas import StageTimelineOut, errors, finite
+from api.schemas_access import StreamTicket
 from contract.records import (
     CheckpointRecord,
     LogRecord,
@@ -36,7 +44,7 @@ from contract.records import (
     decode_record,
 )
 from scheduler import store
-from scheduler.models import Job, JobState
+from scheduler.models import Job, JobState, User
 
 router = APIRouter(tags=["jobs"])
 
@@ -109,21 +117,56 @@ def _authorise(services: Services, credentials: Any, job_id: int) -> Snapshot:
         return Snapshot(JobState(job.state), job.step, job.error)
 
 
+def issue_ticket(services: Services, user: User, job_id: int) -> StreamTicket:
+    """A random ticket to open `job_id`'s stream once, within the settings' seconds."""
+    ticket = secrets.token_urlsafe(24)
+    seconds = services.settings.stream_ticket_seconds
+    services.redis.set(services.keys.stream_ticket(ticket), f"{job_id}:{user.id}", ex=seconds)
+    return StreamTicket(ticket=ticket, job_id=job_id, expires_in=seconds)
+
+
+def _redeem(services: Services, ticket: str, job_id: int) -> Snapshot:
+    """The job's state if `ticket` is a live ticket to its stream, used up here."""
+    raw = services.redis.getdel(services.keys.stream_ticket(ticket))
+    refused = HTTPException(
+        401,
+        "invalid, used or expired stream ticket: get a new one from "
+        f"POST /api/v1/jobs/{job_id}/stream-ticket (each opens the stream once)",
+        headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+    )
+    if raw is None:
+        raise refused
+    ticket_job, _, user_id = (raw.decode() if isinstance(raw, bytes) else str(raw)).partition(":")
+    if int(ticket_job) != job_id:
+        raise HTTPException(
+            401,
+            f"this stream ticket is for job {ticket_job}, not job {job_id}",
+            headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+        )
+    with services.db.sessions() as session:
+        user = session.get(User, int(user_id))
+        if user is None:  # deleted since
+            raise refused
+        job = store.get_job(session, user, job_id)
+        return Snapshot(JobState(job.state), job.step, job.error)
+
+
 async def start_state(
     job_id: JobId,
     services: ServicesDep,
     credentials: Credentials,
-    token: Annotated[
+    ticket: Annotated[
         str | None,
         Query(
             max_length=200,
-            description="the API token, for clients that cannot send an Authorization header "
-            "(a browser's EventSource); the header wins when both are given",
+            description="a stream ticket (POST /jobs/{job_id}/stream-ticket), for clients "
+            "that cannot send an Authorization header (a browser's EventSource); the header "
+            "wins when both are given",
         ),
     ] = None,
 ) -> Snapshot:
-    if credentials is None and token:
-        credentials = HTTPAuthorizationCredentials(scheme="Bearer", credentials=token)
+    if credentials is None and ticket:
+        return await run_in_threadpool(_redeem, services, ticket, job_id)
     return await run_in_threadpool(_authorise, services, credentials, job_id)
 
 
@@ -237,3 +280,20 @@ async def stream_job(
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
+
+
+@router.post(
+    "/jobs/{job_id}/stream-ticket",
+    response_model=StreamTicket,
+    summary="A ticket to open a job's live stream",
+    description="For clients that cannot send the Authorization header to GET "
+    "/jobs/{job_id}/stream (a browser's EventSource): pass `ticket` as ?ticket=. It opens this "
+    "job's stream once, within `expires_in` seconds (the server's stream_ticket_seconds), so a "
+    "URL that ends up in a log or a history is worth nothing; the long-lived token never goes "
+    "in a URL.",
+    responses=errors(401, 404, 422),
+)
+def stream_ticket(job_id: JobId, user: CurrentUser, services: ServicesDep) -> StreamTicket:
+    with services.db.sessions() as session:
+        store.get_job(session, user, job_id)  # 404 unless the caller may see it
+    return issue_ticket(services, user, job_id)

@@ -101,6 +101,19 @@ class Keys:
         """Every parameter-server key of a job (PSKeys.pattern of its scope)."""
         return f"{self.job_scope(job_id)}:ps:*"
 
+    def stream_ticket(self, ticket: str) -> str:
+        """A short-lived ticket to one job's live stream: `<job id>:<user id>`, with a TTL."""
+        return f"{self.prefix}:ticket:{ticket}"
+
+    def submissions(self, user_id: int) -> str:
+        """Sorted set of a user's recent submission times (the rate limit's window)."""
+        return f"{self.prefix}:user:{user_id}:submissions"
+
+    @property
+    def tokens_revoked(self) -> str:
+        """Pub/sub channel: hashes of revoked tokens, which API processes drop from their cache."""
+        return f"{self.prefix}:tokens:revoked"
+
 
 def delete_matching(client: redis.Redis, pattern: str) -> int:
     """Delete the keys matching `pattern` (SCAN, so the server is never blocked long)."""

@@ -75,6 +75,36 @@ class Settings(BaseSettings):
         "with a slow database (CPU-bound ones contend for the interpreter lock)",
     )
 
+    stream_ticket_seconds: int = Field(
+        default=60, ge=1, le=3600, description="how long a live-stream ticket may be used"
+    )
+
+    # Quotas: each user's unless an admin set their own (`trainyard admin quota`); unset: none
+    quota_running_jobs: int | None = Field(
+        default=None, ge=0, description="jobs of one user placed at once; more wait queued"
+    )
+    quota_slots: int | None = Field(
+        default=None, ge=0, description="worker slots one user's placed jobs hold; more wait"
+    )
+    quota_gpus: int | None = Field(
+        default=None, ge=0, description="GPUs one user's placed jobs hold; more wait"
+    )
+    quota_train_steps: int | None = Field(
+        default=None, ge=1, description="largest train_steps of a submitted job"
+    )
+    quota_dataset_bytes: int | None = Field(
+        default=None, ge=0, description="bytes of uploaded datasets one user may keep"
+    )
+    quota_artifact_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="bytes of checkpoints one user's jobs may keep; past it, submissions wait "
+        "for deletions",
+    )
+    quota_submissions_per_minute: int | None = Field(
+        default=120, ge=1, description="jobs and sweeps one user may submit in any minute"
+    )
+
     # Clients (CLI, SDK)
     url: str | None = Field(default=None, description="API address for the CLI and SDK")
     token: str | None = Field(default=None, description="API token for the CLI and SDK")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import sys
 import threading
 from pathlib import Path
 from typing import Annotated, Any
@@ -20,6 +19,7 @@ from rich.console import Console
 
 from contract.settings import Settings
 from scheduler import cli_local
+from scheduler.cli_admin import admin_app
 from sdk import cli as sdk_cli
 
 console = Console()
@@ -208,34 +208,6 @@ def worker(
     settings = _cluster_settings(node_name=name, node_slots=slots, node_gpus=gpus)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     run_agent(settings)
-
-
-admin_app = typer.Typer(help="Administration with direct database access.", no_args_is_help=True)
-
-
-@admin_app.command("create-user")
-def create_user(
-    name: Annotated[str, typer.Argument(help="the new user's name")],
-    admin: Annotated[bool, typer.Option(help="may see and manage every user's jobs")] = False,
-) -> None:
-    """Create a user and print their first API token (shown once)."""
-    from scheduler import store
-    from scheduler.db import Database, migrate
-
-    settings = Settings()
-    migrate(settings.sql_url())
-    db = Database(settings.sql_url())
-    try:
-        with db.session() as session:
-            if store.get_user(session, name) is not None:
-                err_console.print(f"[bold red]error[/] a user named {name!r} already exists")
-                raise typer.Exit(1)
-            user = store.create_user(session, name, admin)
-            token = store.create_token(session, user, "created by trainyard admin")
-    finally:
-        db.dispose()
-    err_console.print(f"created {'admin ' if admin else ''}user {name}; their token:")
-    sys.stdout.write(token + "\n")
 
 
 def register(app: typer.Typer) -> None:

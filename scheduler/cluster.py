@@ -1,7 +1,8 @@
 """The cluster as placement sees it, read from SQL: node capacities, queued jobs, the queue.
 
 The scheduler loop and the API (GET /cluster, POST /jobs/validate) share these, so the queue
-the API shows and the reasons it gives are the ones the scheduler acts on.
+the API shows and the reasons it gives are the ones the scheduler acts on. Queued jobs are read
+by (-priority, id); placement orders them fairly between users (scheduler/placement.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from scheduler.models import (
     NodeState,
 )
 from scheduler.placement import NodeCapacity, PlacementRequest, plan_queue
+from scheduler.quotas import Limits, owner_shares
 
 ACTIVE_ALLOCATIONS = (AllocationState.PENDING, AllocationState.RUNNING)
 LIVE_JOBS = (JobState.SCHEDULED, JobState.RUNNING)  # placed: their processes run or start
@@ -63,8 +65,11 @@ def job_topology(job: Job | Row[Any]) -> dict[str, Any]:
 
 
 def placement_request(job: Job | Row[Any]) -> PlacementRequest:
-    """What `job` asks of the cluster; a plain row must carry id, priority and a topology."""
-    return PlacementRequest.from_topology(job.id, job_topology(job), priority=job.priority)
+    """What `job` asks of the cluster; a plain row must carry id, owner_id, priority and a
+    topology."""
+    return PlacementRequest.from_topology(
+        job.id, job_topology(job), priority=job.priority, owner_id=job.owner_id
+    )
 
 
 # What placing a job reads of it. The documents (spec, spec_yaml) are its heavy part: loaded
@@ -108,9 +113,15 @@ _QUEUED_ROWS = (
 )
 
 
-def queue_view(session: Session, capacities: list[NodeCapacity] | None = None) -> list[QueueEntry]:
+def queue_view(
+    session: Session,
+    capacities: list[NodeCapacity] | None = None,
+    *,
+    quotas: Limits | None = None,
+) -> list[QueueEntry]:
     """The queue in placement order, each job with why it is waiting (`capacities`: the nodes'
-    as node_capacities gives them, when the caller has them already)."""
+    as node_capacities gives them, when the caller has them already; `quotas`: the default
+    quotas, Limits.defaults(settings), none if not given)."""
     jobs = {row.id: row for row in session.connection().execute(_QUEUED_ROWS)}
     requests = {
         # an old row without a topology: the whole job, to resolve it from its spec
@@ -119,7 +130,8 @@ def queue_view(session: Session, capacities: list[NodeCapacity] | None = None) -
     }
     if capacities is None:
         capacities = node_capacities(session)
-    decision = plan_queue(requests.values(), capacities)
+    shares = owner_shares(session, quotas or Limits(), {row.owner_id for row in jobs.values()})
+    decision = plan_queue(requests.values(), capacities, shares)
     return [
         QueueEntry(
             job_id=job_id,

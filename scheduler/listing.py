@@ -42,7 +42,8 @@ from sqlalchemy.orm import Session
 from scheduler.models import (
     JOB_COMPUTED_FIELDS,
     JOB_FIELD_KINDS,
-    QUEUE_ORDER,
+    Allocation,
+    AllocationState,
     FieldKind,
     Job,
     JobOut,
@@ -54,14 +55,38 @@ from scheduler.models import (
 NOW = bindparam("now", type_=Job.created_at.type)
 LIMIT = bindparam("limit", type_=Job.id.type)
 
-# The queue in the order the scheduler places it: 1-based positions of the queued jobs.
-_QUEUE = (
+# Slots each user's live processes hold, for the queue's fair share.
+_HELD = (
+    select(Job.owner_id.label("owner_id"), func.sum(Allocation.slots).label("held"))
+    .join(Job, Job.id == Allocation.job_id)
+    .where(Allocation.state.in_((AllocationState.PENDING, AllocationState.RUNNING)))
+    .group_by(Job.owner_id)
+    .subquery("held")
+)
+# Queued jobs with the keys of the placement order (scheduler/placement.py order_queue):
+# priority, the owner's slots held, the owner's turn (their n-th queued job), id.
+_TURNS = (
     select(
         Job.id.label("job_id"),
-        func.row_number().over(order_by=QUEUE_ORDER).label("position"),
+        Job.priority.label("priority"),
+        func.coalesce(_HELD.c.held, 0).label("held"),
+        func.row_number()
+        .over(partition_by=Job.owner_id, order_by=(Job.priority.desc(), Job.id))
+        .label("turn"),
     )
+    .outerjoin(_HELD, _HELD.c.owner_id == Job.owner_id)
     .where(Job.state == JobState.QUEUED)
-    .cte("queue")
+    .subquery("turns")
+)
+# 1-based positions of the queued jobs, in the order the scheduler places them.
+QUEUE_POSITIONS = select(
+    _TURNS.c.job_id,
+    func.row_number()
+    .over(order_by=(_TURNS.c.priority.desc(), _TURNS.c.held, _TURNS.c.turn, _TURNS.c.job_id))
+    .label("position"),
+)
+_QUEUE = (
+    QUEUE_POSITIONS.cte("queue")
     # Computed once per page: unmarked, SQLite may run it again for every row of the page.
     .prefix_with("MATERIALIZED")
 )

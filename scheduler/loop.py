@@ -55,6 +55,7 @@ from scheduler.nodes import (
     write_off_silent,
 )
 from scheduler.placement import plan_queue
+from scheduler.quotas import Limits, owner_shares
 from scheduler.recovery import prune_restart_points
 from scheduler.store import job_run_dir
 from scheduler.sweep_runner import TrialPruning, run_sweeps
@@ -107,8 +108,11 @@ def schedule_once(session: Session, settings: Settings) -> list[Dispatch]:
             jobs[job.id] = job
     if not jobs:
         return []
+    shares = owner_shares(
+        session, Limits.defaults(settings), {job.owner_id for job in jobs.values()}
+    )
     decision = plan_queue(
-        [placement_request(job) for job in jobs.values()], node_capacities(session)
+        [placement_request(job) for job in jobs.values()], node_capacities(session), shares
     )
     for job_id, reason in decision.waiting.items():
         if jobs[job_id].pending_reason != reason:  # written when it changes, not every pass

@@ -96,6 +96,37 @@ class ApiToken(Base):
     label: Mapped[str] = mapped_column(String(100), default="")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+# The quotas a user has: each is the operator's default (contract/settings.py, `quota_<name>`)
+# unless an admin set the user's own (a UserQuota column); None means no limit.
+QUOTA_NAMES = (
+    "running_jobs",
+    "slots",
+    "gpus",
+    "train_steps",
+    "dataset_bytes",
+    "artifact_bytes",
+    "submissions_per_minute",
+)
+
+
+class UserQuota(Base):
+    """One user's quotas where an admin changed them; a null column is the default."""
+
+    __tablename__ = "user_quotas"
+    user_id: Mapped[int] = mapped_column(
+        ForeignKey("users.id", ondelete="CASCADE"), primary_key=True
+    )
+    running_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    slots: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    gpus: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    train_steps: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    dataset_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    artifact_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    submissions_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 class Sweep(Base):
@@ -220,8 +251,8 @@ JOB_FIELD_KINDS: dict[str, FieldKind] = {
 }
 
 
-# The order the scheduler places queued jobs in (and the API numbers their positions by):
-# higher priority first, then submission order.
+# The order queued jobs are read in: higher priority first, then submission order. Placement
+# then shares the cluster fairly between their owners (scheduler/placement.py order_queue).
 QUEUE_ORDER = (Job.priority.desc(), Job.id)
 
 

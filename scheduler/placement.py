@@ -1,10 +1,16 @@
 """Gang placement of a job's processes on nodes: pure functions over plain dataclasses.
 
 A job is placed whole or not at all: every worker of every worker group and every separate
-server shard gets a node with free slots (and GPUs), or the job keeps waiting. The queue is
-strict FIFO by (-priority, id): when the head job does not fit now, the jobs behind it wait too,
-so a large job is never starved by a stream of small ones. The one exception is a job that
-could not fit even on the empty cluster: it waits with a reason and does not block the queue.
+server shard gets a node with free slots (and GPUs), or the job keeps waiting.
+
+The queue is shared fairly between users (`order_queue`): higher priority first (only admins
+set it above the default), then the users holding fewest slots, taking turns (each user's
+first queued job, then each one's second, ...), then submission order. So one user's flood of
+jobs does not hold back another user's job. When the job whose turn it is does not fit now,
+the jobs behind it wait too, so a large job is never starved by a stream of small ones. Two
+kinds of job are passed over without blocking the queue: one that could not fit even on the
+empty cluster, and one whose owner holds their quota of running jobs, slots or GPUs (it starts
+when their other jobs end).
 
 No database and no broker here; the scheduler loop feeds these functions from SQL.
 """
@@ -13,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:  # dsl.topology imports the job language, and with it torch
     from dsl.topology import Topology
@@ -57,13 +63,19 @@ class PlacementRequest:
     slots_per_worker: int = 1
     gpus_per_worker: int = 0
     priority: int = 0
+    owner_id: int = 0
 
     # Server shards exchange parameters over the network; they need a CPU slot, never a GPU.
     SLOTS_PER_SERVER: ClassVar[int] = 1
 
     @classmethod
     def from_topology(
-        cls, job_id: int, topology: Topology | Mapping[str, Any], *, priority: int = 0
+        cls,
+        job_id: int,
+        topology: Topology | Mapping[str, Any],
+        *,
+        priority: int = 0,
+        owner_id: int = 0,
     ) -> PlacementRequest:
         """From a resolved Topology or its `to_dict()` form (as jobs store it)."""
         t: Mapping[str, Any] = topology if isinstance(topology, Mapping) else topology.to_dict()
@@ -81,6 +93,7 @@ class PlacementRequest:
             slots_per_worker=int(t["slots_per_worker"]),
             gpus_per_worker=int(t["gpus_per_worker"]),
             priority=priority,
+            owner_id=owner_id,
         )
 
     @property
@@ -195,20 +208,60 @@ def fits_empty_cluster(request: PlacementRequest, nodes: Sequence[NodeCapacity])
     return plan_placement(request, empty) is not None
 
 
-class _Queued(Protocol):
-    @property
-    def priority(self) -> int: ...
+@dataclass(frozen=True)
+class OwnerShare:
+    """What one user's placed jobs hold now, and their placement quotas (None: no limit)."""
 
-    @property
-    def job_id(self) -> int: ...
+    jobs: int = 0
+    slots: int = 0
+    gpus: int = 0
+    max_jobs: int | None = None
+    max_slots: int | None = None
+    max_gpus: int | None = None
+
+    def refuses(self, request: PlacementRequest) -> str | None:
+        """Why placing `request` now would pass a quota of its owner, or None."""
+        if self.max_jobs is not None and self.jobs + 1 > self.max_jobs:
+            return (
+                f"waiting for its owner's quota running_jobs: {self.jobs} of {self.max_jobs} "
+                "job(s) placed"
+            )
+        if self.max_slots is not None and self.slots + request.slots > self.max_slots:
+            return (
+                f"waiting for its owner's quota slots: {self.slots} of {self.max_slots} held, "
+                f"needs {request.slots}"
+            )
+        if self.max_gpus is not None and self.gpus + request.gpus > self.max_gpus:
+            return (
+                f"waiting for its owner's quota gpus: {self.gpus} of {self.max_gpus} held, "
+                f"needs {request.gpus}"
+            )
+        return None
+
+    def plus(self, request: PlacementRequest) -> OwnerShare:
+        return replace(
+            self,
+            jobs=self.jobs + 1,
+            slots=self.slots + request.slots,
+            gpus=self.gpus + request.gpus,
+        )
 
 
-Q = TypeVar("Q", bound=_Queued)
-
-
-def order_queue(jobs: Iterable[Q]) -> list[Q]:
-    """Scheduling order: higher priority first, then first submitted (lower id) first."""
-    return sorted(jobs, key=lambda job: (-job.priority, job.job_id))
+def order_queue(
+    requests: Iterable[PlacementRequest], shares: Mapping[int, OwnerShare] | None = None
+) -> list[PlacementRequest]:
+    """Scheduling order: higher priority first; then owners holding fewer slots (`shares`),
+    taking turns (an owner's n-th queued job after every owner's (n-1)-th); then first
+    submitted (lower id). scheduler/listing.py numbers queue positions by the same key."""
+    shares = shares or {}
+    turn: dict[int, int] = {}
+    keyed = []
+    for request in sorted(requests, key=lambda r: (-r.priority, r.job_id)):
+        rank = turn.get(request.owner_id, 0)
+        turn[request.owner_id] = rank + 1
+        held = shares[request.owner_id].slots if request.owner_id in shares else 0
+        keyed.append(((-request.priority, held, rank, request.job_id), request))
+    return [request for _, request in sorted(keyed, key=lambda item: item[0])]
 
 
 @dataclass(frozen=True)
@@ -221,19 +274,24 @@ class QueueDecision:
 
 
 def plan_queue(
-    requests: Iterable[PlacementRequest], nodes: Sequence[NodeCapacity]
+    requests: Iterable[PlacementRequest],
+    nodes: Sequence[NodeCapacity],
+    shares: Mapping[int, OwnerShare] | None = None,
 ) -> QueueDecision:
-    """Place queued jobs in order until the first one that does not fit now.
+    """Place queued jobs in fair order until the first one that does not fit now.
 
-    Jobs behind a head that does not fit wait, whatever their size (no overtaking, so no
+    Jobs behind one that does not fit wait, whatever their size (no overtaking, so no
     starvation and no partial placement that could deadlock). A job too big for the whole
-    cluster is passed over: it cannot run until nodes join, and must not hold the queue.
+    cluster is passed over: it cannot run until nodes join, and must not hold the queue. So is
+    a job whose owner's placed jobs (`shares`, counting those placed in this pass) hold their
+    quota.
     """
     free = list(nodes)
     alive = [node for node in nodes if node.alive]
+    owners = dict(shares or {})
     placed: list[tuple[PlacementRequest, PlacementPlan]] = []
     waiting: dict[int, str] = {}
-    ordered = order_queue(requests)
+    ordered = order_queue(requests, owners)
     head: int | None = None
     for request in ordered:
         if not fits_empty_cluster(request, alive):
@@ -244,6 +302,11 @@ def plan_queue(
                 f"({len(alive)} node(s), {total_slots} slot(s), {total_gpus} GPU(s))"
             )
             continue
+        share = owners.get(request.owner_id, OwnerShare())
+        over_quota = share.refuses(request)
+        if over_quota is not None:
+            waiting[request.job_id] = over_quota
+            continue
         if head is not None:
             waiting[request.job_id] = f"waiting behind job {head}"
             continue
@@ -253,6 +316,7 @@ def plan_queue(
             waiting[request.job_id] = f"waiting for free resources: needs {request.describe()}"
             continue
         free = _apply(free, plan)
+        owners[request.owner_id] = share.plus(request)
         placed.append((request, plan))
     return QueueDecision(placed, waiting, [r.job_id for r in ordered])
 

@@ -83,7 +83,10 @@ def ensure_admin_token(database_url: str, previous: str | None) -> str:
     try:
         with db.session() as session:
             if previous:
-                user = store.user_for_token(session, previous)
+                try:
+                    user = store.user_for_token(session, previous)
+                except store.Expired:
+                    user = None
                 if user is not None and user.is_admin:
                     return previous
             user = store.get_user(session, ADMIN_USER)

@@ -26,7 +26,6 @@ from contract.records import CANCEL_TTL_SECONDS, Keys
 from scheduler import listing
 from scheduler.lifecycle import transition
 from scheduler.models import (
-    QUEUE_ORDER,
     ApiToken,
     CheckpointRecord,
     Job,
@@ -52,6 +51,10 @@ class NotFound(StoreError):
 
 class Conflict(StoreError):
     """The request clashes with the current state (cancel a finished job, a duplicate name)."""
+
+
+class Expired(StoreError):
+    """A token past its expiry."""
 
 
 class InvalidRequest(StoreError):
@@ -83,18 +86,22 @@ def get_user(session: Session, name: str) -> User | None:
     return session.scalar(select(User).where(User.name == name))
 
 
-def create_token(session: Session, user: User, label: str = "") -> str:
+def create_token(
+    session: Session, user: User, label: str = "", expires_at: datetime | None = None
+) -> str:
     """A new random token for `user`; only its hash is stored, so this is the one chance to
     show it."""
     token = secrets.token_urlsafe(32)
-    session.add(ApiToken(user_id=user.id, token_hash=hash_token(token), label=label))
+    session.add(
+        ApiToken(user_id=user.id, token_hash=hash_token(token), label=label, expires_at=expires_at)
+    )
     session.flush()
     return token
 
 
-def user_for_token(session: Session, token: str) -> User | None:
-    """The token's user, or None. Marks the token used, at most once a minute (writes are
-    costly on the hot path of every request)."""
+def find_token(session: Session, token: str) -> tuple[User, ApiToken] | None:
+    """The token's user and row, or None; `Expired` past its expiry. Marks the token used, at
+    most once a minute (writes are costly on the hot path of every request)."""
     row = session.execute(
         select(User, ApiToken)
         .join(ApiToken, ApiToken.user_id == User.id)
@@ -104,9 +111,19 @@ def user_for_token(session: Session, token: str) -> User | None:
         return None
     user, api_token = row
     now = utcnow()
+    if api_token.expires_at is not None and aware(api_token.expires_at) <= now:
+        raise Expired(
+            f"the API token '{api_token.label}' expired at "
+            f"{aware(api_token.expires_at).isoformat(timespec='seconds')}; create a new one"
+        )
     if api_token.last_used_at is None or aware(api_token.last_used_at) < now - TOKEN_TOUCH_INTERVAL:
         api_token.last_used_at = now
-    return user
+    return user, api_token
+
+
+def user_for_token(session: Session, token: str) -> User | None:
+    found = find_token(session, token)
+    return found[0] if found else None
 
 
 # Jobs ---------------------------------------------------------------------------------------
@@ -187,9 +204,6 @@ def decode_cursor(cursor: str) -> int:
         ) from None
 
 
-_QUEUE = select(Job.id).where(Job.state == JobState.QUEUED).order_by(*QUEUE_ORDER)
-
-
 def list_jobs(
     session: Session,
     user: User,
@@ -220,8 +234,8 @@ def list_jobs(
 
 def queue_positions(session: Session) -> dict[int, int]:
     """1-based place of every queued job in the order the scheduler places them."""
-    ids = session.connection().execute(_QUEUE).scalars()
-    return {job_id: position for position, job_id in enumerate(ids, start=1)}
+    rows = session.connection().execute(listing.QUEUE_POSITIONS)
+    return {job_id: position for job_id, position in rows}
 
 
 def request_cancel(session: Session, job: Job, client: redis.Redis, keys: Keys) -> Job:

@@ -227,6 +227,47 @@ class PipelineOut(BaseModel):
     )
 
 
+class QuotaLimits(BaseModel):
+    """One value per quota; null: no limit."""
+
+    running_jobs: int | None = Field(description="jobs placed at once; more wait in the queue")
+    slots: int | None = Field(
+        description="worker slots held by placed jobs; more wait in the queue"
+    )
+    gpus: int | None = Field(description="GPUs held by placed jobs; more wait in the queue")
+    train_steps: int | None = Field(
+        description="largest train_steps of a submitted job (403 past it)"
+    )
+    dataset_bytes: int | None = Field(description="bytes of uploaded datasets kept (403 past it)")
+    artifact_bytes: int | None = Field(
+        description="bytes of checkpoints kept; submissions get 403 while past it"
+    )
+    submissions_per_minute: int | None = Field(
+        description="jobs and sweeps submitted in any minute (429 past it)"
+    )
+
+
+class QuotaUsage(BaseModel):
+    running_jobs: int = Field(description="scheduled and running jobs")
+    slots: int = Field(description="slots their live processes hold")
+    gpus: int
+    dataset_bytes: int
+    artifact_bytes: int = Field(description="checkpoints of the user's jobs")
+
+
+class QuotaOut(BaseModel):
+    user: str
+    limits: QuotaLimits = Field(description="in force: the user's own where set, else defaults")
+    overrides: list[str] = Field(description="the quotas set for this user (not the defaults)")
+    usage: QuotaUsage
+
+
+class StreamTicket(BaseModel):
+    ticket: str = Field(description="pass as ?ticket= to GET /jobs/{job_id}/stream, once")
+    job_id: int
+    expires_in: int = Field(description="seconds left to open the stream with it")
+
+
 class ObjectiveOut(BaseModel):
     metric: str
     mode: Literal["min", "max"]
@@ -283,6 +324,19 @@ class SweepDetail(SweepOut):
 class SweepPage(BaseModel):
     items: list[SweepOut]
     next_before: int | None = Field(description="pass as ?before= for the next page; null at end")
+
+
+class TokenOut(BaseModel):
+    id: int
+    name: str
+    user: str = Field(description="the token's owner")
+    created_at: datetime
+    expires_at: datetime | None = Field(description="unset: never expires")
+    last_used_at: datetime | None = Field(description="to the minute")
+
+
+class TokenCreated(TokenOut):
+    token: str = Field(description="the secret: shown this once, only its hash is stored")
 
 
 class LayerOut(BaseModel):

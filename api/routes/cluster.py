@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from sqlalchemy import select
 
-from api.deps import CurrentUser, SessionDep
+from api.deps import CurrentUser, ServicesDep, SessionDep
 from api.schemas import (
     AllocationOut,
     ClusterOut,
@@ -16,6 +16,7 @@ from api.schemas import (
 )
 from scheduler.cluster import LIVE_JOBS, PLACEMENT_COLUMNS, node_capacities, queue_view
 from scheduler.models import Allocation, AllocationState, Job, JobState, Node, NodeState
+from scheduler.quotas import Limits
 from scheduler.store import aware
 
 router = APIRouter(tags=["cluster"])
@@ -34,7 +35,7 @@ SHOWN_ALLOCATIONS = (AllocationState.PENDING, AllocationState.RUNNING, Allocatio
     "jobs show without id and name, unless the caller is an admin.",
     responses=errors(401),
 )
-def cluster(session: SessionDep, user: CurrentUser) -> ClusterOut:
+def cluster(session: SessionDep, user: CurrentUser, services: ServicesDep) -> ClusterOut:
     capacities = node_capacities(session)
     capacity = {node.name: node for node in capacities}
     nodes = list(session.scalars(select(Node).order_by(Node.name)))
@@ -61,7 +62,7 @@ def cluster(session: SessionDep, user: CurrentUser) -> ClusterOut:
                     state=AllocationState(alloc.state),
                 )
             )
-    queue = queue_view(session, capacities)
+    queue = queue_view(session, capacities, quotas=Limits.defaults(services.settings))
     owners = {entry.job_id: entry.owner_id for entry in queue}
     owners.update({job.id: job.owner_id for job in jobs})
 

@@ -10,6 +10,7 @@ from api.deps import CurrentUser, ServicesDep, SessionDep
 from api.schemas import DatasetOut, errors
 from dsl.data_config import DATASET_NAME_PATTERN
 from scheduler.datasets import list_datasets, save_dataset
+from scheduler.quotas import check_dataset_storage, limits_for
 from scheduler.store import aware
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
@@ -23,8 +24,9 @@ router = APIRouter(prefix="/datasets", tags=["datasets"])
     description="A numpy .npz archive (arrays x, y and optionally x_test, y_test) or a numeric "
     ".csv table, told apart by the file name's extension and checked by content. Jobs use it "
     "as `data: {source: dataset, name: NAME}`. Names are unique per user (409 if taken); the "
-    "size limit is the server's max_dataset_bytes (413).",
-    responses=errors(401, 409, 413, 415, 422),
+    "size limit is the server's max_dataset_bytes (413); 403 if the user's datasets would "
+    "pass their quota dataset_bytes.",
+    responses=errors(401, 403, 409, 413, 415, 422),
 )
 def upload_dataset(
     file: Annotated[UploadFile, File(description="the .npz or .csv file")],
@@ -48,6 +50,7 @@ def upload_dataset(
         artifacts=services.settings.artifacts(),
         max_bytes=services.settings.max_dataset_bytes,
     )
+    check_dataset_storage(session, user, limits_for(session, user, services.settings), record)
     session.commit()
     return DatasetOut(
         name=record.name,

@@ -18,6 +18,7 @@ from api.deps import (
     SessionDep,
     VisibleJob,
 )
+from api.policy import AdmittedLimits, check_job_quotas
 from api.schemas import (
     CheckpointOut,
     EventOut,
@@ -124,15 +125,21 @@ def compiled_job(job: Job, user: User, session: Session, services: Services) -> 
     description="The body is the job's YAML (application/yaml, application/x-yaml, text/yaml "
     "or text/plain) or JSON `{spec, overrides, priority}`. The job is validated and compiled "
     "first (422 with located errors if it is not valid), then queued. A document with a "
-    "`search` section is a sweep: 422 here, POST /sweeps takes it.",
+    "`search` section is a sweep: 422 here, POST /sweeps takes it. 403 for a priority above "
+    "the default (admins only) or a job past the user's quotas, 429 past the submission rate.",
     openapi_extra=SUBMIT_BODY,
-    responses=errors(401, 413, 415, 422),
+    responses=errors(401, 403, 413, 415, 422, 429),
 )
 def submit_job(
-    user: CurrentUser, submission: SubmissionDep, session: SessionDep, services: ServicesDep
+    user: CurrentUser,
+    submission: SubmissionDep,
+    limits: AdmittedLimits,
+    session: SessionDep,
+    services: ServicesDep,
 ) -> JobDetail:
     checked = check_submission(session, user, submission, services.settings)
     refuse_sweep(checked)
+    check_job_quotas(session, user, limits, checked)
     job = store.create_job(
         session,
         user,

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Path, Query
 from sqlalchemy.orm import Session
 
 from api.deps import MAX_INT, CurrentUser, ServicesDep, SessionDep
+from api.policy import AdmittedLimits, check_job_quotas
 from api.routes.jobs import detail_of as job_detail
 from api.schemas import (
     ObjectiveOut,
@@ -111,14 +112,20 @@ def detail_of(session: Session, sweep: Sweep) -> SweepDetail:
     summary="Submit a sweep",
     description="The body is a job document with a `search` section, as YAML or JSON (as for "
     "POST /jobs). The base job and every value of the search space are checked first (422 "
-    "with located errors); then the scheduler runs the trials, each an ordinary job.",
+    "with located errors); then the scheduler runs the trials, each an ordinary job. The "
+    "base job is held to the user's quotas, and the submission to their rate, as for POST /jobs.",
     openapi_extra=SUBMIT_BODY,
-    responses=errors(401, 413, 415, 422),
+    responses=errors(401, 403, 413, 415, 422, 429),
 )
 def submit_sweep(
-    user: CurrentUser, submission: SubmissionDep, session: SessionDep, services: ServicesDep
+    user: CurrentUser,
+    submission: SubmissionDep,
+    limits: AdmittedLimits,
+    session: SessionDep,
+    services: ServicesDep,
 ) -> SweepDetail:
     checked = check_sweep_submission(session, user, submission, services.settings)
+    check_job_quotas(session, user, limits, checked.checked)
     sweep = create_sweep(
         session,
         user,

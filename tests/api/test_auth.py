@@ -37,6 +37,13 @@ def every_route(job_id: int) -> list[tuple[str, str]]:
         ("POST", "/api/v1/datasets"),
         ("GET", "/api/v1/metrics"),
         ("GET", "/metrics"),
+        ("GET", "/api/v1/tokens"),
+        ("POST", "/api/v1/tokens"),
+        ("DELETE", "/api/v1/tokens/1"),
+        ("GET", "/api/v1/quota"),
+        ("GET", "/api/v1/users/alice/quota"),
+        ("PATCH", "/api/v1/users/alice/quota"),
+        ("POST", f"/api/v1/jobs/{job_id}/stream-ticket"),
         *(("GET", f"/api/v1/jobs/{job_id}{path}") for path in JOB_READS),
     ]
 

@@ -48,9 +48,9 @@ def add_node(api: Any, name: str = "node-a", slots: int = 4, gpus: int = 0) -> i
 
 
 def test_submit_yaml_returns_the_queued_job(api: Any) -> None:
-    job = api.submit(MLP, priority=4)
+    job = api.submit(MLP, priority=-4)
     assert job["state"] == "QUEUED" and job["name"] == "digits-mlp"
-    assert job["owner"] == "alice" and job["priority"] == 4 and job["queue_position"] == 1
+    assert job["owner"] == "alice" and job["priority"] == -4 and job["queue_position"] == 1
     assert job["train_steps"] == 2000 and job["progress"] == 0.0 and job["step"] == 0
     assert job["topology"]["workers"] == 1 and job["framework"] == "local"
     assert job["spec_yaml"] == MLP and job["duration_seconds"] is None
@@ -88,11 +88,11 @@ def test_submit_json_with_overrides_and_a_mapping_spec(api: Any) -> None:
         "train_steps": 10,
     }
     response = api.client.post(
-        "/api/v1/jobs", json={"spec": mapping, "priority": 2}, headers=api.auth()
+        "/api/v1/jobs", json={"spec": mapping, "priority": -2}, headers=api.auth()
     )
     assert response.status_code == 201, response.text
     body = response.json()
-    assert body["priority"] == 2 and "name: from-json" in body["spec_yaml"]
+    assert body["priority"] == -2 and "name: from-json" in body["spec_yaml"]
     with api.db.session() as session:
         # only the keys written: the synthetic source's task checks stay satisfied on reload
         assert session.get(Job, body["id"]).spec["data"] == mapping["data"]
@@ -155,7 +155,8 @@ def test_list_filters_pages_and_hides_other_users_jobs(api: Any) -> None:
     queued = api.client.get(
         "/api/v1/jobs", params={"state": ["QUEUED", "RUNNING"]}, headers=api.auth()
     ).json()["items"]
-    assert [item["queue_position"] for item in queued] == [4, 3, 2, 1]  # bob's job is 5th
+    # fair share: bob's job takes its turn after alice's first one
+    assert [item["queue_position"] for item in queued] == [5, 4, 3, 1]
     named = api.client.get("/api/v1/jobs", params={"name": "mlp-3"}, headers=api.auth()).json()
     assert [item["id"] for item in named["items"]] == [ids[3]]
     everyone = api.client.get("/api/v1/jobs", headers=api.auth("admin")).json()["items"]
@@ -171,8 +172,8 @@ def test_listed_jobs_are_their_detail_views(api: Any) -> None:
 
     started = datetime(2026, 11, 23, 10, 0, 0, tzinfo=UTC)  # no microseconds
     ids = [api.submit(MLP.replace("digits-mlp", name))["id"] for name in ("a", "b_1.x", "c", "d")]
-    low = api.submit(MLP.replace("digits-mlp", "queued-later"), priority=-1)["id"]
-    high = api.submit(MLP.replace("digits-mlp", "queued-first"), priority=7)["id"]
+    low = api.submit(MLP.replace("digits-mlp", "queued-later"), priority=-2)["id"]
+    high = api.submit(MLP.replace("digits-mlp", "queued-first"), priority=-1)["id"]
     set_state(
         api,
         ids[0],

@@ -4,7 +4,6 @@ as a query parameter (a browser's EventSource cannot send headers)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -59,23 +58,52 @@ def test_dashboard_pages_at_the_root_never_hide_the_api(api: Any, tmp_path: Path
         assert client.get("/healthz").json()["status"] == "ok"
 
 
-def test_stream_takes_the_token_as_a_query_parameter(api: Any) -> None:
+def test_stream_takes_a_one_use_ticket_for_one_job_never_the_token(api: Any) -> None:
     job_id = api.submit(MLP)["id"]
+    other_id = api.submit(MLP)["id"]
     with api.db.session() as session:
         transition(session, session.get(Job, job_id), JobState.CANCELLED, "test: ended")
     url = f"/api/v1/jobs/{job_id}/stream"
-    with api.client.stream("GET", url, params={"token": api.tokens["alice"]}) as response:
+
+    def ticket(user: str = "alice", job: int = job_id) -> str:
+        issued = api.client.post(f"/api/v1/jobs/{job}/stream-ticket", headers=api.auth(user))
+        assert issued.status_code == 200, issued.text
+        assert issued.json()["expires_in"] == api.settings.stream_ticket_seconds
+        return str(issued.json()["ticket"])
+
+    first = ticket()
+    with api.client.stream("GET", url, params={"ticket": first}) as response:
         assert response.status_code == 200
         kinds = [
             line.split(": ", 1)[1] for line in response.iter_lines() if line.startswith("event")
         ]
     assert kinds == ["state", "end"]
-    assert api.client.get(url, params={"token": "wrong"}).status_code == 401
-    assert api.client.get(url, params={"token": api.tokens["bob"]}).status_code == 404
-    # The header wins over the query parameter.
-    response = api.client.get(url, params={"token": api.tokens["alice"]}, headers=api.auth("bob"))
+    used = api.client.get(url, params={"ticket": first})
+    assert used.status_code == 401 and "used or expired stream ticket" in used.json()["detail"]
+    assert api.client.get(url, params={"ticket": "wrong"}).status_code == 401
+    elsewhere = api.client.get(f"/api/v1/jobs/{other_id}/stream", params={"ticket": ticket()})
+    assert elsewhere.status_code == 401
+    assert f"for job {job_id}, not job {other_id}" in elsewhere.json()["detail"]
+    # The long-lived token is no longer taken in the URL.
+    refused = api.client.get(url, params={"token": api.tokens["alice"]})
+    assert refused.status_code == 401 and refused.json()["detail"].startswith("missing API token")
+    # Only the job's owner (or an admin) gets a ticket; the header wins over a ticket.
+    nope = api.client.post(f"/api/v1/jobs/{job_id}/stream-ticket", headers=api.auth("bob"))
+    assert nope.status_code == 404
+    response = api.client.get(url, params={"ticket": ticket()}, headers=api.auth("bob"))
     assert response.status_code == 404
-    assert json.loads(api.client.get(url).text)["detail"].startswith("missing API token")
+
+
+def test_a_stream_ticket_expires(api: Any) -> None:
+    job_id = api.submit(MLP)["id"]
+    issued = api.client.post(f"/api/v1/jobs/{job_id}/stream-ticket", headers=api.auth())
+    key = api.keys.stream_ticket(issued.json()["ticket"])
+    assert 0 < api.redis.ttl(key) <= api.settings.stream_ticket_seconds
+    api.redis.delete(key)  # what its TTL does
+    response = api.client.get(
+        f"/api/v1/jobs/{job_id}/stream", params={"ticket": issued.json()["ticket"]}
+    )
+    assert response.status_code == 401
 
 
 def test_the_api_thread_pool_is_sized_by_the_settings(api: Any) -> None:

@@ -17,6 +17,7 @@ import type {
   PipelineOut,
   SeriesOut,
   StageTimelineOut,
+  StreamTicket,
   ValidationOut,
 } from "./types.gen";
 
@@ -175,7 +176,12 @@ export const api = {
   examples: () => json<Example[]>("/examples"),
 };
 
-/** The live stream of a job. EventSource cannot send headers, so the token rides in the query. */
-export function streamUrl(id: number): string {
-  return url(`/jobs/${id}/stream`, { token: getToken() });
+/**
+ * The live stream of a job. EventSource cannot send headers, and the long-lived token must not
+ * ride in a URL (logs, history): the URL carries a ticket that opens this job's stream once,
+ * within a minute. `lastEventId` resumes after the last event seen (a reconnection).
+ */
+export async function streamUrl(id: number, lastEventId?: string): Promise<string> {
+  const { ticket } = await json<StreamTicket>(`/jobs/${id}/stream-ticket`, { method: "POST" });
+  return url(`/jobs/${id}/stream`, { ticket, last_event_id: lastEventId });
 }

@@ -247,6 +247,52 @@ export interface PipelineOut {
   timelines: StageTimelineOut[];
 }
 
+/** One value per quota; null: no limit. */
+export interface QuotaLimits {
+  /** jobs placed at once; more wait in the queue */
+  running_jobs: number | null;
+  /** worker slots held by placed jobs; more wait in the queue */
+  slots: number | null;
+  /** GPUs held by placed jobs; more wait in the queue */
+  gpus: number | null;
+  /** largest train_steps of a submitted job (403 past it) */
+  train_steps: number | null;
+  /** bytes of uploaded datasets kept (403 past it) */
+  dataset_bytes: number | null;
+  /** bytes of checkpoints kept; submissions get 403 while past it */
+  artifact_bytes: number | null;
+  /** jobs and sweeps submitted in any minute (429 past it) */
+  submissions_per_minute: number | null;
+}
+
+export interface QuotaUsage {
+  /** scheduled and running jobs */
+  running_jobs: number;
+  /** slots their live processes hold */
+  slots: number;
+  gpus: number;
+  dataset_bytes: number;
+  /** checkpoints of the user's jobs */
+  artifact_bytes: number;
+}
+
+export interface QuotaOut {
+  user: string;
+  /** in force: the user's own where set, else defaults */
+  limits: QuotaLimits;
+  /** the quotas set for this user (not the defaults) */
+  overrides: string[];
+  usage: QuotaUsage;
+}
+
+export interface StreamTicket {
+  /** pass as ?ticket= to GET /jobs/{job_id}/stream, once */
+  ticket: string;
+  job_id: number;
+  /** seconds left to open the stream with it */
+  expires_in: number;
+}
+
 export interface ObjectiveOut {
   metric: string;
   mode: "min" | "max";
@@ -321,6 +367,23 @@ export interface SweepPage {
   items: SweepOut[];
   /** pass as ?before= for the next page; null at end */
   next_before: number | null;
+}
+
+export interface TokenOut {
+  id: number;
+  name: string;
+  /** the token's owner */
+  user: string;
+  created_at: string;
+  /** unset: never expires */
+  expires_at: string | null;
+  /** to the minute */
+  last_used_at: string | null;
+}
+
+export interface TokenCreated extends TokenOut {
+  /** the secret: shown this once, only its hash is stored */
+  token: string;
 }
 
 export interface LayerOut {

@@ -2,7 +2,15 @@
 // compiled net, a pipelined job's stages and timelines, the events timeline, logs with follow,
 // checkpoints and the job's YAML.
 
-import { type Job, type StageTimeline, TERMINAL, api, isPipelined, streamUrl } from "../api";
+import {
+  ApiError,
+  type Job,
+  type StageTimeline,
+  TERMINAL,
+  api,
+  isPipelined,
+  streamUrl,
+} from "../api";
 import { fill, formatDuration, formatTime, h } from "../dom";
 import type { Params, Scope } from "../scope";
 import { errorText } from "../scope";
@@ -196,11 +204,44 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
           : "";
   };
 
-  // Only a job that has not ended has anything to stream.
-  const follow = () => {
-    const source = new EventSource(streamUrl(id));
-    scope.onDispose(() => source.close());
-    source.addEventListener("metric", (event) => {
+  // Only a job that has not ended has anything to stream. A ticket opens the stream once: when
+  // the connection drops, the browser's own retry would be refused, so a new ticket reopens it
+  // after the last event seen.
+  let lastEventId: string | undefined;
+  let ended = false;
+  let source: EventSource | null = null;
+  scope.onDispose(() => {
+    ended = true;
+    source?.close();
+  });
+  const follow = async () => {
+    if (ended) return;
+    let opened: EventSource;
+    try {
+      opened = new EventSource(await streamUrl(id, lastEventId));
+    } catch (error) {
+      // The job is gone or the token no longer works: nothing to follow. Else try again.
+      const final = error instanceof ApiError && error.status < 500 && error.status !== 429;
+      if (!final) window.setTimeout(() => void follow(), 3000);
+      return;
+    }
+    if (ended) {
+      opened.close();
+      return;
+    }
+    source = opened;
+    const seen = (event: Event) => {
+      const last = (event as MessageEvent).lastEventId;
+      if (last) lastEventId = last;
+    };
+    for (const kind of ["metric", "log", "checkpoint", "timeline"]) {
+      opened.addEventListener(kind, seen);
+    }
+    opened.addEventListener("error", () => {
+      opened.close();
+      if (!ended) window.setTimeout(() => void follow(), 1000);
+    });
+    opened.addEventListener("metric", (event) => {
       const m = JSON.parse((event as MessageEvent).data) as MetricEvent;
       emit("metric", m);
       if (pending) pending.push(m);
@@ -209,14 +250,15 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
         chartNote.textContent = "";
       }
     });
-    source.addEventListener("log", () => emit("log", undefined));
-    source.addEventListener("checkpoint", () => emit("checkpoint", undefined));
-    source.addEventListener("timeline", (event) =>
+    opened.addEventListener("log", () => emit("log", undefined));
+    opened.addEventListener("checkpoint", () => emit("checkpoint", undefined));
+    opened.addEventListener("timeline", (event) =>
       emit("timeline", JSON.parse((event as MessageEvent).data) as StageTimeline),
     );
-    source.addEventListener("state", () => void refresh().catch(() => undefined));
-    source.addEventListener("end", () => {
-      source.close();
+    opened.addEventListener("state", () => void refresh().catch(() => undefined));
+    opened.addEventListener("end", () => {
+      ended = true;
+      opened.close();
       // Reload once: points the ingester stored after the last live event are drawn too.
       void refresh()
         .then(loadHistory)
@@ -232,7 +274,7 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
       const wanted = (params.tab ?? "charts") as Tab;
       const known = TABS.includes(wanted) && (wanted !== "pipeline" || pipelined);
       select(known ? wanted : "charts");
-      if (job && !TERMINAL.has(job.state)) follow();
+      if (job && !TERMINAL.has(job.state)) void follow();
       return loadHistory();
     })
     .catch((error) => fill(header, errorBox(errorText(error))));
