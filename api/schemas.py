@@ -360,6 +360,7 @@ class Health(BaseModel):
 ERROR_DESCRIPTIONS = {
     400: "bad request",
     401: "missing or invalid API token",
+    403: "refused: not allowed, or a recorded file lies outside the artifact directory",
     404: "no such object, or not yours",
     409: "not allowed in the object's current state",
     413: "request body too large",

@@ -14,6 +14,7 @@ import logging
 import math
 import threading
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Protocol, cast
 
 import redis
@@ -44,6 +45,7 @@ from scheduler.models import (
     PipelineTimeline,
     utcnow,
 )
+from scheduler.paths import confine
 
 log = logging.getLogger("trainyard.ingest")
 
@@ -89,6 +91,8 @@ class Batch:
     max_step: int | None = None
     latest: dict[str, float] = field(default_factory=dict)  # group 0 rank 0, finite values
     best: float | None = None
+    # Checkpoint paths must lie in here (UnsafePath, a ValueError, drops the record); None: any
+    artifacts: Path | None = None
 
     def add(self, job_id: int, record: records.Record) -> None:
         match record:
@@ -105,7 +109,11 @@ class Batch:
                     }
                 )
             case records.CheckpointRecord():
-                self.checkpoints[record.step] = (record.path, record.size)
+                path = record.path
+                if self.artifacts is not None:
+                    what = f"job {job_id}'s checkpoint at step {record.step}"
+                    path = str(confine(path, self.artifacts, what=what))
+                self.checkpoints[record.step] = (path, record.size)
             case records.TimelineRecord():
                 self.timelines[(record.group, record.rank)] = record
             case records.StateRecord():
@@ -140,8 +148,10 @@ class Batch:
         self.max_step = step if self.max_step is None else max(self.max_step, step)
 
 
-def parse_batch(job_id: int, entries: list[tuple[Any, Any]]) -> Batch:
-    batch = Batch()
+def parse_batch(
+    job_id: int, entries: list[tuple[Any, Any]], artifacts: Path | None = None
+) -> Batch:
+    batch = Batch(artifacts=artifacts)
     for entry_id, raw in entries:
         if not raw:  # trimmed from the stream while pending
             continue
@@ -290,8 +300,10 @@ class Ingester:
         count: int = BATCH,
         consumer: str = CONSUMER,
         pruning: Pruning | None = None,
+        artifacts: Path | None = None,
     ) -> None:
         self.db, self.client, self.keys = db, client, keys
+        self.artifacts = artifacts  # where checkpoint records may point
         self.count, self.consumer = count, consumer
         self.pruning = pruning  # a sweep's trials: their intermediate values to its pruner
         self._groups: set[str] = set()
@@ -350,7 +362,7 @@ class Ingester:
             if state is None or JobState(state).terminal:
                 self._retire(job_id, stream)
             return 0
-        batch = parse_batch(job_id, entries)
+        batch = parse_batch(job_id, entries, self.artifacts)
         pruned = None
         if self.pruning is not None and batch.metrics:
             pruned = self.pruning.pruned_at(job_id, batch.metrics)

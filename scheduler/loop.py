@@ -384,7 +384,7 @@ def run_scheduler(settings: Settings, stop: threading.Event) -> None:
     celery = create_celery(settings)
     settings.artifacts().mkdir(parents=True, exist_ok=True)
     pruning = TrialPruning(db, settings.sql_url())  # sweeps' trials: metrics to their pruners
-    ingester = Ingester(db, client, keys, pruning=pruning)
+    ingester = Ingester(db, client, keys, pruning=pruning, artifacts=settings.artifacts())
     threads = [
         threading.Thread(target=ingester.run_until, args=(stop,), name="ingest"),
         threading.Thread(target=run_sweeps, args=(db, settings, client, keys, stop), name="sweeps"),
