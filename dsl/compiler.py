@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from dsl.errors import DataSourceError, JobSpecError, SpecIssue
 from dsl.graph import SourceRef, resolve_dag
 from dsl.init import initialise
-from dsl.layers.base import BuildContext, LayerConfig, LayerShapeError, Shape
+from dsl.layers.base import BuildContext, Layer, LayerConfig, LayerShapeError, Shape
 from dsl.net import CompiledLayer, NeuralNet
 from dsl.overrides import apply_overrides
 from dsl.pipeline import pipeline_issues
@@ -279,7 +279,7 @@ TORCH_SIZE_ERRORS = (RuntimeError, TypeError, OverflowError, ValueError, MemoryE
 
 def _build_layer(
     layer: LayerConfig, in_shapes: list[Shape], ctx: BuildContext, *, budget: int
-) -> tuple[torch.nn.Module, Shape | list[Shape]]:
+) -> tuple[Layer, Shape | list[Shape]]:
     """The layer's module and output shape, counted first on the meta device (no memory)."""
     try:
         with torch.device("meta"):
