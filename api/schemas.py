@@ -358,7 +358,7 @@ class Health(BaseModel):
 
 
 ERROR_DESCRIPTIONS = {
-    400: "bad request",
+    400: "malformed request body (multipart form data that cannot be parsed)",
     401: "missing or invalid API token",
     403: "refused: not allowed, or a recorded file lies outside the artifact directory",
     404: "no such object, or not yours",

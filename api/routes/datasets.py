@@ -24,7 +24,7 @@ router = APIRouter(prefix="/datasets", tags=["datasets"])
     ".csv table, told apart by the file name's extension and checked by content. Jobs use it "
     "as `data: {source: dataset, name: NAME}`. Names are unique per user (409 if taken); the "
     "size limit is the server's max_dataset_bytes (413).",
-    responses=errors(401, 409, 413, 415, 422),
+    responses=errors(400, 401, 409, 413, 415, 422),
 )
 def upload_dataset(
     file: Annotated[UploadFile, File(description="the .npz or .csv file")],
