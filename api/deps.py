@@ -192,6 +192,9 @@ def authenticate(
     user, row = found
     if session.dirty:  # the token's last_used_at moved (at most once a minute)
         session.commit()
+    # The cached user is shared by requests: out of this session, a rollback here (a failed
+    # insert) cannot expire it under the others.
+    session.expunge(user)
     tokens.put(token_hash, user, row.expires_at)
     return user
 

@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException
 from dsl.errors import JobSpecError
 from scheduler.datasets import TooLarge, UnsupportedKind
 from scheduler.lifecycle import IllegalTransition
+from scheduler.paths import UnsafePath
 from scheduler.quotas import QuotaExceeded
 from scheduler.store import Conflict, InvalidRequest, NotFound, StoreError
 
@@ -75,6 +76,12 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(IllegalTransition)
     async def illegal_transition(_: Request, exc: IllegalTransition) -> JSONResponse:
         return error_response(409, str(exc))
+
+    @app.exception_handler(UnsafePath)
+    async def unsafe_path(request: Request, exc: UnsafePath) -> JSONResponse:
+        # A record that points out of the artifact directory: tampering or a bug elsewhere.
+        log.warning("refused %s %s: %s", request.method, request.url.path, exc)
+        return error_response(403, str(exc))
 
     @app.exception_handler(RequestValidationError)
     async def request_validation(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from dsl.errors import DataSourceError, JobSpecError, SpecIssue
 from dsl.graph import SourceRef, resolve_dag
 from dsl.init import initialise
-from dsl.layers.base import BuildContext, LayerConfig, LayerShapeError, Shape
+from dsl.layers.base import BuildContext, Layer, LayerConfig, LayerShapeError, Shape
 from dsl.net import CompiledLayer, NeuralNet
 from dsl.overrides import apply_overrides
 from dsl.pipeline import pipeline_issues
@@ -54,6 +54,10 @@ class CompiledJob:
     def total_params(self) -> int:
         return sum(row.params for row in self.table)
 
+
+# A net past this cannot train on the service, and building it would take the memory of the
+# process that checks it (the API): layers are counted on the meta device before they are built.
+MAX_PARAMS = 1_000_000_000
 
 DataDescription = BuildContext | Callable[[JobSpec], BuildContext]
 Rules = Callable[[JobSpec, SourceMap], list[SpecIssue]]
@@ -210,6 +214,7 @@ def _build_net(
     position = {layer.name: i for i, layer in enumerate(spec.neuralnet.layers)}
     shapes: dict[str, Shape | list[Shape]] = {}
     compiled: list[CompiledLayer] = []
+    total = 0  # parameters so far
     for layer in order:
         path = ("neuralnet", "layers", position[layer.name])
         refs = [SourceRef.parse(text) for text in layer.srclayers]
@@ -217,7 +222,12 @@ def _build_net(
             continue  # a source failed to build; its own issue is already reported
         in_shapes = [_shape_of(shapes[ref.layer], ref) for ref in refs]
         try:
-            module, out_shape = layer.build(in_shapes, ctx)
+            module, out_shape = _build_layer(layer, in_shapes, ctx, budget=MAX_PARAMS - total)
+        except _Unbuildable as exc:
+            issues.append(
+                source.issue(path, f"layer '{layer.name}' ({layer.type}): {exc}", exc.hint)
+            )
+            continue
         except LayerShapeError as exc:
             where = (*path, exc.field) if exc.field else (*path, "type")
             got = ", ".join(str(list(s)) for s in in_shapes) or "none"
@@ -230,6 +240,7 @@ def _build_net(
             )
             continue
         issues.extend(_param_key_issues(layer, module, path, source))
+        total += sum(p.numel() for p in module.parameters())
         shapes[layer.name] = out_shape
         compiled.append(CompiledLayer(layer, module, out_shape, refs))
     if issues:
@@ -252,6 +263,47 @@ def _build_net(
         for c in compiled
     ]
     return net, table
+
+
+class _Unbuildable(Exception):
+    """Sizes the layer cannot be built with (too many parameters, numbers past torch's)."""
+
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+# What torch raises for sizes it cannot allocate or represent (past 64 bits, out of memory).
+TORCH_SIZE_ERRORS = (RuntimeError, TypeError, OverflowError, ValueError, MemoryError)
+
+
+def _build_layer(
+    layer: LayerConfig, in_shapes: list[Shape], ctx: BuildContext, *, budget: int
+) -> tuple[Layer, Shape | list[Shape]]:
+    """The layer's module and output shape, counted first on the meta device (no memory)."""
+    try:
+        with torch.device("meta"):
+            probe, _ = layer.build(in_shapes, ctx)
+    except LayerShapeError:
+        raise
+    except TORCH_SIZE_ERRORS:
+        probe = None  # built for real below, where the same sizes fail the same way
+    if probe is not None:
+        count = sum(p.numel() for p in probe.parameters())
+        if count > budget:
+            raise _Unbuildable(
+                f"{count:,} parameters take the net past the limit of {MAX_PARAMS:,}",
+                "use fewer units, filters or a smaller input",
+            )
+    try:
+        return layer.build(in_shapes, ctx)
+    except LayerShapeError:
+        raise
+    except TORCH_SIZE_ERRORS as exc:
+        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise _Unbuildable(
+            f"cannot be built with these sizes ({first})", "check its sizes and the input's"
+        ) from None
 
 
 def _shape_of(shape: Shape | list[Shape], ref: SourceRef) -> Shape:

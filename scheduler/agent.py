@@ -87,20 +87,19 @@ def detect_gpus(settings: Settings) -> int:
 
 
 def entry_command(settings: Settings) -> list[str]:
+    """The worker's command line. The Redis URLs (with their passwords) reach it in the
+    environment it inherits (REDIS_URL, REDIS_PS_URLS), never here: any local user can read
+    a process's command line."""
     assert settings.redis_url is not None
     return [
         sys.executable,
         "-m",
         "workers.entry",
         "--standby",
-        "--redis-url",
-        settings.redis_url,
         "--prefix",
         settings.redis_prefix,
         "--cache-dir",
         str(settings.cache_dir()),
-        "--ps-urls",
-        ",".join(settings.ps_urls()),
     ]
 
 

@@ -9,13 +9,16 @@ trains on other data than it was checked against.
 from __future__ import annotations
 
 import csv
+import os
 import re
+import tempfile
 import zipfile
 from pathlib import Path
 from typing import BinaryIO, Literal
 
 import numpy as np
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from dsl.data_config import DATASET_NAME_PATTERN
@@ -58,10 +61,57 @@ def check_name(name: str) -> None:
         )
 
 
-def check_content(path: Path, kind: Kind) -> None:
-    """A cheap look at the file: the kind its name claims, readable without code execution.
-    Which arrays or columns a job uses is checked when a job names the dataset."""
+def check_npz_sizes(path: Path, max_bytes: int) -> None:
+    """Refuse an archive whose arrays would unpack past `max_bytes`, before unpacking any.
+
+    Reads only the zip's directory (each member's declared size, which the zip reader also
+    holds it to) and each .npy header (a few hundred bytes at the head of a member): a small
+    upload that inflates to gigabytes of zeros is caught without inflating it.
+    """
+    total = 0
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+            for member in members:
+                total += member.file_size
+                if total > max_bytes:
+                    raise TooLarge(
+                        f"the arrays of the .npz archive would unpack to more than the limit of "
+                        f"{max_bytes} bytes (member '{member.filename}' alone declares "
+                        f"{member.file_size} bytes); nothing was unpacked"
+                    )
+            for member in members:
+                if member.filename.endswith(".npy"):
+                    _check_npy_header(archive, member, max_bytes)
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as error:
+        raise InvalidRequest(
+            f"the file is not a readable numpy .npz archive ({error}); write it with "
+            "numpy.savez(path, x=..., y=...) and no object arrays"
+        ) from None
+
+
+def _check_npy_header(archive: zipfile.ZipFile, member: zipfile.ZipInfo, max_bytes: int) -> None:
+    with archive.open(member) as stream:
+        version = np.lib.format.read_magic(stream)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(stream)
+        else:
+            shape, _, dtype = np.lib.format.read_array_header_2_0(stream)
+    nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if nbytes > max_bytes:
+        raise TooLarge(
+            f"array '{member.filename.removesuffix('.npy')}' of the .npz archive has shape "
+            f"{tuple(shape)} of {dtype} ({nbytes} bytes), more than the limit of {max_bytes} "
+            "bytes; nothing was unpacked"
+        )
+
+
+def check_content(path: Path, kind: Kind, max_bytes: int) -> None:
+    """A cheap look at the file: the kind its name claims, readable without code execution,
+    no larger unpacked than `max_bytes`. Which arrays or columns a job uses is checked when a
+    job names the dataset."""
     if kind == "npz":
+        check_npz_sizes(path, max_bytes)
         try:
             with np.load(path, allow_pickle=False) as archive:
                 if not archive.files:
@@ -100,18 +150,22 @@ def save_dataset(
     artifacts: Path,
     max_bytes: int,
 ) -> DatasetRecord:
-    """Store an upload: checked, written to a temporary file, renamed into place, recorded."""
+    """Store an upload: written to a temporary file of its own, checked, recorded, renamed
+    into place. The record claims the name (a unique index) before the file takes the final
+    path, so of two uploads of one name at once the second is a Conflict and never replaces
+    the first's file. The caller commits."""
     check_name(name)
     kind = kind_of(filename)
     if get_dataset(session, owner.id, name) is not None:
-        raise Conflict(f"you already have a dataset named '{name}'; upload under another name")
+        raise Conflict(_taken(name))
     folder = dataset_dir(artifacts, owner.id)
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"{name}.{kind}"
-    partial = folder / f".{name}.{kind}.partial"
+    handle, partial_name = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".partial")
+    partial = Path(partial_name)
     size = 0
     try:
-        with partial.open("wb") as out:
+        with os.fdopen(handle, "wb") as out:
             while chunk := content.read(CHUNK):
                 size += len(chunk)
                 if size > max_bytes:
@@ -119,14 +173,21 @@ def save_dataset(
                 out.write(chunk)
         if size == 0:
             raise InvalidRequest("the uploaded file is empty")
-        check_content(partial, kind)
+        check_content(partial, kind, max_bytes)
+        record = DatasetRecord(owner_id=owner.id, name=name, kind=kind, path=str(final), size=size)
+        session.add(record)
+        try:
+            session.flush()
+        except IntegrityError:  # the caller's session is spent: it rolls back, not us
+            raise Conflict(_taken(name)) from None
         partial.replace(final)
     finally:
         partial.unlink(missing_ok=True)
-    record = DatasetRecord(owner_id=owner.id, name=name, kind=kind, path=str(final), size=size)
-    session.add(record)
-    session.flush()
     return record
+
+
+def _taken(name: str) -> str:
+    return f"you already have a dataset named '{name}'; upload under another name"
 
 
 def get_dataset(session: Session, owner_id: int, name: str) -> DatasetRecord | None:

@@ -56,7 +56,8 @@ class Ingester:
         self.db, self.client, self.keys = db, client, keys
         self.count, self.consumer = count, consumer
         self.pruning = pruning  # a sweep's trials: their intermediate values to its pruner
-        self.artifacts = artifacts  # run directories: restarts continue from their points
+        # Run directories: restarts continue from their points, checkpoint records point there.
+        self.artifacts = artifacts
         self._groups: set[str] = set()
         self._recovered: set[str] = set()  # streams whose pending records were re-read
         self.last_pass = 0.0  # time.time() of the last completed pass (/healthz)
@@ -136,7 +137,7 @@ class Ingester:
             return 0
         with self.db.session() as session:
             attempt = session.scalar(select(Job.attempt).where(Job.id == job_id)) or 0
-        batch = parse_batch(job_id, entries, attempt)
+        batch = parse_batch(job_id, entries, attempt, self.artifacts)
         pruned = None
         if self.pruning is not None and batch.metrics:
             pruned = self.pruning.pruned_at(job_id, batch.metrics)
@@ -148,7 +149,7 @@ class Ingester:
                 if job is not None:
                     found = True
                     if job.attempt != attempt:  # placed again since the look above
-                        batch = parse_batch(job_id, entries, job.attempt)
+                        batch = parse_batch(job_id, entries, job.attempt, self.artifacts)
                     was_terminal = JobState(job.state).terminal
                     apply_batch(session, job, batch, pruned, effects)
                     terminal = JobState(job.state).terminal

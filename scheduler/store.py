@@ -37,6 +37,7 @@ from scheduler.models import (
     User,
     utcnow,
 )
+from scheduler.paths import UnsafePath, confine
 
 TOKEN_TOUCH_INTERVAL = timedelta(minutes=1)
 
@@ -264,9 +265,13 @@ def delete_job(
     state = JobState(job.state)
     if not state.terminal:
         raise Conflict(f"job {job.id} is {state}; cancel it and wait until it ends to delete it")
-    paths = session.scalars(select(CheckpointRecord.path).where(CheckpointRecord.job_id == job.id))
+    recorded = session.scalars(
+        select(CheckpointRecord.path).where(CheckpointRecord.job_id == job.id)
+    )
+    # Every path is checked before any is deleted: one that leads out refuses the whole delete.
+    paths = [confine(path, artifacts, what=f"job {job.id}'s checkpoint") for path in recorded]
     for path in paths:
-        Path(path).unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
     shutil.rmtree(job_run_dir(artifacts, job.id), ignore_errors=True)
     session.execute(delete(Job).where(Job.id == job.id))
     pipe = client.pipeline(transaction=False)
@@ -307,17 +312,28 @@ def log_lines(
     return lines, lines[-1].id if lines else after
 
 
-def checkpoints(session: Session, job_id: int) -> list[CheckpointRecord]:
-    """The checkpoints still on disk (the trainer keeps the newest `checkpoint.keep`)."""
+def checkpoints(session: Session, job_id: int, *, artifacts: Path) -> list[CheckpointRecord]:
+    """The checkpoints still on disk (the trainer keeps the newest `checkpoint.keep`); one
+    recorded outside the artifact directory is not looked at, so not listed."""
     records = session.scalars(
         select(CheckpointRecord)
         .where(CheckpointRecord.job_id == job_id)
         .order_by(CheckpointRecord.step)
     )
-    return [record for record in records if Path(record.path).is_file()]
+    return [record for record in records if _confined_file(record.path, artifacts)]
 
 
-def checkpoint_file(session: Session, job_id: int, step: int) -> tuple[CheckpointRecord, Path]:
+def _confined_file(recorded: str, artifacts: Path) -> bool:
+    try:
+        return confine(recorded, artifacts).is_file()
+    except UnsafePath:
+        return False
+
+
+def checkpoint_file(
+    session: Session, job_id: int, step: int, *, artifacts: Path
+) -> tuple[CheckpointRecord, Path]:
+    """The checkpoint's file, resolved inside the artifact directory (UnsafePath if not)."""
     record = session.scalar(
         select(CheckpointRecord).where(
             CheckpointRecord.job_id == job_id, CheckpointRecord.step == step
@@ -325,7 +341,7 @@ def checkpoint_file(session: Session, job_id: int, step: int) -> tuple[Checkpoin
     )
     if record is None:
         raise NotFound(f"job {job_id} has no checkpoint at step {step}")
-    path = Path(record.path)
+    path = confine(record.path, artifacts, what=f"job {job_id}'s checkpoint at step {step}")
     if not path.is_file():
         # The trainer keeps the newest `checkpoint.keep` files and deletes older ones.
         raise NotFound(f"the checkpoint of job {job_id} at step {step} was removed ({path.name})")

@@ -36,6 +36,7 @@ from scheduler.models import (
     PipelineTimeline,
     utcnow,
 )
+from scheduler.paths import confine
 from scheduler.recovery import SUMMARY_METRIC, requeue
 
 log = logging.getLogger("trainyard.ingest")
@@ -77,6 +78,8 @@ class Batch:
     max_step: int | None = None
     latest: dict[str, float] = field(default_factory=dict)  # group 0 rank 0, finite values
     best: float | None = None
+    # Checkpoint paths must lie in here (UnsafePath, a ValueError, drops the record); None: any
+    artifacts: Path | None = None
 
     def add(self, job_id: int, record: records.Record) -> None:
         match record:
@@ -93,7 +96,11 @@ class Batch:
                     }
                 )
             case records.CheckpointRecord():
-                self.checkpoints[record.step] = (record.path, record.size)
+                path = record.path
+                if self.artifacts is not None:
+                    what = f"job {job_id}'s checkpoint at step {record.step}"
+                    path = str(confine(path, self.artifacts, what=what))
+                self.checkpoints[record.step] = (path, record.size)
             case records.TimelineRecord():
                 self.timelines[(record.group, record.rank)] = record
             case records.StateRecord():
@@ -128,10 +135,15 @@ class Batch:
         self.max_step = step if self.max_step is None else max(self.max_step, step)
 
 
-def parse_batch(job_id: int, entries: list[tuple[Any, Any]], attempt: int = 0) -> Batch:
+def parse_batch(
+    job_id: int,
+    entries: list[tuple[Any, Any]],
+    attempt: int = 0,
+    artifacts: Path | None = None,
+) -> Batch:
     """The batch's records; metrics and timelines of attempts before `attempt` (processes of
     a placement the job restarted from, still stopping) are dropped."""
-    batch = Batch()
+    batch = Batch(artifacts=artifacts)
     for entry_id, raw in entries:
         if not raw:  # trimmed from the stream while pending
             continue

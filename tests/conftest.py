@@ -61,10 +61,14 @@ def cli_env(data_dir: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A private, real redis-server for the test session (started by our embedded launcher)."""
+    """A private, real redis-server for the test session (started by our embedded launcher),
+    with a password as `trainyard up` gives it: every client in the tests must use the URL."""
+    import secrets
+
     from scheduler.redis_server import RedisServer
 
-    server = RedisServer(tmp_path_factory.mktemp("redis"), persist=False)
+    password = secrets.token_urlsafe(16)
+    server = RedisServer(tmp_path_factory.mktemp("redis"), persist=False, password=password)
     url = server.start()
     yield url
     server.stop()

@@ -140,3 +140,37 @@ def test_dockerfile_copies_existing_paths() -> None:
         assert (ROOT / source).exists(), f"Dockerfile copies missing {source}"
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignored
+
+
+REDIS_PASSWORD = re.compile(r"\$\{REDIS_PASSWORD:-([^}]+)\}")
+
+
+def test_redis_requires_the_password_every_client_sends(compose: dict[str, Any]) -> None:
+    """Both Redis servers require the one REDIS_PASSWORD, their healthchecks authenticate,
+    and every Redis URL the Trainyard services get carries it."""
+    services = compose["services"]
+    defaults = set()
+    for name in ("redis", "redis-ps"):
+        command = services[name]["command"]
+        assert "--requirepass" in command, f"{name} runs without a password"
+        password = command[command.index("--requirepass") + 1]
+        found = REDIS_PASSWORD.fullmatch(password)
+        assert found, f"{name}: the password must come from REDIS_PASSWORD, not {password!r}"
+        defaults.add(found[1])
+        # redis-cli reads REDISCLI_AUTH; the check greps for PONG (NOAUTH is an error reply).
+        assert services[name]["environment"]["REDISCLI_AUTH"] == password
+        assert "grep -q PONG" in " ".join(services[name]["healthcheck"]["test"])
+    for name in ("api", "scheduler", "worker"):
+        env = services[name]["environment"]
+        urls = [env["REDIS_URL"], *env["REDIS_PS_URLS"].split(",")]
+        for url in urls:
+            auth = re.fullmatch(r"redis://:(\$\{REDIS_PASSWORD:-[^}]+\})@[\w-]+:6379/0", url)
+            assert auth, f"{name}: {url} does not send REDIS_PASSWORD"
+            defaults.add(REDIS_PASSWORD.fullmatch(auth[1])[1])  # type: ignore[index]
+    assert len(defaults) == 1  # one default, the same everywhere
+
+
+def test_the_operator_is_told_to_change_the_default_passwords() -> None:
+    header = (ROOT / "docker-compose.yml").read_text().split("x-agent-env")[0]
+    assert "REDIS_PASSWORD=" in header and "POSTGRES_PASSWORD=" in header
+    assert "defaults below are public" in header

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import redis
 
 from contract.records import AllocationInfo, ExitCode, JobStream, Keys, decode, stop_requested
+from contract.settings import Settings
 from workers.metrics import RedisSink
 
 if TYPE_CHECKING:
@@ -192,15 +193,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     which.add_argument(
         "--standby", action="store_true", help="import first, then read the id from stdin"
     )
-    parser.add_argument("--redis-url", required=True)
+    parser.add_argument(
+        "--redis-url", help="default REDIS_URL from the environment (kept off the command line)"
+    )
     parser.add_argument("--prefix", default="trainyard", help="prefix of the Redis keys")
     parser.add_argument(
         "--cache-dir", type=Path, required=True, help="where generated datasets are cached"
     )
     parser.add_argument(
-        "--ps-urls", default="", help="comma-separated Redis URLs of parameter-server shards"
+        "--ps-urls",
+        help="comma-separated Redis URLs of parameter-server shards; default REDIS_PS_URLS",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.redis_url is None or args.ps_urls is None:
+        settings = Settings()
+        if args.redis_url is None:
+            args.redis_url = settings.redis_url
+            if not args.redis_url:
+                parser.error("no Redis: pass --redis-url or set REDIS_URL")
+        if args.ps_urls is None:
+            args.ps_urls = settings.redis_ps_urls or ""
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

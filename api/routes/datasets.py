@@ -26,7 +26,7 @@ router = APIRouter(prefix="/datasets", tags=["datasets"])
     "as `data: {source: dataset, name: NAME}`. Names are unique per user (409 if taken); the "
     "size limit is the server's max_dataset_bytes (413); 403 if the user's datasets would "
     "pass their quota dataset_bytes.",
-    responses=errors(401, 403, 409, 413, 415, 422),
+    responses=errors(400, 401, 403, 409, 413, 415, 422),
 )
 def upload_dataset(
     file: Annotated[UploadFile, File(description="the .npz or .csv file")],

@@ -246,8 +246,9 @@ def cancel_job(
     status_code=204,
     response_class=Response,
     summary="Delete a finished job",
-    description="Removes the job, its records and its files. 409 unless the job has ended.",
-    responses=errors(401, 404, 409, 422),
+    description="Removes the job, its records and its files. 409 unless the job has ended; "
+    "403 (and nothing removed) if a recorded file lies outside the artifact directory.",
+    responses=errors(401, 403, 404, 409, 422),
 )
 def delete_job(job: VisibleJob, session: SessionDep, services: ServicesDep) -> Response:
     store.delete_job(
@@ -382,10 +383,12 @@ def job_graph(
     summary="Checkpoints of a job",
     responses=errors(401, 404, 422),
 )
-def job_checkpoints(job: VisibleJob, session: SessionDep) -> list[CheckpointOut]:
+def job_checkpoints(
+    job: VisibleJob, session: SessionDep, services: ServicesDep
+) -> list[CheckpointOut]:
     return [
         CheckpointOut(step=c.step, size=c.size, created_at=aware(c.created_at))
-        for c in store.checkpoints(session, job.id)
+        for c in store.checkpoints(session, job.id, artifacts=services.settings.artifacts())
     ]
 
 
@@ -396,15 +399,17 @@ def job_checkpoints(job: VisibleJob, session: SessionDep) -> list[CheckpointOut]
     description="The safetensors file of the checkpoint at `step`.",
     responses={
         200: {"content": {"application/octet-stream": {}}, "description": "safetensors file"},
-        **errors(401, 404, 422),
+        **errors(401, 403, 404, 422),
     },
 )
 def download_checkpoint(
     job: VisibleJob,
     session: SessionDep,
+    services: ServicesDep,
     step: Annotated[int, Path(ge=0, le=MAX_INT, description="the checkpoint's training step")],
 ) -> FileResponse:
-    _, path = store.checkpoint_file(session, job.id, step)
+    artifacts = services.settings.artifacts()
+    _, path = store.checkpoint_file(session, job.id, step, artifacts=artifacts)
     return FileResponse(
         path,
         media_type="application/octet-stream",

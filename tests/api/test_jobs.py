@@ -295,7 +295,8 @@ def test_graph_nodes_and_edges(api: Any) -> None:
 
 def test_checkpoints_list_and_download(api: Any, tmp_path: Path) -> None:
     job_id = api.submit(MLP)["id"]
-    path = tmp_path / "step-100.safetensors"
+    path = api.settings.artifacts() / "jobs" / str(job_id) / "step-100.safetensors"
+    path.parent.mkdir(parents=True)  # checkpoints are served from the artifact directory only
     path.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
     with api.db.session() as session:
         session.add(CheckpointRecord(job_id=job_id, step=100, path=str(path), size=16))

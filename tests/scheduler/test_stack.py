@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import httpx
 import psutil
 import pytest
+import redis
 
 from scheduler.stack import HEALTH_PATH, read_stack_file
 from sdk.client import Client
@@ -68,7 +69,14 @@ def test_up_serves_and_stops_every_process(
     stack_file = data_dir / "stack.json"
     assert stack_file.stat().st_mode & 0o777 == 0o600
     found = read_stack_file(stack_file)
-    assert found is not None and found.redis_url.startswith("redis://127.0.0.1:")
+    # The embedded Redis has a generated password, kept private beside the admin token.
+    password_file = data_dir / "redis.password"
+    assert password_file.stat().st_mode & 0o777 == 0o600
+    password = password_file.read_text().strip()
+    assert found is not None and found.redis_url.startswith(f"redis://:{password}@127.0.0.1:")
+    bare = "redis://" + found.redis_url.split("@", 1)[1]
+    with redis.Redis.from_url(bare) as anonymous, pytest.raises(redis.AuthenticationError):
+        anonymous.get("anything")
     for name in ("api", "scheduler", "worker"):
         assert (data_dir / "logs" / f"{name}.log").exists()
 
@@ -114,6 +122,8 @@ def test_up_serves_and_stops_every_process(
     commands = [" ".join(p.cmdline()) for p in processes]
     assert any("redis-server" in c for c in commands)
     assert any("workers.entry" in c for c in commands)
+    # Every client authenticates (the job runs), and no command line shows the password.
+    assert not [c for c in commands if password in c]
     roles = {
         p.cmdline()[3]
         for p in psutil.Process(stack.process.pid).children()
@@ -140,6 +150,10 @@ def test_restart_submit_and_a_dead_child_stops_the_stack(
     # `make run`'s flow: start, submit, follow to the end, keep serving.
     again = stack_factory("--submit", str(job_file), data_dir=data_dir)
     assert again.token == previous.token
+    # The restarted Redis keeps its password (on a new free port).
+    restarted = read_stack_file(data_dir / "stack.json")
+    assert restarted is not None
+    assert restarted.redis_url.split("@")[0] == previous.redis_url.split("@")[0]
     deadline = time.monotonic() + 120
     while "keeps running" not in again.output_text():
         assert time.monotonic() < deadline, again.output_text()

@@ -332,13 +332,13 @@ def test_checkpoints_list_only_files_still_on_disk(db: Database, tmp_path: Path)
             session.add(CheckpointRecord(job_id=job.id, step=step, path=str(path), size=step))
     (tmp_path / "step-10.safetensors").unlink()  # the trainer keeps the newest ones only
     with db.session() as session:
-        assert [c.step for c in store.checkpoints(session, job.id)] == [20]
-        record, path = store.checkpoint_file(session, job.id, 20)
+        assert [c.step for c in store.checkpoints(session, job.id, artifacts=tmp_path)] == [20]
+        record, path = store.checkpoint_file(session, job.id, 20, artifacts=tmp_path)
         assert record.size == 20 and path.read_bytes() == b"x" * 20
         with pytest.raises(store.NotFound, match="removed"):
-            store.checkpoint_file(session, job.id, 10)
+            store.checkpoint_file(session, job.id, 10, artifacts=tmp_path)
         with pytest.raises(store.NotFound, match="no checkpoint at step 30"):
-            store.checkpoint_file(session, job.id, 30)
+            store.checkpoint_file(session, job.id, 30, artifacts=tmp_path)
 
 
 def add_points(session: Session, job_id: int, name: str, steps: range, group: int = 0) -> None:
