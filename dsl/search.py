@@ -215,7 +215,10 @@ class SearchConfig(StrictModel):
         "neuralnet.layers.fc1.units",
     )
     warm_start: builtins.int | None = Field(
-        default=None, description="not built yet: seeding a sweep with an earlier sweep's trials"
+        default=None,
+        ge=1,
+        description="an earlier sweep's id (yours, with the same objectives and space paths): "
+        "its finished trials whose values lie in this space seed this sweep's sampler",
     )
 
     def objective_list(self) -> list[Objective]:

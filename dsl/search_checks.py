@@ -26,14 +26,6 @@ def search_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
         return []
     at = ("search",)
     issues = _objective_issues(search, source)
-    if search.warm_start is not None:
-        issues.append(
-            source.issue(
-                (*at, "warm_start"),
-                "warm_start (seeding a sweep with an earlier sweep's trials) is not built yet",
-                "remove it; the sweep starts from no trials",
-            )
-        )
     issues += _pruner_issues(search, spec.train_steps, source)
     issues += _trial_count_issues(search, source)
     probes = sum(len(entry.probes()) for entry in search.space.values())

@@ -37,6 +37,7 @@ from scheduler.ingest import Pruned
 from scheduler.models import Job, JobState, Sweep, SweepState, User
 from scheduler.study import Asked, StudyUnavailable, SweepStudy, open_storage
 from scheduler.sweeps import cancel_live_trials, end_sweep, search_of, trial_values
+from scheduler.warm_start import seed_sweep
 
 if TYPE_CHECKING:
     from scheduler.submission import CheckedJob
@@ -132,6 +133,9 @@ class SweepRunner:
         search = study.search
         jobs = {job.trial_number: job for job in session.scalars(_trial_jobs(sweep.id))}
         asked = {trial.number: trial for trial in study.trials()}
+        if search.warm_start is not None and not asked:
+            seeded = seed_sweep(session, sweep, study)
+            log.info("sweep %s: %s trials of sweep %s seed it", sweep.id, seeded, search.warm_start)
         told = self._tell_ended(study, jobs, asked)
         # Trials asked before a restart whose jobs were never written get them now.
         todo = [
