@@ -118,6 +118,15 @@ class SweepDetail(SweepOut):
     )
 
 
+class ImportanceOut(BaseModel):
+    metric: str = Field(description="the metric the importances are of")
+    importances: dict[str, float] = Field(
+        description="space path -> its share of the metric's variation (sum 1), largest first"
+    )
+    evaluator: str = Field(description="Optuna's evaluator: fanova, mean_decrease_impurity, ...")
+    trials: int = Field(description="the finished trials it was computed from")
+
+
 class SweepPage(BaseModel):
     items: list[SweepOut]
     next_before: int | None = Field(description="pass as ?before= for the next page; null at end")

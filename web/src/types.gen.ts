@@ -132,6 +132,17 @@ export interface Health {
   redis: boolean;
 }
 
+export interface ImportanceOut {
+  /** the metric the importances are of */
+  metric: string;
+  /** space path -> its share of the metric's variation (sum 1), largest first */
+  importances: Record<string, number>;
+  /** Optuna's evaluator: fanova, mean_decrease_impurity, ... */
+  evaluator: string;
+  /** the finished trials it was computed from */
+  trials: number;
+}
+
 export interface JobOut {
   id: number;
   name: string;
