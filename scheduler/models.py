@@ -147,6 +147,8 @@ class Job(Base):
     sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id"), nullable=True, index=True)
     trial_number: Mapped[int | None] = mapped_column(Integer, nullable=True)  # Optuna's
     pruned_step: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the rung
+    # Population-based training: [{"step", "params", "from_trial"}] (scheduler/pbt.py).
+    pbt_schedule: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
     __table_args__ = (UniqueConstraint("sweep_id", "trial_number", name="uq_jobs_sweep_trial"),)
 
 

@@ -175,6 +175,7 @@ def make_pruner(search: SearchConfig, train_steps: int) -> BasePruner:
 class Asked:
     number: int
     params: dict[str, Any]
+    pbt: dict[str, Any] | None = None  # population-based training: the member's facts
 
 
 class SweepStudy:

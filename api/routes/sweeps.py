@@ -12,6 +12,7 @@ from api.routes.jobs import detail_of as job_detail
 from api.schemas import (
     ImportanceOut,
     ObjectiveOut,
+    ScheduleEntry,
     SweepDetail,
     SweepOut,
     SweepPage,
@@ -58,7 +59,7 @@ def sweep_out(sweep: Sweep, owner: str, created: int, ended: int) -> SweepOut:
         algorithm=search.algorithm,
         pruner=search.pruner.type,
         objectives=[ObjectiveOut(**o.model_dump()) for o in search.objective_list()],
-        trial_count=search.trial_count(),
+        trial_count=search.trial_count(int(sweep.base_job.get("train_steps", 1))),
         max_parallel=search.max_parallel,
         trials_created=created,
         trials_ended=ended,
@@ -84,6 +85,7 @@ def trial_of(job: Job, objectives: list[Objective]) -> TrialOut:
         step=job.step,
         train_steps=job.train_steps,
         pruned_step=job.pruned_step,
+        schedule=[ScheduleEntry(**finite(entry)) for entry in job.pbt_schedule or []],
     )
 
 

@@ -295,6 +295,15 @@ export interface SweepOut {
   ended_at: string | null;
 }
 
+export interface ScheduleEntry {
+  /** from this step on */
+  step: number;
+  /** the values trained with */
+  params: Record<string, unknown>;
+  /** the trial whose checkpoint was taken here (PBT's exploit), else null */
+  from_trial: number | null;
+}
+
 export interface TrialOut {
   /** the trial's number in the sweep, from 0 */
   number: number;
@@ -311,6 +320,8 @@ export interface TrialOut {
   train_steps: number;
   /** PRUNED: the step (rung) it was stopped at */
   pruned_step: number | null;
+  /** PBT: the values its weights were trained with, over steps; else empty */
+  schedule: ScheduleEntry[];
 }
 
 export interface SweepDetail extends SweepOut {
