@@ -20,12 +20,10 @@ from dsl.overrides import apply_overrides
 from dsl.source import parse_document
 
 Algorithm = Literal["grid", "random", "tpe", "cmaes", "gp", "nsga2"]
-PrunerType = Literal["asha", "hyperband", "median", "none"]
+PrunerType = Literal["asha", "hyperband", "median", "pbt", "none"]
 Mode = Literal["min", "max"]
 # Algorithms that optimise several objectives at once (Optuna's multi-objective samplers).
 MULTI_OBJECTIVE = ("nsga2", "random", "tpe", "grid")
-# Keys of the language that name a capability not built yet, with what it would do.
-NOT_BUILT = {"pbt": "population-based training"}
 MAX_TRIALS = 10_000
 MAX_CHOICES = 256
 # Each value checked at submission compiles the base job once (dsl/search_checks.py): bounded,
@@ -60,16 +58,29 @@ class PrunerConfig(StrictModel):
         default=3, ge=2, description="asha, hyperband: 1 / the share of trials a rung promotes"
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _built(cls, data: Any) -> Any:
-        kind = data.get("type") if isinstance(data, dict) else None
-        if isinstance(kind, str) and kind in NOT_BUILT:
-            raise ValueError(
-                f"pruner type {kind} ({NOT_BUILT[kind]}) is not built yet; "
-                "use asha, hyperband, median or none"
-            )
-        return data
+    interval: int | None = Field(
+        default=None,
+        ge=1,
+        description="pbt: steps between exploit/explore rounds (a generation); divides train_steps",
+    )
+    quantile: float = Field(
+        default=0.25,
+        gt=0,
+        le=0.5,
+        description="pbt: the bottom share of the population that continues from the top "
+        "share's checkpoints",
+    )
+    perturb: tuple[float, float] = Field(
+        default=(0.8, 1.2),
+        description="pbt: each numeric value a loser takes from a winner is multiplied by one of "
+        "these two factors (chosen at random), then kept inside its range",
+    )
+
+    @model_validator(mode="after")
+    def _positive(self) -> PrunerConfig:
+        if any(factor <= 0 for factor in self.perturb):
+            raise ValueError(f"perturb factors must be above 0, not {list(self.perturb)}")
+        return self
 
 
 class SpaceEntry(StrictModel):
@@ -215,7 +226,10 @@ class SearchConfig(StrictModel):
         "neuralnet.layers.fc1.units",
     )
     warm_start: builtins.int | None = Field(
-        default=None, description="not built yet: seeding a sweep with an earlier sweep's trials"
+        default=None,
+        ge=1,
+        description="an earlier sweep's id (yours, with the same objectives and space paths): "
+        "its finished trials whose values lie in this space seed this sweep's sampler",
     )
 
     def objective_list(self) -> list[Objective]:
@@ -227,8 +241,15 @@ class SearchConfig(StrictModel):
     def grid_size(self) -> builtins.int:
         return math.prod(entry.grid_size() for entry in self.space.values())
 
-    def trial_count(self) -> builtins.int:
-        """How many trials the sweep runs: max_trials, or the grid's size."""
+    def generations(self, train_steps: builtins.int) -> builtins.int:
+        """pbt: how many rounds of `interval` steps the population trains."""
+        return max(1, train_steps // (self.pruner.interval or train_steps))
+
+    def trial_count(self, train_steps: builtins.int | None = None) -> builtins.int:
+        """How many trials the sweep runs: max_trials, or the grid's size; for pbt, one per
+        member and generation (each trains `interval` steps)."""
+        if self.pruner.type == "pbt" and train_steps is not None:
+            return self.max_parallel * self.generations(train_steps)
         if self.max_trials is not None:
             return self.max_trials
         return self.grid_size()

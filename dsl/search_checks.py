@@ -7,6 +7,7 @@ invalid job at its entry. Every issue is located in the sweep's YAML.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -26,16 +27,11 @@ def search_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
         return []
     at = ("search",)
     issues = _objective_issues(search, source)
-    if search.warm_start is not None:
-        issues.append(
-            source.issue(
-                (*at, "warm_start"),
-                "warm_start (seeding a sweep with an earlier sweep's trials) is not built yet",
-                "remove it; the sweep starts from no trials",
-            )
-        )
     issues += _pruner_issues(search, spec.train_steps, source)
-    issues += _trial_count_issues(search, source)
+    if search.pruner.type == "pbt":
+        issues += _pbt_issues(search, spec, source)
+    else:
+        issues += _trial_count_issues(search, source)
     probes = sum(len(entry.probes()) for entry in search.space.values())
     if probes > MAX_PROBES:
         issues.append(
@@ -122,6 +118,22 @@ def _pruner_issues(search: SearchConfig, train_steps: int, source: SourceMap) ->
         )
     if pruner.type == "none" and "min_steps" in pruner.model_fields_set:
         issues.append(source.issue((*at, "min_steps"), "pruner none stops no trial: no min_steps"))
+    pbt_keys = ("interval", "quantile", "perturb")
+    if pruner.type != "pbt":
+        for key in (k for k in pbt_keys if k in pruner.model_fields_set):
+            issues.append(
+                source.issue((*at, key), f"{key} is for pbt; pruner {pruner.type} has none")
+            )
+    else:
+        for key in ("min_steps", "reduction_factor"):
+            if key in pruner.model_fields_set:
+                issues.append(
+                    source.issue(
+                        (*at, key),
+                        f"pbt has no {key}: it compares the population every interval steps",
+                    )
+                )
+        return issues
     if pruner.type != "none" and pruner.min_steps >= train_steps:
         issues.append(
             source.issue(
@@ -129,6 +141,100 @@ def _pruner_issues(search: SearchConfig, train_steps: int, source: SourceMap) ->
                 f"min_steps {pruner.min_steps} is not below train_steps {train_steps}: no "
                 "trial would be stopped early",
                 f"use fewer than {train_steps}",
+            )
+        )
+    return issues
+
+
+# Keys PBT sets itself for each generation's job, or that a continued job cannot change.
+PBT_FIXED = ("train_steps", "cluster", "checkpoint", "pipeline")
+
+
+def _pbt_issues(search: SearchConfig, spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
+    """Population-based training: a population of max_parallel members, each trained in
+    generations of `interval` steps, continuing from checkpoints."""
+    at: Path = ("search",)
+    pruner, steps, population = search.pruner, spec.train_steps, search.max_parallel
+    issues = []
+    if pruner.interval is None:
+        issues.append(
+            source.issue(
+                (*at, "pruner"),
+                "pbt needs interval: the steps between rounds of exploit and explore",
+                f"e.g. interval: {max(1, steps // 4)} (a divisor of train_steps {steps})",
+            )
+        )
+    elif pruner.interval >= steps or steps % pruner.interval:
+        divisors = [d for d in range(max(1, steps // 20), steps) if steps % d == 0][:3]
+        issues.append(
+            source.issue(
+                (*at, "pruner", "interval"),
+                f"interval {pruner.interval} does not divide train_steps {steps} into two or more "
+                "generations of equal length",
+                f"use a divisor of {steps} below it, e.g. {', '.join(map(str, divisors))}"
+                if divisors
+                else "raise train_steps",
+            )
+        )
+    if population < 2:
+        issues.append(
+            source.issue(
+                (*at, "max_parallel"),
+                f"pbt trains a population of max_parallel members, and max_parallel is "
+                f"{population}",
+                "give at least 2 (4 or more for a quantile of 0.25)",
+            )
+        )
+    elif int(pruner.quantile * population) < 1:
+        issues.append(
+            source.issue(
+                (*at, "pruner", "quantile"),
+                f"quantile {pruner.quantile} of a population of {population} is no member: "
+                "none would ever be replaced",
+                f"raise max_parallel to {math.ceil(1 / pruner.quantile)}, or the quantile",
+            )
+        )
+    if search.max_trials is not None:
+        issues.append(
+            source.issue(
+                (*at, "max_trials"),
+                "pbt runs one trial per member and generation (max_parallel x train_steps / "
+                "interval): no max_trials",
+                "leave max_trials out",
+            )
+        )
+    if search.algorithm == "grid":
+        issues.append(
+            source.issue(
+                (*at, "algorithm"),
+                "pbt samples its first generation and perturbs it; a grid enumerates points",
+                "use algorithm random or tpe",
+            )
+        )
+    if spec.cluster.framework != "local":
+        issues.append(
+            source.issue(
+                ("cluster", "framework"),
+                f"pbt continues members from their checkpoints, which local jobs do; framework "
+                f"{spec.cluster.framework} does not",
+                "use framework: local",
+            )
+        )
+    for path in search.space:
+        if path.split(".")[0] in PBT_FIXED:
+            issues.append(
+                source.issue(
+                    (*at, "space", path),
+                    f"pbt sets train_steps and continues checkpoints: it cannot search {path}",
+                )
+            )
+    if all(entry.choice is not None for entry in search.space.values()):
+        issues.append(
+            source.issue(
+                (*at, "space"),
+                "pbt perturbs numeric values (uniform, loguniform, int), and the space has "
+                "only choices",
+                "search a rate or a size with {loguniform: [low, high]} or {int: [low, high]}",
             )
         )
     return issues

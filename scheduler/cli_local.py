@@ -157,7 +157,7 @@ def validate(
     if search is not None:
         console.print(
             f"sweep: {search.algorithm} over {', '.join(search.space)}: "
-            f"{search.trial_count()} trial(s), {search.max_parallel} at a time, "
+            f"{search.trial_count(spec.train_steps)} trial(s), {search.max_parallel} at a time, "
             f"pruner {search.pruner.type}"
         )
 

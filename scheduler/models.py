@@ -185,6 +185,8 @@ class Job(Base):
     restarts: Mapped[int] = mapped_column(Integer, default=0)  # failures restarted from
     restart_from: Mapped[str | None] = mapped_column(Text, nullable=True)  # this attempt's point
     pending_reason: Mapped[str | None] = mapped_column(Text, nullable=True)  # why not placed
+    # Population-based training: [{"step", "params", "from_trial"}] (scheduler/pbt.py).
+    pbt_schedule: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
     __table_args__ = (UniqueConstraint("sweep_id", "trial_number", name="uq_jobs_sweep_trial"),)
 
 

@@ -44,11 +44,14 @@ from optuna.samplers import (
 )
 from optuna.storages import RDBStorage
 from optuna.study import StudyDirection
+from optuna.study._multi_objective import _get_pareto_front_trials_by_trials
 from optuna.trial import FrozenTrial, TrialState
 
 from dsl.search import SearchConfig, SpaceEntry
 
 OPTUNA_SCHEMA = "optuna"
+# On a trial seeded from an earlier sweep (scheduler/warm_start.py): [its sweep, its number].
+WARM_ATTR = "warm_start"
 SEED_STRIDE = 1_000_003  # the sampler of trial n is seeded (seed * stride + n) mod 2**32
 
 log = logging.getLogger("trainyard.sweeps")
@@ -172,6 +175,7 @@ def make_pruner(search: SearchConfig, train_steps: int) -> BasePruner:
 class Asked:
     number: int
     params: dict[str, Any]
+    pbt: dict[str, Any] | None = None  # population-based training: the member's facts
 
 
 class SweepStudy:
@@ -199,12 +203,14 @@ class SweepStudy:
         self.study_id = storage.get_study_id_from_name(name)
 
     def trials(self, states: Sequence[TrialState] | None = None) -> list[FrozenTrial]:
-        return self.study.get_trials(deepcopy=False, states=states)
+        """The sweep's own trials (each has a job), not those seeded by warm_start."""
+        found = self.study.get_trials(deepcopy=False, states=states)
+        return [trial for trial in found if not is_seeded(trial)]
 
     def ask(self) -> Asked:
         seed = self.search.seed
         if self.search.algorithm != "grid":  # the grid's order is its seed's shuffle
-            seed = (seed * SEED_STRIDE + len(self.trials())) % 2**32
+            seed = (seed * SEED_STRIDE + len(self.study.get_trials(deepcopy=False))) % 2**32
         self.study.sampler = make_sampler(self.search, seed)
         trial = self.study.ask(self.distributions)
         return Asked(trial.number, dict(trial.params))
@@ -238,6 +244,19 @@ class SweepStudy:
         return None
 
     def best(self) -> list[FrozenTrial]:
-        """The best trial (one objective), or the Pareto front (several); none before one
-        completes."""
-        return list(self.study.best_trials)
+        """The best trials (one objective: those tied at the best value), or the Pareto front
+        (several), of the sweep's own trials; none before one completes."""
+        done = self.trials((TrialState.COMPLETE,))
+        directions = self.study.directions
+        if len(directions) > 1:
+            return _get_pareto_front_trials_by_trials(done, directions)
+        if not done:
+            return []
+        pick = max if directions[0] == StudyDirection.MAXIMIZE else min
+        value = pick(trial.values[0] for trial in done)
+        return [trial for trial in done if trial.values[0] == value]
+
+
+def is_seeded(trial: FrozenTrial) -> bool:
+    """Whether the trial was seeded from an earlier sweep (it has no job in this one)."""
+    return WARM_ATTR in trial.user_attrs

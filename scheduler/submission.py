@@ -33,6 +33,7 @@ from scheduler.datasets import dataset_names, get_dataset
 from scheduler.models import User
 from scheduler.store import NewJob
 from scheduler.sweeps import NewSweep
+from scheduler.warm_start import warm_start_issues
 from workers.data import DataInfo, describe
 from workers.data.uploaded import as_file_source
 
@@ -187,6 +188,7 @@ def check_sweep(
         )
 
     issues = space_issues(search, checked.compiled.source, compile_trial)
+    issues += warm_start_issues(session, owner, search, checked.compiled.source)
     if issues:
         raise JobSpecError(issues)
     return CheckedSweep(checked, search, base)

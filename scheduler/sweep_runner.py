@@ -34,9 +34,17 @@ from dsl.search import SearchConfig
 from scheduler import store
 from scheduler.db import Database
 from scheduler.models import Job, JobState, Sweep, SweepState, User
+from scheduler.pbt import (
+    PBT_ATTR,
+    MissingCheckpoint,
+    continue_member,
+    plan_trials,
+    segment_overrides,
+)
 from scheduler.stream_rows import Pruned
 from scheduler.study import Asked, StudyUnavailable, SweepStudy, open_storage
 from scheduler.sweeps import cancel_live_trials, end_sweep, search_of, trial_values
+from scheduler.warm_start import seed_sweep
 
 if TYPE_CHECKING:
     from scheduler.submission import CheckedJob
@@ -132,10 +140,13 @@ class SweepRunner:
         search = study.search
         jobs = {job.trial_number: job for job in session.scalars(_trial_jobs(sweep.id))}
         asked = {trial.number: trial for trial in study.trials()}
+        if search.warm_start is not None and not asked:
+            seeded = seed_sweep(session, sweep, study)
+            log.info("sweep %s: %s trials of sweep %s seed it", sweep.id, seeded, search.warm_start)
         told = self._tell_ended(study, jobs, asked)
         # Trials asked before a restart whose jobs were never written get them now.
         todo = [
-            Asked(number, dict(trial.params))
+            Asked(number, dict(trial.params), trial.user_attrs.get(PBT_ATTR))
             for number, trial in sorted(asked.items())
             if trial.state == TrialState.RUNNING and number not in jobs
         ]
@@ -144,20 +155,32 @@ class SweepRunner:
                 study.tell(orphan.number, None, TrialState.FAIL)
             todo = []
         live = sum(not JobState(job.state).terminal for job in jobs.values()) + len(todo)
-        count = len(asked)
-        while not sweep.cancel_requested and live < search.max_parallel:
-            if count >= search.trial_count():
-                break
-            todo.append(study.ask())
-            live, count = live + 1, count + 1
+        train_steps = int(sweep.base_job.get("train_steps", 1))
+        total, stuck = search.trial_count(train_steps), False
+        if search.pruner.type == "pbt" and not sweep.cancel_requested:
+            plan = plan_trials(study, train_steps)
+            todo, stuck = todo + plan.trials, plan.stuck
+            live += len(plan.trials)
+        elif not sweep.cancel_requested:
+            while live < search.max_parallel and len(asked) + len(todo) < total:
+                todo.append(study.ask())
+                live += 1
+        count = len(study.trials())
         owner = session.get_one(User, sweep.owner_id)
         checked = [
             (trial, self._check_trial(session, sweep, owner, study, trial)) for trial in todo
         ]
-        done = live == 0 and (sweep.cancel_requested or count >= search.trial_count())
+        done = live == 0 and (sweep.cancel_requested or count >= total or stuck)
         best = study.best() if told or done else None
         for trial, job in checked:
             jobs[trial.number] = self._create_trial(session, sweep, owner, trial, job)
+            if trial.pbt is not None:
+                try:
+                    continue_member(
+                        session, jobs[trial.number], trial, jobs, search, self.settings.artifacts()
+                    )
+                except MissingCheckpoint as exc:
+                    raise SweepFailed(f"trial {trial.number} cannot continue: {exc}") from None
         if best is not None:
             _record_best(sweep, search, best)
         if done:
@@ -202,7 +225,7 @@ class SweepRunner:
                 owner=owner,
                 cache_dir=self.settings.cache_dir(),
                 base_dir=Path(sweep.base_dir or self.settings.resolved_data_dir()),
-                overrides=trial.params,
+                overrides={**trial.params, **segment_overrides(study.search, trial)},
             )
         except JobSpecError as exc:
             study.tell(trial.number, None, TrialState.FAIL)

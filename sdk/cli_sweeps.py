@@ -16,7 +16,8 @@ from sdk.sweeps import summary_line, trial_table
 SweepId = Annotated[int, typer.Argument(help="the sweep's id", show_default=False)]
 
 sweep_app = typer.Typer(
-    help="Hyperparameter sweeps: list them, show one's trials, its best trial, cancel it.",
+    help="Hyperparameter sweeps: list them, show one's trials, its best trial, its parameter "
+    "importance, cancel it.",
     no_args_is_help=True,
 )
 
@@ -89,6 +90,33 @@ def best(sweep_id: SweepId, as_json: AsJson = False) -> None:
         sys.stdout.write(json.dumps(out) + "\n")
         return
     console.print(best_line(sweep))
+
+
+@sweep_app.command()
+def importance(
+    sweep_id: SweepId,
+    evaluator: Annotated[
+        str, typer.Option(help="fanova, mean_decrease_impurity or ped_anova (Optuna's)")
+    ] = "fanova",
+    as_json: AsJson = False,
+) -> None:
+    """Parameter importance: how much the metric depends on each path of the space."""
+    client = connect()
+    with reporting():
+        found = client.sweep(sweep_id).importance(evaluator)
+    if as_json:
+        sys.stdout.write(found.model_dump_json() + "\n")
+        return
+    table = Table()
+    table.add_column("path")
+    table.add_column("importance", justify="right")
+    for path, share in found.importances.items():
+        table.add_row(path, f"{share:.3f}")
+    console.print(table)
+    console.print(
+        f"sweep {sweep_id}: importance for {found.metric} ({found.evaluator}, "
+        f"{found.trials} trials)"
+    )
 
 
 @sweep_app.command()

@@ -132,6 +132,15 @@ class Health(BaseModel):
     redis: bool
 
 
+class ImportanceOut(BaseModel):
+    metric: str = Field(description="the metric the importances are of")
+    importances: dict[str, float] = Field(
+        description="space path -> its share of the metric's variation (sum 1), largest first"
+    )
+    evaluator: str = Field(description="Optuna's evaluator: fanova, mean_decrease_impurity, ...")
+    trials: int = Field(description="the finished trials it was computed from")
+
+
 class JobOut(BaseModel):
     id: int
     name: str
@@ -296,6 +305,14 @@ class SweepOut(BaseModel):
     ended_at: datetime | None
 
 
+class ScheduleEntry(BaseModel):
+    step: int = Field(description="from this step on")
+    params: dict[str, Any] = Field(description="the values trained with")
+    from_trial: int | None = Field(
+        description="the trial whose checkpoint was taken here (PBT's exploit), else null"
+    )
+
+
 class TrialOut(BaseModel):
     number: int = Field(description="the trial's number in the sweep, from 0")
     job_id: int = Field(description="the trial's job (GET /jobs/{id})")
@@ -308,6 +325,9 @@ class TrialOut(BaseModel):
     step: int
     train_steps: int
     pruned_step: int | None = Field(description="PRUNED: the step (rung) it was stopped at")
+    schedule: list[ScheduleEntry] = Field(
+        description="PBT: the values its weights were trained with, over steps; else empty"
+    )
 
 
 class SweepDetail(SweepOut):

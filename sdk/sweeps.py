@@ -4,6 +4,7 @@ sweep = client.submit("sweep.yaml")    # a Sweep: the server runs its trials as 
 sweep.wait(progress=True)              # a live table of the trials, until it ends
 sweep.best()                           # TrialOut: number, job_id, params, value, ...
 sweep.trials()                         # every trial, in trial order
+sweep.importance()                     # ImportanceOut: each path's share of the metric
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from sdk.errors import WaitTimeout
-from sdk.models import SweepDetail, SweepOut, TrialOut
+from sdk.models import ImportanceOut, SweepDetail, SweepOut, TrialOut
 
 if TYPE_CHECKING:
     from sdk.client import Client, Job
@@ -73,6 +74,14 @@ class Sweep:
     def pareto_front(self) -> list[TrialOut]:
         """Several objectives: the trials no other trial beats on every one."""
         return self.detail().pareto_front
+
+    def importance(self, evaluator: str = "fanova", metric: str | None = None) -> ImportanceOut:
+        """How much the metric depends on each path of the space (Optuna's evaluators; fANOVA
+        by default). A Conflict while fewer than two trials have finished."""
+        data = self.client.get_json(
+            f"/sweeps/{self.id}/importance", evaluator=evaluator, metric=metric
+        )
+        return ImportanceOut.model_validate(data)
 
     def best_job(self) -> Job | None:
         best = self.best()

@@ -160,12 +160,18 @@ def train(
 def _train(context: RunContext, stream: JobStream) -> Summary:
     """Train this allocation's worker: rank 0 of group 0 writes the job's run directory, the
     other workers of a distributed topology their own."""
+    from contract.runs import CHECKPOINTS, list_checkpoints
     from workers.context import worker_dir
     from workers.metrics import JsonlSink
     from workers.parallel import train
 
     lead = context.group == 0 and context.rank == 0
     run_dir = context.run_dir if lead else worker_dir(context.run_dir, context.group, context.rank)
+    # A local job whose run directory already holds a checkpoint continues from it (a sweep's
+    # population-based training hands a member the checkpoint it goes on from this way); a
+    # restart point named by the service (context.resume_from) comes first.
+    local = context.topology.framework == "local" and context.resume_from is None
+    resume = local and bool(list_checkpoints(context.run_dir / CHECKPOINTS))
     jsonl = JsonlSink(run_dir)
     sinks: list[MetricSink] = [
         RedisSink(stream, group=context.group, rank=context.rank),
@@ -173,7 +179,7 @@ def _train(context: RunContext, stream: JobStream) -> Summary:
         StderrLog(),
     ]
     try:
-        return train(replace(context, run_dir=run_dir, sinks=sinks))
+        return train(replace(context, run_dir=run_dir, sinks=sinks, resume=resume))
     finally:
         jsonl.close()
 

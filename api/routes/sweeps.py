@@ -11,7 +11,9 @@ from api.deps import MAX_INT, CurrentUser, ServicesDep, SessionDep
 from api.policy import AdmittedLimits, check_job_quotas
 from api.routes.jobs import detail_of as job_detail
 from api.schemas import (
+    ImportanceOut,
     ObjectiveOut,
+    ScheduleEntry,
     SweepDetail,
     SweepOut,
     SweepPage,
@@ -28,6 +30,7 @@ from api.submit import (
 )
 from dsl.search import Objective
 from scheduler import store
+from scheduler.importance import Evaluator, sweep_importance
 from scheduler.models import Job, JobState, Sweep, SweepState
 from scheduler.store import aware
 from scheduler.sweeps import (
@@ -57,7 +60,7 @@ def sweep_out(sweep: Sweep, owner: str, created: int, ended: int) -> SweepOut:
         algorithm=search.algorithm,
         pruner=search.pruner.type,
         objectives=[ObjectiveOut(**o.model_dump()) for o in search.objective_list()],
-        trial_count=search.trial_count(),
+        trial_count=search.trial_count(int(sweep.base_job.get("train_steps", 1))),
         max_parallel=search.max_parallel,
         trials_created=created,
         trials_ended=ended,
@@ -83,6 +86,7 @@ def trial_of(job: Job, objectives: list[Objective]) -> TrialOut:
         step=job.step,
         train_steps=job.train_steps,
         pruned_step=job.pruned_step,
+        schedule=[ScheduleEntry(**finite(entry)) for entry in job.pbt_schedule or []],
     )
 
 
@@ -173,6 +177,36 @@ def list_all(
 )
 def get_one(sweep_id: SweepId, session: SessionDep, user: CurrentUser) -> SweepDetail:
     return detail_of(session, get_sweep(session, user, sweep_id))
+
+
+@router.get(
+    "/{sweep_id}/importance",
+    response_model=ImportanceOut,
+    summary="Parameter importance of a sweep",
+    description="How much the metric depends on each path of the search space, by one of "
+    "Optuna's evaluators (fANOVA by default) over the sweep's finished trials. 409 while fewer "
+    "than two trials have finished; 422 for a metric the sweep is not judged by.",
+    responses=errors(401, 404, 409, 422),
+)
+def importance(
+    sweep_id: SweepId,
+    session: SessionDep,
+    user: CurrentUser,
+    services: ServicesDep,
+    evaluator: Annotated[Evaluator, Query(description="Optuna's importance evaluator")] = "fanova",
+    metric: Annotated[
+        str | None,
+        Query(max_length=64, description="one of the sweep's objectives; default the first"),
+    ] = None,
+) -> ImportanceOut:
+    sweep = get_sweep(session, user, sweep_id)
+    found = sweep_importance(sweep, services.settings.sql_url(), evaluator, metric)
+    return ImportanceOut(
+        metric=found.metric,
+        importances=finite(found.importances),
+        evaluator=found.evaluator,
+        trials=found.trials,
+    )
 
 
 @router.post(

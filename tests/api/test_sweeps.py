@@ -172,3 +172,34 @@ def test_several_objectives_give_a_pareto_front(api: Any) -> None:
     assert detail["state"] == "SUCCEEDED" and detail["best"] is None
     assert [t["number"] for t in detail["pareto_front"]] == [0, 1]
     assert detail["pareto_front"][1]["values"] == [0.8, 0.2]
+
+
+def test_parameter_importance_by_optunas_evaluators(api: Any) -> None:
+    sweep = submit(api)
+    url = f"/api/v1/sweeps/{sweep['id']}/importance"
+    response = api.client.get(url, headers=api.auth())  # no pass yet: no trial at all
+    assert response.status_code == 409 and "0 finished trials" in response.json()["detail"]
+    run_pass(api)
+    trials = api.client.get(f"/api/v1/sweeps/{sweep['id']}", headers=api.auth()).json()["trials"]
+    end_trial(api, trials[0]["job_id"], JobState.SUCCEEDED, **{"test/accuracy": 0.9})
+    run_pass(api)  # the study is told at the scheduler's pass
+    response = api.client.get(url, headers=api.auth())
+    assert response.status_code == 409
+    assert response.json()["detail"].startswith(f"sweep {sweep['id']} has 1 finished trial;")
+    end_trial(api, trials[1]["job_id"], JobState.SUCCEEDED, **{"test/accuracy": 0.4})
+    run_pass(api)
+    third = api.client.get(f"/api/v1/sweeps/{sweep['id']}", headers=api.auth()).json()["trials"]
+    end_trial(api, third[2]["job_id"], JobState.SUCCEEDED, **{"test/accuracy": 0.6})
+    run_pass(api)
+    body = api.client.get(url, headers=api.auth()).json()
+    assert (body["metric"], body["evaluator"], body["trials"]) == ("test/accuracy", "fanova", 3)
+    assert set(body["importances"]) == {"updater.lr.base", "neuralnet.layers.fc1.units"}
+    assert abs(sum(body["importances"].values()) - 1.0) < 1e-6
+    assert api.client.get(url, headers=api.auth()).json() == body  # seeded: the same answer
+    other = api.client.get(url, params={"evaluator": "mean_decrease_impurity"}, headers=api.auth())
+    assert other.status_code == 200 and other.json()["evaluator"] == "mean_decrease_impurity"
+    bad = api.client.get(url, params={"metric": "train/loss"}, headers=api.auth())
+    assert bad.status_code == 422 and "not train/loss" in bad.json()["detail"]
+    bad = api.client.get(url, params={"evaluator": "shap"}, headers=api.auth())
+    assert bad.status_code == 422
+    assert api.client.get(url, headers=api.auth("bob")).status_code == 404

@@ -218,18 +218,46 @@ def test_objectives_metric_and_algorithm_rules() -> None:
     assert issue.path == "search.algorithm" and "optimises one objective" in issue.message
 
 
-def test_capabilities_not_built_are_refused_by_name() -> None:
-    text = sweep(
-        SEARCH.replace(
-            "{type: asha, min_steps: 20, reduction_factor: 3}",
-            "{type: pbt, interval: 500, quantile: 0.25, perturb: [0.8, 1.2]}",
-        )
-    )
+PBT = "{type: pbt, interval: 25, quantile: 0.25, perturb: [0.8, 1.2]}"
+PBT_SEARCH = (
+    SEARCH.replace("{type: asha, min_steps: 20, reduction_factor: 3}", PBT)
+    .replace("  max_trials: 8\n", "")
+    .replace("max_parallel: 2", "max_parallel: 4")
+    .replace("    cluster.framework: {choice: [local, allreduce]}\n", "")
+)
+
+
+def test_population_based_training_is_checked_against_the_base_job() -> None:
+    search = compile_job(sweep(PBT_SEARCH), CTX).spec.search
+    assert search is not None and search.pruner.perturb == (0.8, 1.2)
+    assert search.trial_count(100) == 16  # 4 members x 4 generations of 25 steps
+    text = sweep(PBT_SEARCH.replace("interval: 25", "interval: 30"))
     issue = only_issue(text)
-    assert issue.path == "search.pruner" and issue.line == line_of(text, "pbt")
-    assert issue.message.startswith("pruner type pbt (population-based training) is not built yet")
-    issue = only_issue(sweep(SEARCH + "  warm_start: 3\n"))
-    assert issue.path == "search.warm_start" and "is not built yet" in issue.message
+    assert (issue.path, issue.line) == ("search.pruner.interval", line_of(text, "pbt"))
+    assert issue.message.startswith("interval 30 does not divide train_steps 100")
+    assert issue.hint == "use a divisor of 100 below it, e.g. 5, 10, 20"
+    issue = only_issue(sweep(PBT_SEARCH.replace("quantile: 0.25", "quantile: 0.6")))
+    assert issue.path == "search.pruner.quantile" and "less than or equal to 0.5" in issue.message
+    issue = only_issue(sweep(PBT_SEARCH.replace("[0.8, 1.2]", "[0.8, -1]")))
+    assert issue.path == "search.pruner" and "perturb factors must be above 0" in issue.message
+    issue = only_issue(sweep(PBT_SEARCH.replace("max_parallel: 4", "max_parallel: 3")))
+    assert issue.path == "search.pruner.quantile" and "raise max_parallel to 4" in issue.hint
+    issue = only_issue(sweep(PBT_SEARCH + "  max_trials: 16\n"))
+    assert issue.path == "search.max_trials"
+    issue = only_issue(sweep(PBT_SEARCH + "    train_steps: {int: [50, 100]}\n"))
+    assert issue.path == "search.space.train_steps"
+    issue = only_issue(sweep(PBT_SEARCH, BASE + "cluster: {framework: allreduce}\n"))
+    assert issue.path == "cluster.framework" and "which local jobs do" in issue.message
+    issue = only_issue(sweep(SEARCH.replace("min_steps: 20,", "min_steps: 20, interval: 5,")))
+    assert issue.path == "search.pruner.interval" and issue.message.startswith(
+        "interval is for pbt"
+    )
+    only = (
+        PBT_SEARCH.split("  space:")[0]
+        + "  space:\n    neuralnet.layers.fc1.units: {choice: [8, 16]}\n"
+    )
+    issue = only_issue(sweep(only))
+    assert issue.path == "search.space" and "only choices" in issue.message
 
 
 def test_pruner_rules() -> None:

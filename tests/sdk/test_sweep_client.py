@@ -94,6 +94,20 @@ def test_sdk_reads_a_finished_sweep(client: Client, followed: int) -> None:
     job = sweep.best_job()
     assert job is not None and job.id == best.job_id and job.info.sweep_id == followed
     assert followed in {s.id for s in client.sweeps()}
+    found = sweep.importance()
+    assert (found.metric, found.evaluator, found.trials) == ("test/accuracy", "fanova", 3)
+    assert set(found.importances) == {"updater.lr.base", "neuralnet.layers.fc1.units"}
+
+
+def test_cli_prints_the_parameter_importance(stack: RunningStack, followed: int) -> None:
+    result = run(stack, "sweep", "importance", str(followed), "--json")
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.stdout)
+    assert answer["trials"] == 3 and abs(sum(answer["importances"].values()) - 1.0) < 1e-6
+    table = run(stack, "sweep", "importance", str(followed))
+    assert table.exit_code == 0 and "importance for test/accuracy (fanova, 3 trials)" in (
+        table.stdout
+    )
 
 
 def test_sdk_submits_a_sweep_and_cancels_it(client: Client) -> None:

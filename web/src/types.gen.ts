@@ -132,6 +132,17 @@ export interface Health {
   redis: boolean;
 }
 
+export interface ImportanceOut {
+  /** the metric the importances are of */
+  metric: string;
+  /** space path -> its share of the metric's variation (sum 1), largest first */
+  importances: Record<string, number>;
+  /** Optuna's evaluator: fanova, mean_decrease_impurity, ... */
+  evaluator: string;
+  /** the finished trials it was computed from */
+  trials: number;
+}
+
 export interface JobOut {
   id: number;
   name: string;
@@ -330,6 +341,15 @@ export interface SweepOut {
   ended_at: string | null;
 }
 
+export interface ScheduleEntry {
+  /** from this step on */
+  step: number;
+  /** the values trained with */
+  params: Record<string, unknown>;
+  /** the trial whose checkpoint was taken here (PBT's exploit), else null */
+  from_trial: number | null;
+}
+
 export interface TrialOut {
   /** the trial's number in the sweep, from 0 */
   number: number;
@@ -346,6 +366,8 @@ export interface TrialOut {
   train_steps: number;
   /** PRUNED: the step (rung) it was stopped at */
   pruned_step: number | null;
+  /** PBT: the values its weights were trained with, over steps; else empty */
+  schedule: ScheduleEntry[];
 }
 
 export interface SweepDetail extends SweepOut {
