@@ -8,7 +8,7 @@ import { type Scale, position, rampColour, ticks } from "./scales";
 
 const WIDTH = 900;
 const HEIGHT = 300;
-const TOP = 34;
+const TOP = 26;
 const BOTTOM = 14;
 const SIDE = 70;
 
@@ -85,12 +85,9 @@ export function drawParcoords(axes: PcAxis[], lines: PcLine[]): SVGSVGElement {
         "text",
         { x: x(i), y: TOP - 16, "text-anchor": "middle", class: "pc-title" },
         svg("title", {}, axis.key),
-        shortName(axis.key),
+        shortName(axis.key) + (axis.scale.kind === "log" ? " (log)" : ""),
       ),
     );
-    if (axis.scale.kind === "log") {
-      g.append(svg("text", { x: x(i), y: TOP - 4, "text-anchor": "middle", class: "pc-kind" }, "log"));
-    }
     for (const tick of ticks(axis.scale, 4)) {
       const ty = y(tick.at);
       g.append(

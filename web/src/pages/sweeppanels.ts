@@ -187,7 +187,18 @@ export function curves(sweep: SweepDetail, metric: string, series: Map<number, [
     }));
   if (drawn.length === 0) return h("p", { class: "muted" }, `No trial has reported ${metric} yet.`);
   const lastStep = Math.max(...sweep.trials.map((t) => t.train_steps));
-  return drawCurves(drawn, metric, lastStep);
+  const legend = h(
+    "div",
+    { class: "legend trial-legend" },
+    ...drawn.map((c) =>
+      h(
+        "span",
+        { class: `key${c.best ? " best" : ""}`, style: `--key: ${c.colour}`, "data-trial": String(c.trial) },
+        `trial ${c.trial}${c.prunedStep !== null ? " ✕" : ""}`,
+      ),
+    ),
+  );
+  return h("div", {}, drawCurves(drawn, metric, lastStep), legend);
 }
 
 /** The first two objectives against each other; null for a sweep of one objective. */
