@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from playwright.sync_api import Page
+from playwright.sync_api import Page, Route
 
 from tests.web.conftest import EXAMPLES, Stack, shoot
 
@@ -230,3 +230,63 @@ def test_submit_a_sweep_from_the_editor_and_cancel_it(signed_in: Page, stack: St
     assert sweep["trials"] and {t["state"] for t in sweep["trials"]} == {"CANCELLED"}
     states = page.locator("#trials tbody tr[data-trial] .badge").all_inner_texts()
     assert set(states) == {"cancelled"}
+
+
+def test_importance_and_pbt_schedules_panels(
+    signed_in: Page, stack: Stack, finished: dict[str, Any]
+) -> None:
+    """The panels for parameter importance and population-based training, on the shapes the API
+    gives them (GET /sweeps/{id}/importance; a PBT trial's `schedule`), answered here for the
+    finished sweep: each trial's learning rate halves at step 500, continuing from trial 3."""
+    page = signed_in
+    sweep_id = finished["id"]
+    importances = {"updater.lr.base": 0.6, "neuralnet.layers.fc1.units": 0.3}
+    importances["updater.weight_decay"] = 0.1
+
+    def with_schedules(route: Route) -> None:
+        sweep = route.fetch().json()
+        for trial in sweep["trials"]:
+            later = {**trial["params"], "updater.lr.base": trial["params"]["updater.lr.base"] / 2}
+            trial["schedule"] = [
+                {"step": 0, "params": trial["params"], "from_trial": None},
+                {"step": 500, "params": later, "from_trial": 3},
+            ]
+        route.fulfill(json=sweep)
+
+    page.route(f"**/api/v1/sweeps/{sweep_id}", with_schedules)
+    page.route(
+        f"**/api/v1/sweeps/{sweep_id}/importance",
+        lambda route: route.fulfill(
+            json={"metric": "test/accuracy", "importances": importances, "evaluator": "fanova",
+                  "trials": 8}
+        ),
+    )  # fmt: skip
+    page.goto(f"{stack.url}/#/sweeps/{sweep_id}")
+    bars = page.locator("#importance g.importance-bar")
+    bars.first.wait_for()
+    assert bars.evaluate_all("gs => gs.map(g => g.dataset.param)") == list(importances)
+    assert "fanova over 8 trials" in page.locator("#importance").inner_text()
+    charts = page.locator("#schedules figure.schedule-chart")
+    charts.first.wait_for()
+    assert charts.evaluate_all("fs => fs.map(f => f.dataset.param)") == list(SPACE)
+    lr = page.locator("#schedules figure[data-param='updater.lr.base']")
+    assert lr.locator("g.schedule-line").count() == len(finished["trials"])
+    # A trial's schedule is drawn up to its step: those stopped before 500 show no exploit.
+    past = [t for t in finished["trials"] if t["step"] >= 500]
+    assert lr.locator("circle.exploit").count() == len(past)
+    shoot(page, "sweep-pbt-importance", full_page=True)
+
+
+def test_without_importance_or_schedules_their_panels_hide(
+    signed_in: Page, stack: Stack, finished: dict[str, Any]
+) -> None:
+    page = signed_in
+    page.route(
+        f"**/api/v1/sweeps/{finished['id']}/importance",
+        lambda route: route.fulfill(status=409, json={"detail": "fewer than two trials"}),
+    )
+    with page.expect_response(lambda response: response.url.endswith("/importance")):
+        page.goto(f"{stack.url}/#/sweeps/{finished['id']}")
+    page.locator("#parcoords g.pc-axis").first.wait_for()
+    assert not page.locator("#importance").is_visible()
+    assert not page.locator("#schedules").is_visible()

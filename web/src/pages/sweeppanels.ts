@@ -238,7 +238,9 @@ export function schedules(sweep: SweepDetail): Node[] | null {
   const lastStep = Math.max(...sweep.trials.map((t) => t.train_steps));
   return paramPaths(sweep).map((path) => {
     const lines: ScheduleLine[] = trials.map((t) => {
-      const schedule = [...(t.schedule ?? [])].sort((a, b) => a.step - b.step);
+      // Drawn up to the step the trial has reached, where its line ends.
+      const sorted = [...(t.schedule ?? [])].sort((a, b) => a.step - b.step);
+      const schedule = sorted.filter((e, i) => i === 0 || e.step <= t.step);
       return {
         trial: t.number,
         colour: trialColour(t.number),
