@@ -16,7 +16,7 @@ class CheckpointOut(BaseModel):
     created_at: datetime
 
 
-NodeState = Literal["ALIVE", "LOST"]
+NodeState = Literal["ALIVE", "DRAINING", "LOST"]
 
 
 class NodeOut(BaseModel):
@@ -41,7 +41,7 @@ class QueueEntryOut(BaseModel):
     reason: str = Field(description="why the job is still waiting")
 
 
-AllocationState = Literal["PENDING", "RUNNING", "DONE", "FAILED", "CANCELLED"]
+AllocationState = Literal["PENDING", "RUNNING", "DONE", "FAILED", "CANCELLED", "DRAINED"]
 
 
 class AllocationOut(BaseModel):
@@ -126,10 +126,25 @@ class GraphOut(BaseModel):
     edges: list[GraphEdge]
 
 
+class LoopHealth(BaseModel):
+    last_pass_seconds_ago: float | None = Field(
+        description="seconds since the loop last completed a pass; null: never seen"
+    )
+    alive: bool = Field(description="it passed within the liveness timeout (or was never seen)")
+
+
 class Health(BaseModel):
-    status: str = Field(description="ok when the database and Redis answer, else degraded")
+    status: str = Field(
+        description="ok when the database and Redis answer and the scheduler's loops are alive, else degraded"
+    )
     db: bool
     redis: bool
+    scheduler: LoopHealth | None = Field(
+        default=None, description="the scheduler's placement loop (null when Redis is away)"
+    )
+    ingest: LoopHealth | None = Field(
+        default=None, description="the ingester, job streams into SQL (null when Redis is away)"
+    )
 
 
 class ImportanceOut(BaseModel):
@@ -168,6 +183,10 @@ class JobOut(BaseModel):
     sweep_id: int | None = Field(description="the sweep the job is a trial of, if any")
     trial_number: int | None = Field(description="its number in the sweep, from 0")
     pruned_step: int | None = Field(description="PRUNED: the step (rung) its sweep stopped it at")
+    restarts: int = Field(description="times it was restarted after a process or node failed")
+    pending_reason: str | None = Field(
+        description="QUEUED: why the cluster cannot place it now (e.g. not enough free slots)"
+    )
 
 
 class JobDetail(JobOut):

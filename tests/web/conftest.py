@@ -154,13 +154,14 @@ def signed_in(page: Page, stack: Stack) -> Page:
     return page
 
 
-def shoot(page: Page, name: str, *, doc: bool = False) -> None:
-    """Every test leaves a screenshot; the documentation's pictures come from the same runs."""
+def shoot(page: Page, name: str, *, doc: bool = False, full_page: bool = False) -> None:
+    """Every test leaves a screenshot; the documentation's pictures come from the same runs.
+    `full_page` takes the whole page, not only the 1366x768 viewport."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=full_page)
     if doc and os.environ.get("TRAINYARD_DOC_SCREENSHOTS") == "1":
         DOC_IMAGES.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(DOC_IMAGES / f"{name}.png"))
+        page.screenshot(path=str(DOC_IMAGES / f"{name}.png"), full_page=full_page)
 
 
 def submit(stack: Stack, yaml_text: str) -> int:

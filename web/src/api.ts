@@ -18,10 +18,13 @@ import type {
   SeriesOut,
   StageTimelineOut,
   StreamTicket,
+  SweepDetail,
+  SweepPage,
+  TrialOut,
   ValidationOut,
 } from "./types.gen";
 
-export type { JobPage, JobState } from "./types.gen";
+export type { JobPage, JobState, SweepDetail, SweepOut, SweepPage } from "./types.gen";
 
 export const API = "/api/v1";
 const TOKEN_KEY = "trainyard.token";
@@ -52,6 +55,28 @@ export type Example = ExampleOut;
 export type Pipeline = PipelineOut;
 /** One pipeline stage's latest timeline (the `timeline` stream event has the same shape). */
 export type StageTimeline = StageTimelineOut;
+
+export const SWEEP_TERMINAL: ReadonlySet<string> = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
+
+// Not in types.gen.ts yet: GET /sweeps/{id}/importance and a PBT trial's `schedule` come with
+// population-based training and parameter importance (branch sweeps2); regenerating the types
+// at the merge replaces these two.
+/** Optuna's importance of each searched path for the metric, over the completed trials. */
+export interface SweepImportance {
+  metric: string;
+  importances: Record<string, number>;
+  evaluator: string;
+  trials: number;
+}
+/** From `step` on, a PBT trial trained with `params`; `from_trial` when it continued from that
+ * trial's checkpoint (exploit), null for its first values. */
+export interface ScheduleEntry {
+  step: number;
+  params: Record<string, unknown>;
+  from_trial: number | null;
+}
+/** A trial; a PBT sweep's trials also carry their schedule of hyperparameters over steps. */
+export type Trial = TrialOut & { schedule?: ScheduleEntry[] | null };
 
 /** A pipelined job's topology counts its stages (one worker of each group per stage). */
 export function isPipelined(job: Job): boolean {
@@ -172,6 +197,19 @@ export const api = {
     json<CheckpointOut[]>(`/jobs/${id}/checkpoints`, { signal }),
   checkpointFile: async (id: number, step: number): Promise<Blob> =>
     (await send(`/jobs/${id}/checkpoints/${step}`)).blob(),
+  sweeps: (query: { limit?: number; before?: number | null }, signal?: AbortSignal) =>
+    json<SweepPage>("/sweeps", { query, signal }),
+  sweep: (id: number, signal?: AbortSignal) => json<SweepDetail>(`/sweeps/${id}`, { signal }),
+  submitSweep: (yaml: string, priority: number) =>
+    json<SweepDetail>("/sweeps", {
+      method: "POST",
+      body: yaml,
+      contentType: "application/yaml",
+      query: { priority },
+    }),
+  cancelSweep: (id: number) => json<SweepDetail>(`/sweeps/${id}/cancel`, { method: "POST" }),
+  importance: (id: number, signal?: AbortSignal) =>
+    json<SweepImportance>(`/sweeps/${id}/importance`, { signal }),
   cluster: (signal?: AbortSignal) => json<Cluster>("/cluster", { signal }),
   examples: () => json<Example[]>("/examples"),
 };

@@ -28,6 +28,8 @@ const ROUTES: Route[] = [
   route("/jobs", "jobs", async () => (await import("./pages/jobs")).renderJobs),
   route("/new", "new", async () => (await import("./pages/newjob")).renderNewJob),
   route("/jobs/:id/:tab?", "jobs", async () => (await import("./pages/job")).renderJob),
+  route("/sweeps", "sweeps", async () => (await import("./pages/sweeps")).renderSweeps),
+  route("/sweeps/:id", "sweeps", async () => (await import("./pages/sweep")).renderSweep),
   route("/cluster", "cluster", async () => (await import("./pages/cluster")).renderCluster),
 ];
 
@@ -35,6 +37,7 @@ const app = document.getElementById("app") as HTMLElement;
 const page = h("main", { id: "page" });
 const navLinks = {
   jobs: h("a", { href: "#/jobs" }, "Jobs"),
+  sweeps: h("a", { href: "#/sweeps" }, "Sweeps"),
   new: h("a", { href: "#/new" }, "New job"),
   cluster: h("a", { href: "#/cluster" }, "Cluster"),
 };
@@ -53,7 +56,7 @@ const topbar = h(
   "header",
   { class: "topbar" },
   h("a", { class: "brand", href: "#/jobs" }, h("span", { class: "logo" }), "Trainyard"),
-  h("nav", {}, navLinks.jobs, navLinks.new, navLinks.cluster),
+  h("nav", {}, navLinks.jobs, navLinks.sweeps, navLinks.new, navLinks.cluster),
   h("div", { class: "spacer" }),
   signOut,
 );

@@ -9,7 +9,7 @@ export interface CheckpointOut {
   created_at: string;
 }
 
-export type NodeState = "ALIVE" | "LOST";
+export type NodeState = "ALIVE" | "DRAINING" | "LOST";
 
 export interface NodeOut {
   name: string;
@@ -34,7 +34,7 @@ export interface QueueEntryOut {
   reason: string;
 }
 
-export type AllocationState = "PENDING" | "RUNNING" | "DONE" | "FAILED" | "CANCELLED";
+export type AllocationState = "PENDING" | "RUNNING" | "DONE" | "FAILED" | "CANCELLED" | "DRAINED";
 
 export interface AllocationOut {
   node: string;
@@ -125,11 +125,22 @@ export interface GraphOut {
   edges: GraphEdge[];
 }
 
+export interface LoopHealth {
+  /** seconds since the loop last completed a pass; null: never seen */
+  last_pass_seconds_ago: number | null;
+  /** it passed within the liveness timeout (or was never seen) */
+  alive: boolean;
+}
+
 export interface Health {
-  /** ok when the database and Redis answer, else degraded */
+  /** ok when the database and Redis answer and the scheduler's loops are alive, else degraded */
   status: string;
   db: boolean;
   redis: boolean;
+  /** the scheduler's placement loop (null when Redis is away) */
+  scheduler?: LoopHealth | null;
+  /** the ingester, job streams into SQL (null when Redis is away) */
+  ingest?: LoopHealth | null;
 }
 
 export interface ImportanceOut {
@@ -181,6 +192,10 @@ export interface JobOut {
   trial_number: number | null;
   /** PRUNED: the step (rung) its sweep stopped it at */
   pruned_step: number | null;
+  /** times it was restarted after a process or node failed */
+  restarts: number;
+  /** QUEUED: why the cluster cannot place it now (e.g. not enough free slots) */
+  pending_reason: string | null;
 }
 
 export interface JobDetail extends JobOut {

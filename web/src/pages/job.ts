@@ -166,6 +166,9 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
           h("strong", { class: "num" }, `${j.step.toLocaleString()} / ${j.train_steps.toLocaleString()}`),
         ),
         fact("owner", j.owner),
+        j.sweep_id !== null
+          ? fact("sweep", h("a", { href: `#/sweeps/${j.sweep_id}`, id: "job-sweep" }, `#${j.sweep_id} trial ${j.trial_number ?? "?"}`))
+          : null,
         fact("framework", j.framework),
         fact("priority", String(j.priority)),
         j.queue_position !== null ? fact("queue position", String(j.queue_position)) : null,

@@ -18,6 +18,11 @@ import { errorBox, table } from "../components/widgets";
 // What an empty editor starts with: the example `make run` trains.
 const FIRST_EXAMPLE = "mnist1d_cnn";
 
+/** A document with a top-level `search:` section is a sweep: POST /sweeps takes it. */
+export function isSweep(text: string): boolean {
+  return /^search[ \t]*:/m.test(text);
+}
+
 export function renderNewJob(root: HTMLElement, scope: Scope): void {
   const examples = h(
     "select",
@@ -31,7 +36,7 @@ export function renderNewJob(root: HTMLElement, scope: Scope): void {
     step: "1",
     title: "higher runs first",
   });
-  const submit = h("button", { class: "primary", id: "submit" }, "Submit job");
+  const submit = h("button", { class: "primary", id: "submit" }, isSweep(localStorage.getItem(DRAFT_KEY) ?? "") ? "Submit sweep" : "Submit job");
   const verdict = h("span", { class: "verdict muted", id: "verdict" }, "checking…");
   const editorHost = h("div", { class: "editor", id: "editor" });
   const report = h("div", { class: "report", id: "report" });
@@ -72,6 +77,7 @@ export function renderNewJob(root: HTMLElement, scope: Scope): void {
     onChange: (text) => {
       // Until the linter has checked this text, the verdict shown is about an older one.
       latest = text;
+      submit.textContent = isSweep(text) ? "Submit sweep" : "Submit job";
       verdict.className = "verdict muted";
       verdict.textContent = "checking…";
     },
@@ -80,7 +86,8 @@ export function renderNewJob(root: HTMLElement, scope: Scope): void {
 
   function showValid(result: Validation): void {
     verdict.className = "verdict ok";
-    verdict.textContent = `✓ valid — ${result.layers.length} layers, ${formatCount(result.total_params)} parameters`;
+    const what = isSweep(latest) ? " sweep — base job:" : " —";
+    verdict.textContent = `✓ valid${what} ${result.layers.length} layers, ${formatCount(result.total_params)} parameters`;
     fill(report, layerSection(result), placementSection(result));
   }
 
@@ -115,8 +122,15 @@ export function renderNewJob(root: HTMLElement, scope: Scope): void {
   submit.addEventListener("click", async () => {
     submit.disabled = true;
     try {
-      const job = await api.submit(view.state.doc.toString(), Number(priority.value) || 0);
-      location.hash = `#/jobs/${job.id}`;
+      const text = view.state.doc.toString();
+      const level = Number(priority.value) || 0;
+      if (isSweep(text)) {
+        const sweep = await api.submitSweep(text, level);
+        location.hash = `#/sweeps/${sweep.id}`;
+      } else {
+        const job = await api.submit(text, level);
+        location.hash = `#/jobs/${job.id}`;
+      }
     } catch (error) {
       const issues = issuesOf(error);
       showProblems(issues, error);
