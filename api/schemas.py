@@ -379,10 +379,7 @@ class LoopHealth(BaseModel):
 
 
 class Health(BaseModel):
-    status: str = Field(
-        description="ok when the database and Redis answer and the scheduler's loops are "
-        "alive, else degraded"
-    )
+    status: str = Field(description="ok when the database, Redis and the scheduler's loops are")
     db: bool
     redis: bool
     scheduler: LoopHealth | None = Field(

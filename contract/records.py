@@ -373,7 +373,7 @@ class JobStream:
 CLAIMED = "claimed"  # set once (HSETNX) by the agent that runs it: redeliveries are no-ops
 FINISHED = "finished"  # the final state the agent reported
 STOP = "stop"  # the scheduler wants this one process stopped (its node was lost)
-DISPATCHED = "dispatched"  # the Celery task was sent
+DISPATCHED = "dispatched"  # when the Celery task was sent (unix time)
 SEEN = "seen"  # when the agent last saw its process alive (every heartbeat)
 # A field of a node's registration hash (Keys.node): its agent is stopping and takes no work.
 DRAINING = "draining"

@@ -32,17 +32,19 @@ def create_celery(settings: Settings) -> Celery:
         task_serializer="json",
         accept_content=["json"],
         result_serializer="json",
-        # A task is acknowledged when it ends, so a node dying mid-task leaves it to be
-        # redelivered; the agent's claim on the allocation makes the redelivery a no-op.
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
+        # A task message is taken from the queue once (no acknowledgement emulation): kept
+        # unacknowledged for the hours a task runs, kombu's Redis transport would try to put
+        # it back when the connection to Redis breaks, and that crashes the worker. A message
+        # lost before its agent claimed the allocation is sent again by the scheduler
+        # (loop.undispatched); a claimed allocation its agent lost is reconciled
+        # (agent.reconcile).
+        task_acks_late=False,
         worker_prefetch_multiplier=1,
         # Tasks report through the job's Redis stream, never through results.
         task_ignore_result=True,
         task_default_queue=f"{settings.redis_prefix}.default",
         broker_connection_retry_on_startup=True,
-        # A training task runs for hours; redelivery waits for the agent, not a timer.
-        broker_transport_options={"visibility_timeout": 7 * 24 * 3600},
+        broker_transport_options={"ack_emulation": False},
         worker_hijack_root_logger=False,
         worker_send_task_events=False,
     )

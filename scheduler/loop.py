@@ -258,13 +258,18 @@ def dispatch(celery: Celery, client: redis.Redis, keys: Keys, items: list[Dispat
         pipe.hset(key, mapping=fields)
         pipe.execute()
         celery.send_task(RUN_ALLOCATION, args=[item.allocation_id], queue=item.queue)
-        client.hset(key, records.DISPATCHED, "1")
+        client.hset(key, records.DISPATCHED, repr(time.time()))
 
 
-def undispatched(session: Session, settings: Settings, client: redis.Redis) -> list[Dispatch]:
+def undispatched(
+    session: Session, settings: Settings, client: redis.Redis, now: float | None = None
+) -> list[Dispatch]:
     """Pending allocations whose task may not have been sent (the scheduler stopped between
-    its commit and the dispatch): sent again at start; the agent's claim makes that safe."""
+    its commit and the dispatch), or was sent and not claimed within the node timeout (the
+    message was lost with Redis, or with an agent that died holding it): sent again; the
+    agent's claim makes that safe."""
     keys = Keys(settings.redis_prefix)
+    now = time.time() if now is None else now
     items = []
     pending = session.scalars(
         select(Allocation).where(Allocation.state == AllocationState.PENDING)
@@ -272,7 +277,11 @@ def undispatched(session: Session, settings: Settings, client: redis.Redis) -> l
     for alloc in pending:
         fields = decode(client.hgetall(keys.allocation(alloc.id)))
         same_job = fields.get("job_id") == str(alloc.job_id)
-        if same_job and (records.DISPATCHED in fields or records.CLAIMED in fields):
+        if same_job and records.CLAIMED in fields:
+            continue
+        sent = fields.get(records.DISPATCHED, "")
+        waited = now - float(sent) if sent.replace(".", "", 1).isdigit() else 0.0
+        if same_job and sent and waited <= settings.node_timeout_seconds:
             continue
         job, node = session.get(Job, alloc.job_id), session.get(Node, alloc.node_id)
         if job is None or node is None or JobState(job.state).terminal:

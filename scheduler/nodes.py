@@ -87,7 +87,10 @@ def sync_nodes(
         elif not fresh and row.state in (NodeState.ALIVE, NodeState.DRAINING):
             lost.append((row, f"{NODE_LOST}: {name} sent no heartbeat for {timeout:g}s"))
     for name, row in rows.items():
-        if name not in reported and row.state == NodeState.ALIVE:
+        # A registration can vanish with its Redis (restarted empty) while the agent lives on
+        # and registers again at its next heartbeat: lost only after the timeout, as silence.
+        gone_for = tracker.age(name, "", now) if name not in reported else 0.0
+        if name not in reported and row.state == NodeState.ALIVE and gone_for > timeout:
             lost.append((row, f"{NODE_LOST}: {name} is no longer registered"))
         elif name not in reported and row.state == NodeState.DRAINING:
             # A clean leave: what still ran there is placed again, not counted as a failure.

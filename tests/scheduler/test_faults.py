@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -22,6 +24,7 @@ from contract.records import Keys
 from contract.settings import Settings
 from scheduler.db import Database, migrate
 from scheduler.models import AllocationState, JobState
+from scheduler.redis_server import RedisServer
 from tests.scheduler.cluster_harness import Cluster, stop_process
 
 pytestmark = pytest.mark.slow
@@ -30,9 +33,8 @@ STEPS = 2000  # about 10 s of training on a quiet 2-core machine
 EVERY = 50  # disp_freq: train/loss is reported at each multiple
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Cluster]:
-    data_dir = tmp_path_factory.mktemp("fault-data")
+def start_cluster(data_dir: Path, redis_url: str) -> Cluster:
+    """A scheduler and one node agent ("node-1", 2 slots), each a process of its own."""
     settings = Settings(
         data_dir=data_dir,
         redis_url=redis_url,
@@ -44,19 +46,32 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterato
         restart_point_seconds=1.0,
     )
     migrate(settings.sql_url())
-    db = Database(settings.sql_url())
-    client = redis.Redis.from_url(redis_url)
-    found = Cluster(settings, db, client, Keys(settings.redis_prefix), {}, data_dir)
+    found = Cluster(
+        settings,
+        Database(settings.sql_url()),
+        redis.Redis.from_url(redis_url),
+        Keys(settings.redis_prefix),
+        {},
+        data_dir,
+    )
     found.vital = ()
     found.start_scheduler()
     found.start_agent("node-1", slots=2)
-    try:
-        yield found
-    finally:
-        for process in found.agents.values():
-            stop_process(process)
-        db.dispose()
-        client.close()
+    return found
+
+
+def stop_cluster(cluster: Cluster) -> None:
+    for process in cluster.agents.values():
+        stop_process(process)
+    cluster.db.dispose()
+    cluster.client.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Cluster]:
+    found = start_cluster(tmp_path_factory.mktemp("fault-data"), redis_url)
+    yield found
+    stop_cluster(found)
 
 
 def submit(cluster: Cluster, **overrides: object) -> int:
@@ -179,3 +194,25 @@ def test_a_killed_scheduler_loses_no_job_and_starts_none_twice(cluster: Cluster)
         assert len(cluster.allocations(job_id)) == 1  # tracked again, never started twice
         assert cluster.job(job_id).restarts == 0
     cluster.agents["scheduler"] = standby
+
+
+def test_redis_restarted_empty_the_job_resumes_from_its_restart_point(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    server = RedisServer(tmp_path_factory.mktemp("fault-redis"), persist=False, password="pw")
+    own = start_cluster(tmp_path_factory.mktemp("fault-data"), server.start())
+    try:
+        job_id = submit(own)
+        running_with_a_restart_point(own, job_id)
+        server.stop()
+        time.sleep(3.0)  # long enough that the job's process fails to report, not a blip
+        server.start()  # the same address and password, and nothing in it (no persistence)
+        assert_succeeded_once_per_step(own, job_id)
+        assert own.job(job_id).restarts >= 1
+        # The agent and the scheduler came through: a new job runs as usual.
+        second = own.submit(train_steps=40, disp_freq=10)
+        own.wait_state(second, JobState.SUCCEEDED, JobState.FAILED)
+        assert own.job(second).state == JobState.SUCCEEDED
+    finally:
+        stop_cluster(own)
+        server.stop()

@@ -95,8 +95,11 @@ def test_nodes_join_go_silent_and_come_back(db: Database) -> None:
     with db.session() as session:  # a new heartbeat: alive again
         sync_nodes(session, {"n1": registration(4, beat=9.0)}, tracker, TIMEOUT, now=4.0)
         assert session.scalars(select(Node.state)).one() == NodeState.ALIVE
-    with db.session() as session:  # gone from Redis (deregistered or expired)
+    with db.session() as session:  # gone from Redis (expired, or Redis restarted empty) ...
         sync_nodes(session, {}, tracker, TIMEOUT, now=4.1)
+        assert session.scalars(select(Node.state)).one() == NodeState.ALIVE
+    with db.session() as session:  # ... lost when it stays gone for the timeout
+        sync_nodes(session, {}, tracker, TIMEOUT, now=4.1 + TIMEOUT + 0.1)
         assert session.scalars(select(Node.state)).one() == NodeState.LOST
     with db.session() as session:
         assert [n.alive for n in node_capacities(session)] == [False]
@@ -225,9 +228,14 @@ def test_allocations_not_dispatched_are_sent_again(
         [again] = undispatched(session, settings, client)
     assert again.allocation_id == item.allocation_id and again.info == item.info
     client.hset(keys.allocation(item.allocation_id), mapping={"job_id": str(item.info.job_id)})
-    client.hset(keys.allocation(item.allocation_id), DISPATCHED, "1")
-    with db.session() as session:
-        assert undispatched(session, settings, client) == []
+    client.hset(keys.allocation(item.allocation_id), DISPATCHED, "1000.0")
+    with db.session() as session:  # sent, and not claimed yet: within the node timeout
+        assert undispatched(session, settings, client, now=1001.0) == []
+        # Not claimed long after it was sent (the message was lost): sent again.
+        late = 1000.0 + settings.node_timeout_seconds + 1
+        assert [d.allocation_id for d in undispatched(session, settings, client, now=late)] == [
+            item.allocation_id
+        ]
     client.delete(keys.allocation(item.allocation_id))
     client.close()
 

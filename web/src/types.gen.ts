@@ -133,7 +133,7 @@ export interface LoopHealth {
 }
 
 export interface Health {
-  /** ok when the database and Redis answer and the scheduler's loops are alive, else degraded */
+  /** ok when the database, Redis and the scheduler's loops are */
   status: string;
   db: boolean;
   redis: boolean;
