@@ -19,6 +19,7 @@ import pytest
 import redis
 from sqlalchemy import select
 
+from bench.service_cluster import Cluster, stop_process
 from contract.records import Keys
 from contract.settings import Settings
 from scheduler.db import Database, migrate
@@ -31,7 +32,6 @@ from scheduler.models import (
     Node,
     NodeState,
 )
-from tests.scheduler.cluster_harness import Cluster, stop_process
 
 pytestmark = pytest.mark.slow
 

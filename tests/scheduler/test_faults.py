@@ -12,59 +12,19 @@ import os
 import re
 import signal
 import time
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import psutil
 import pytest
-import redis
 
-from contract.records import Keys
-from contract.settings import Settings
-from scheduler.db import Database, migrate
+from bench.service_cluster import Cluster, start_cluster, stop_cluster, stop_process
 from scheduler.models import AllocationState, JobState
 from scheduler.redis_server import RedisServer
-from tests.scheduler.cluster_harness import Cluster, stop_process
 
 pytestmark = pytest.mark.slow
 
 STEPS = 2000  # about 10 s of training on a quiet 2-core machine
 EVERY = 50  # disp_freq: train/loss is reported at each multiple
-
-
-def start_cluster(data_dir: Path, redis_url: str) -> Cluster:
-    """A scheduler and one node agent ("node-1", 2 slots), each a process of its own."""
-    settings = Settings(
-        data_dir=data_dir,
-        redis_url=redis_url,
-        redis_prefix=f"f{uuid.uuid4().hex[:8]}",
-        heartbeat_seconds=0.5,
-        node_timeout_seconds=20.0,  # long enough for an agent killed here to come back first
-        schedule_seconds=0.1,
-        scheduler_lease_seconds=3.0,
-        restart_point_seconds=1.0,
-    )
-    migrate(settings.sql_url())
-    found = Cluster(
-        settings,
-        Database(settings.sql_url()),
-        redis.Redis.from_url(redis_url),
-        Keys(settings.redis_prefix),
-        {},
-        data_dir,
-    )
-    found.vital = ()
-    found.start_scheduler()
-    found.start_agent("node-1", slots=2)
-    return found
-
-
-def stop_cluster(cluster: Cluster) -> None:
-    for process in cluster.agents.values():
-        stop_process(process)
-    cluster.db.dispose()
-    cluster.client.close()
 
 
 @pytest.fixture(scope="module")

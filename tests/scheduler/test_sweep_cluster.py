@@ -14,6 +14,7 @@ import pytest
 import redis
 from sqlalchemy import select
 
+from bench.service_cluster import Cluster, stop_process
 from contract.records import Keys
 from contract.settings import Settings
 from scheduler import store
@@ -22,7 +23,6 @@ from scheduler.loop import run_scheduler
 from scheduler.models import Allocation, AllocationState, Job, JobState, Sweep, SweepState
 from scheduler.submission import check_sweep
 from scheduler.sweeps import create_sweep, request_sweep_cancel, trials
-from tests.scheduler.test_agent import Cluster, _stop
 
 pytestmark = pytest.mark.slow
 
@@ -107,7 +107,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterato
     finally:
         found.stop_scheduler()
         for process in found.agents.values():
-            _stop(process)
+            stop_process(process)
         db.dispose()
         client.close()
 

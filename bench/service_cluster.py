@@ -1,6 +1,8 @@
-"""A cluster of real processes for the service's tests: node agents (`trainyard worker`) and,
-when a test kills it, the scheduler (`trainyard scheduler`) as subprocesses, a redis-server and a
-SQLite file; helpers to submit jobs and wait on their states."""
+"""A cluster of real service processes on this machine: node agents (`trainyard worker`) and
+the scheduler (`trainyard scheduler`) as subprocesses of their own, so that each can be killed
+and started again, over a redis-server and a SQLite file; helpers to submit jobs and wait on
+their states. The fault tests (tests/scheduler/test_faults.py, test_agent.py) and the fault
+campaign (bench/faults.py) use it; tests import it as `bench.service_cluster`."""
 
 from __future__ import annotations
 
@@ -9,11 +11,11 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 import redis
 from sqlalchemy import select
 
@@ -24,13 +26,17 @@ from dsl.layers.base import BuildContext
 from dsl.topology import resolve_topology
 from scheduler import store
 from scheduler.cluster import node_capacities
-from scheduler.db import Database
+from scheduler.db import Database, migrate
 from scheduler.models import Allocation, Job, JobEvent, JobState, Metric, Node
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 JOB_TEXT = (ROOT / "examples" / "digits_mlp.yaml").read_text()
 DIGITS = BuildContext(sample_shape=(1, 8, 8), num_classes=10)
 TIMEOUT = 120.0  # a cold start imports torch in fresh processes; slow on a busy 2-core machine
+
+
+class ClusterError(AssertionError):
+    """A wait that timed out, or a vital process that died (with the processes' logs)."""
 
 
 @dataclass
@@ -139,10 +145,10 @@ class Cluster:
                 return time.monotonic() - started
             for name, agent in self.agents.items():
                 if agent.poll() is not None and name in self.vital:
-                    pytest.fail(f"{name} died:\n{(self.logs / f'{name}.log').read_text()}")
+                    raise ClusterError(f"{name} died:\n{(self.logs / f'{name}.log').read_text()}")
             time.sleep(0.1)
         logs = "\n".join(p.read_text()[-3000:] for p in self.logs.glob("*.log"))
-        pytest.fail(f"timed out waiting for {what}\n{logs}")
+        raise ClusterError(f"timed out waiting for {what}\n{logs}")
 
     def wait_state(self, job_id: int, *states: JobState, timeout: float = TIMEOUT) -> float:
         return self.wait_for(
@@ -181,3 +187,39 @@ def stop_process(process: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def start_cluster(data_dir: Path, redis_url: str, *, nodes: int = 1) -> Cluster:
+    """A scheduler and `nodes` node agents ("node-1", ... with 2 slots each), each a process
+    of its own, with short timeouts and restart points every second."""
+    settings = Settings(
+        data_dir=data_dir,
+        redis_url=redis_url,
+        redis_prefix=f"f{uuid.uuid4().hex[:8]}",
+        heartbeat_seconds=0.5,
+        node_timeout_seconds=20.0,  # long enough for an agent killed here to come back first
+        schedule_seconds=0.1,
+        scheduler_lease_seconds=3.0,
+        restart_point_seconds=1.0,
+    )
+    migrate(settings.sql_url())
+    found = Cluster(
+        settings,
+        Database(settings.sql_url()),
+        redis.Redis.from_url(redis_url),
+        Keys(settings.redis_prefix),
+        {},
+        data_dir,
+    )
+    found.vital = ()
+    found.start_scheduler()
+    for n in range(1, nodes + 1):
+        found.start_agent(f"node-{n}", slots=2)
+    return found
+
+
+def stop_cluster(cluster: Cluster) -> None:
+    for process in cluster.agents.values():
+        stop_process(process)
+    cluster.db.dispose()
+    cluster.client.close()
