@@ -86,6 +86,10 @@ def submit(
             follow_submitted_sweep(job, follow)
             return
         console.print(f"submitted job [bold]{job.id}[/] ({job.name}): {job.state}")
+        waiting = job.info.pending_reason
+        if waiting:
+            colour = "red" if waiting.startswith("can never") else "yellow"
+            err_console.print(f"[{colour}]warning[/] {waiting}")
         if follow:
             job.wait(progress=True)
             console.print(_final_line(job))
@@ -210,6 +214,10 @@ def show(job_id: JobId, as_json: AsJson = False) -> None:
     console.print(f"state [bold]{info.state}[/]   step {info.step}/{info.train_steps}")
     if info.queue_position is not None:
         console.print(f"queue position {info.queue_position}")
+    if info.pending_reason and info.state == "QUEUED":
+        console.print(f"[yellow]waiting[/] {info.pending_reason}")
+    if info.restarts:
+        console.print(f"restarts {info.restarts} (see the events below)")
     console.print(f"framework {info.framework}   topology {json.dumps(info.topology)}")
     for label, at in (
         ("created", info.created_at),

@@ -149,6 +149,11 @@ def submit_job(
             priority=submission.priority,
         ),
     )
+    # Said at once when the cluster cannot hold the job now, or ever (then a warning to act
+    # on); the scheduler keeps the reason up to date from its next pass.
+    preview = placement_preview(session, checked.topology, submission.priority)
+    if not preview.feasible:
+        job.pending_reason = preview.reason
     session.commit()
     return detail_of(session, job)
 

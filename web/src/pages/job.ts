@@ -172,12 +172,16 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
         fact("framework", j.framework),
         fact("priority", String(j.priority)),
         j.queue_position !== null ? fact("queue position", String(j.queue_position)) : null,
+        j.restarts > 0 ? fact("restarts", String(j.restarts)) : null,
         fact("best test acc", percent(j.best_metric)),
         fact("created", formatTime(j.created_at)),
         fact("started", formatTime(j.started_at)),
         fact("ended", formatTime(j.ended_at)),
         fact("duration", formatDuration(j.duration_seconds)),
       ),
+      j.state === "QUEUED" && j.pending_reason
+        ? h("div", { class: "pending-reason", id: "pending-reason", role: "status" }, `Waiting: ${j.pending_reason}`)
+        : null,
       j.error ? errorBox(j.error) : null,
     );
   };

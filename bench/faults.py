@@ -1,0 +1,167 @@
+"""A fault campaign: real service processes killed at random points of running jobs, counted.
+
+For each kind of fault, `--rounds` times: submit examples/digits_mlp.yaml (2000 steps, metrics
+every 50), wait until it has trained a random fraction of its steps (10% to 80%), inject the
+fault, and wait for the job to end. Each row of the table says how often the fault was
+injected, at which steps, how the jobs ended, how many steps were trained again (the restart
+point's distance to where the job was) and how many steps were reported missing or twice (both
+must be 0).
+
+    .venv/bin/python bench/faults.py --rounds 3 [--seed 0] [--json out.json]
+
+docs/reliability.md records a run. Every kind is also one test of tests/scheduler/test_faults.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.service_cluster import Cluster, start_cluster, stop_cluster, stop_process
+from scheduler.models import JobState
+from scheduler.redis_server import RedisServer
+
+STEPS, EVERY = 2000, 50
+AGAIN = re.compile(r"\((\d+) steps to train again\)")
+
+
+@dataclass
+class Row:
+    fault: str
+    injected: int = 0
+    at_steps: list[int] = field(default_factory=list)
+    succeeded: int = 0
+    restarts: int = 0
+    steps_again: int = 0
+    missing: int = 0
+    duplicated: int = 0
+
+
+def worker_sigkill(cluster: Cluster, job_id: int, server: RedisServer) -> None:
+    alloc, _ = cluster.allocations(job_id)[-1]
+    os.kill(cluster.pid(alloc.id), signal.SIGKILL)
+
+
+def agent_sigkill(cluster: Cluster, job_id: int, server: RedisServer) -> None:
+    _, node = cluster.allocations(job_id)[-1]
+    os.kill(cluster.agents[node].pid, signal.SIGKILL)
+    cluster.agents[node].wait()
+    cluster.start_agent(node, slots=2)
+
+
+def agent_sigterm(cluster: Cluster, job_id: int, server: RedisServer) -> None:
+    _, node = cluster.allocations(job_id)[-1]
+    stop_process(cluster.agents[node])
+    cluster.start_agent(node, slots=2)
+
+
+def scheduler_sigkill(cluster: Cluster, job_id: int, server: RedisServer) -> None:
+    os.killpg(cluster.agents["scheduler"].pid, signal.SIGKILL)
+    cluster.agents["scheduler"].wait()
+    cluster.start_scheduler()
+
+
+def redis_restart(cluster: Cluster, job_id: int, server: RedisServer) -> None:
+    server.stop()
+    time.sleep(3.0)
+    server.start()
+
+
+Fault = Callable[[Cluster, int, RedisServer], None]
+FAULTS: dict[str, tuple[Fault, dict[str, object]]] = {
+    "worker process SIGKILL (local job)": (worker_sigkill, {}),
+    "worker process SIGKILL (allreduce, 2 workers)": (
+        worker_sigkill,
+        {"cluster.framework": "allreduce", "cluster.nworkers_per_group": 2},
+    ),
+    "node agent SIGKILL, started again": (agent_sigkill, {}),
+    "node agent SIGTERM (drain), started again": (agent_sigterm, {}),
+    "scheduler SIGKILL, started again": (scheduler_sigkill, {}),
+    "Redis restarted empty (3 s down)": (redis_restart, {}),
+}
+
+
+def one_round(
+    cluster: Cluster, server: RedisServer, row: Row, fault: Fault, overrides: dict[str, object]
+) -> None:
+    at = random.randint(STEPS // 10, STEPS * 8 // 10) // EVERY * EVERY
+    job_id = cluster.submit(train_steps=STEPS, disp_freq=EVERY, **overrides)
+    cluster.wait_for(f"job {job_id} at step {at}", lambda: cluster.job(job_id).step >= at)
+    row.injected += 1
+    row.at_steps.append(cluster.job(job_id).step)
+    fault(cluster, job_id, server)
+    cluster.wait_state(job_id, JobState.SUCCEEDED, JobState.FAILED, timeout=300)
+    job = cluster.job(job_id)
+    row.succeeded += job.state == JobState.SUCCEEDED
+    row.restarts += job.restarts
+    for state, reason in cluster.events(job_id):
+        found = AGAIN.search(reason) if state == "QUEUED" else None
+        row.steps_again += int(found.group(1)) if found else 0
+    steps = cluster.metric_steps(job_id, "train/loss")
+    expected = set(range(EVERY, STEPS + 1, EVERY))
+    row.missing += len(expected - set(steps))
+    row.duplicated += len(steps) - len(set(steps))
+
+
+def campaign(rounds: int, workdir: Path) -> list[Row]:
+    server = RedisServer(workdir / "redis", persist=False, password="campaign")
+    cluster = start_cluster(workdir / "data", server.start(), nodes=2)
+    rows = []
+    try:
+        for name, (fault, overrides) in FAULTS.items():
+            row = Row(name)
+            for _ in range(rounds):
+                one_round(cluster, server, row, fault, overrides)
+                print(f"{name}: {row}", flush=True)
+            rows.append(row)
+    finally:
+        stop_cluster(cluster)
+        server.stop()
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    lines = [
+        "| fault | injected | at steps | jobs SUCCEEDED | restarts | steps trained again "
+        "| steps missing | steps counted twice |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        at = ", ".join(str(s) for s in r.at_steps)
+        lines.append(
+            f"| {r.fault} | {r.injected} | {at} | {r.succeeded} of {r.injected} | {r.restarts} "
+            f"| {r.steps_again} | {r.missing} | {r.duplicated} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args()
+    random.seed(args.seed)
+    with tempfile.TemporaryDirectory(prefix="trainyard-faults-") as tmp:
+        rows = campaign(args.rounds, Path(tmp))
+    print(table(rows))
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
+    bad = [r for r in rows if r.succeeded < r.injected or r.missing or r.duplicated]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
