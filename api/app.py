@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import redis
@@ -73,8 +73,8 @@ def create_app(settings: Settings | None = None, *, web_dist: Path | None = WEB_
         )
         yield
         listener.cancel()
-        with suppress(asyncio.CancelledError):
-            await listener
+        # Bounded: a pub/sub connection being closed may never answer the cancellation.
+        await asyncio.wait({listener}, timeout=2.0)
         services.redis.close()
         services.db.dispose()
 

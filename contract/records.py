@@ -399,6 +399,9 @@ class AllocationInfo:
     attempt: int = 0  # the job's placements before this one (restarts, drains, lost nodes)
     resume_from: str = ""  # the restart point this attempt continues from ("": step 0)
     restart_seconds: float = 0.0  # restart points every this many seconds (0: none)
+    # An asynchronous framework's worker restarted alone continues from this step, with the
+    # parameters the server shards hold.
+    start_step: int = 0
 
     def to_hash(self) -> dict[str, str]:
         return {
@@ -417,6 +420,7 @@ class AllocationInfo:
             "attempt": str(self.attempt),
             "resume_from": self.resume_from,
             "restart_seconds": repr(self.restart_seconds),
+            "start_step": str(self.start_step),
         }
 
     @classmethod
@@ -438,6 +442,7 @@ class AllocationInfo:
             attempt=int(fields.get("attempt", "0")),
             resume_from=fields.get("resume_from", ""),
             restart_seconds=float(fields.get("restart_seconds", "0")),
+            start_step=int(fields.get("start_step", "0")),
         )
 
 

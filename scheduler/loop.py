@@ -56,7 +56,7 @@ from scheduler.nodes import (
 )
 from scheduler.placement import plan_queue
 from scheduler.quotas import Limits, owner_shares
-from scheduler.recovery import prune_restart_points
+from scheduler.recovery import ASYNCHRONOUS, prune_restart_points, worker_step
 from scheduler.store import job_run_dir
 from scheduler.sweep_runner import TrialPruning, run_sweeps
 
@@ -76,7 +76,9 @@ class Dispatch:
     info: AllocationInfo
 
 
-def allocation_info(settings: Settings, job: Job, alloc: Allocation, node: Node) -> AllocationInfo:
+def allocation_info(
+    settings: Settings, job: Job, alloc: Allocation, node: Node, *, start_step: int = 0
+) -> AllocationInfo:
     topology = job_topology(job)
     return AllocationInfo(
         allocation_id=alloc.id,
@@ -95,6 +97,7 @@ def allocation_info(settings: Settings, job: Job, alloc: Allocation, node: Node)
         attempt=job.attempt,
         resume_from=job.restart_from or "",
         restart_seconds=settings.restart_point_seconds,
+        start_step=start_step,
     )
 
 
@@ -147,24 +150,26 @@ def schedule_once(session: Session, settings: Settings) -> list[Dispatch]:
     return dispatches
 
 
-def replace_servers(session: Session, settings: Settings) -> list[Dispatch]:
-    """Server shards of live jobs whose newest process failed (the ingester let the job run on,
-    see ingest.MAX_SHARD_REPLACEMENTS) are placed again: on their node when it is alive and has
-    room, else on the alive node with the most free slots; a shard with nowhere to go waits for
-    the next pass. The new process reads the shard's parameters, version and updater state from
-    Redis and continues."""
-    newest: dict[tuple[int, int, int], Allocation] = {}
+def replace_processes(session: Session, settings: Settings) -> list[Dispatch]:
+    """Processes of live jobs whose newest process failed and that the ingester let run on are
+    placed again: server shards (see stream_rows.MAX_SHARD_REPLACEMENTS), whose new process
+    reads the shard's parameters, version and updater state from Redis, and the workers of
+    asynchronous jobs (recovery.restart_alone), whose new process goes on from the worker's last
+    reported step with the shards' parameters. Each goes on its node when it is alive and has
+    room, else on the alive node with the most free slots, or waits for the next pass."""
+    newest: dict[tuple[int, str, int, int], Allocation] = {}
     for alloc in session.scalars(
         select(Allocation)
         .join(Job, Job.id == Allocation.job_id)
         .where(
             Job.state.in_(LIVE_JOBS),
             Job.cancel_requested.is_(False),
-            Allocation.role == "server",
+            (Allocation.role == "server")
+            | ((Allocation.role == "worker") & Job.framework.in_(ASYNCHRONOUS)),
         )
         .order_by(Allocation.id)
     ):
-        newest[(alloc.job_id, alloc.group, alloc.rank)] = alloc
+        newest[(alloc.job_id, alloc.role, alloc.group, alloc.rank)] = alloc
     dead = [alloc for alloc in newest.values() if alloc.state == AllocationState.FAILED]
     if not dead:
         return []
@@ -204,9 +209,9 @@ def replace_servers(session: Session, settings: Settings) -> list[Dispatch]:
         session.flush()
         free[node.name][0] -= old.slots
         free[node.name][1] -= old.gpus
-        dispatches.append(
-            Dispatch(alloc.id, node.queue, allocation_info(settings, job, alloc, node))
-        )
+        start = worker_step(session, job.id, old.group, old.rank) if old.role == "worker" else 0
+        info = allocation_info(settings, job, alloc, node, start_step=start)
+        dispatches.append(Dispatch(alloc.id, node.queue, info))
     return dispatches
 
 
@@ -388,7 +393,7 @@ def scheduling_pass(
         )
     stop_allocations(client, keys, stops)
     with db.session() as session:
-        items = replace_servers(session, settings) + schedule_once(session, settings)
+        items = replace_processes(session, settings) + schedule_once(session, settings)
     dispatch(celery, client, keys, items)
     if sweeper is not None and sweeper.due(time.monotonic()):
         sweeper.last = time.monotonic()

@@ -13,6 +13,11 @@ again (`requeue`):
 
 A failure (a process that died, a lost node) counts against cluster.max_restarts; a drain (the
 node agent stopped cleanly) does not. Restart points are deleted when the job ends.
+
+In the asynchronous frameworks (downpour, hogwild) a worker that died restarts alone
+(`restart_alone`): the others train on, the server shards keep the parameters, and the
+scheduler places a new process for it (loop.replace_processes) that continues from the last step
+it reported, pulling the shards' current parameters.
 """
 
 from __future__ import annotations
@@ -28,12 +33,21 @@ from sqlalchemy.orm import Session
 from contract.runs import RESTART, attempt_point, latest_restart_point
 from scheduler.cluster import ACTIVE_ALLOCATIONS
 from scheduler.lifecycle import can_transition, transition
-from scheduler.models import Allocation, AllocationState, Job, JobState, Metric, utcnow
+from scheduler.models import (
+    Allocation,
+    AllocationState,
+    Job,
+    JobEvent,
+    JobState,
+    Metric,
+    utcnow,
+)
 from scheduler.store import job_run_dir
 
 log = logging.getLogger("trainyard.recovery")
 
 DEFAULT_MAX_RESTARTS = 3
+ASYNCHRONOUS = ("downpour", "hogwild")  # frameworks whose workers restart alone
 SUMMARY_METRIC = "test/accuracy"  # the job list's best metric (scheduler/ingest.py)
 
 
@@ -128,3 +142,31 @@ def prune_restart_points(artifacts: Path, job_id: int) -> bool:
         return False
     shutil.rmtree(directory, ignore_errors=True)
     return True
+
+
+def restart_alone(session: Session, job: Job, alloc: Allocation, cause: str) -> bool:
+    """A worker of an asynchronous job restarts alone (its new process is placed by the
+    scheduler): counted against cluster.max_restarts, an event, the job's state unchanged.
+    False when the job is not asynchronous or has no restarts left."""
+    pipelined = int((job.topology or {}).get("stages", 1) or 1) > 1
+    if job.framework not in ASYNCHRONOUS or pipelined or job.restarts >= max_restarts(job):
+        return False
+    job.restarts += 1
+    step = worker_step(session, job.id, alloc.group, alloc.rank)
+    reason = (
+        f"{cause}; restart {job.restarts} of {max_restarts(job)}: this worker alone, from its "
+        f"step {step} (the server shards keep the parameters)"
+    )
+    session.add(JobEvent(job_id=job.id, at=utcnow(), state=job.state, reason=reason))
+    log.warning("job %s: %s", job.id, reason)
+    return True
+
+
+def worker_step(session: Session, job_id: int, group: int, rank: int) -> int:
+    """The last step worker (group, rank) of a job reported (0: none)."""
+    step = session.scalar(
+        select(func.max(Metric.step)).where(
+            Metric.job_id == job_id, Metric.group == group, Metric.rank == rank
+        )
+    )
+    return int(step or 0)

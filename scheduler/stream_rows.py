@@ -37,7 +37,7 @@ from scheduler.models import (
     utcnow,
 )
 from scheduler.paths import confine
-from scheduler.recovery import SUMMARY_METRIC, requeue
+from scheduler.recovery import SUMMARY_METRIC, requeue, restart_alone
 
 log = logging.getLogger("trainyard.ingest")
 
@@ -208,6 +208,8 @@ def apply_state(
         # same way again; any other failure (a killed process, a peer's) is restarted.
         if not job.cancel_requested and record.exit_code != ExitCode.INVALID:
             cause = f"{who} {reason.splitlines()[0]}"
+            if alloc.role == "worker" and restart_alone(session, job, alloc, cause):
+                return
             stops = requeue(session, job, cause, artifacts=effects.artifacts)
             if stops is not None:
                 effects.stops += stops

@@ -58,6 +58,7 @@ class RunContext(Place):
     drain: Callable[[], bool] = lambda: False
     resume_from: Path | None = None  # the service's restart point for this attempt
     restart_seconds: float = 0.0
+    start_step: int = 0  # an asynchronous worker restarted alone
 
     @property
     def spec(self) -> JobSpec:
@@ -79,4 +80,5 @@ class RunContext(Place):
             drain=self.drain,
             resume_from=self.resume_from,
             restart_seconds=self.restart_seconds,
+            start_step=self.start_step,
         )

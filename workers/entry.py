@@ -141,6 +141,7 @@ def train(
         drain=lambda: should_stop.draining,
         resume_from=Path(info.resume_from) if info.resume_from else None,
         restart_seconds=info.restart_seconds,
+        start_step=info.start_step,
     )
     try:
         summary = _train(context, JobStream(client, keys, info.job_id, info.attempt))

@@ -59,6 +59,9 @@ class TrainOptions:
     # writer saves one (seconds of training; 0: never).
     resume_from: Path | None = None
     restart_seconds: float = 0.0
+    # An asynchronous worker restarted alone: the step it goes on from (its parameters come
+    # from the server shards, its data position from the step).
+    start_step: int = 0
     # Whether this worker writes the run's checkpoints and summary; default: part 0 of the
     # batches does (the stages of a pipeline all read part 0, and only the first one writes).
     writes: bool | None = None
@@ -324,6 +327,14 @@ class Trainer:
                 {"epoch": int(ckpt.meta["epoch"]), "position": int(ckpt.meta["position"])}
             )
             self.log(f"resumed from {path.name} at step {self.step}")
+            return
+        if self.options.start_step:
+            self.step = self.options.start_step
+            per_epoch = self.batches.steps_per_epoch
+            self.batches.restore(
+                {"epoch": self.step // per_epoch, "position": self.step % per_epoch}
+            )
+            self.log(f"restarted alone at step {self.step}; parameters from the server shards")
             return
         if self.spec.checkpoint.init_from:
             where = Path(self.spec.checkpoint.init_from)

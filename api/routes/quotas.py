@@ -77,7 +77,7 @@ def user_quota(
     description="Each quota given is set for this user (null: back to the operator's "
     "default); quotas not given stay. Placement follows at its next pass: jobs waiting for a "
     "raised quota start, lowered ones stop nothing that runs.",
-    responses=errors(401, 403, 404, 422),
+    responses=errors(400, 401, 403, 404, 422),
 )
 def change_quota(
     name: UserName,

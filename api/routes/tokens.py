@@ -72,7 +72,7 @@ def get_tokens(
     description="A new named token, optionally expiring after `expires_in_days` (then 401 "
     "saying it expired). The secret is in this answer only. An admin may create one for "
     "another user (`user`). 409 if the user has a token of that name.",
-    responses=errors(401, 403, 404, 409, 422),
+    responses=errors(400, 401, 403, 404, 409, 422),
 )
 def create_token(body: TokenCreate, session: SessionDep, caller: CurrentUser) -> TokenCreated:
     owner = subject(session, caller, body.user)

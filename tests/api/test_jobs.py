@@ -360,7 +360,21 @@ def test_health_and_prometheus_metrics(api: Any) -> None:
     for path in ("/healthz", "/api/v1/healthz"):
         response = api.client.get(path)
         assert response.status_code == 200
-        assert response.json() == {"status": "ok", "db": True, "redis": True}
+        never = {"last_pass_seconds_ago": None, "alive": True}  # no scheduler in this test
+        assert response.json() == {
+            "status": "ok",
+            "db": True,
+            "redis": True,
+            "scheduler": never,
+            "ingest": never,
+        }
+    # A scheduler whose loop passed a minute ago is past the liveness timeout: degraded.
+    api.redis.hset(api.keys.liveness, "schedule", repr(time.time() - 60))
+    api.redis.hset(api.keys.liveness, "ingest", repr(time.time()))
+    health = api.client.get("/healthz").json()
+    assert health["status"] == "degraded" and health["scheduler"]["alive"] is False
+    assert health["ingest"]["alive"] is True and health["ingest"]["last_pass_seconds_ago"] < 5
+    api.redis.delete(api.keys.liveness)
     api.submit(MLP)
     add_node(api, "node-a", slots=3)
     api.redis.set(f"{api.keys.prefix}:stats:ingested_points", 1234)

@@ -16,9 +16,10 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
+from sqlalchemy import select
 
 from bench.service_cluster import Cluster, start_cluster, stop_cluster, stop_process
-from scheduler.models import AllocationState, JobState
+from scheduler.models import AllocationState, JobState, Metric
 from scheduler.redis_server import RedisServer
 
 pytestmark = pytest.mark.slow
@@ -176,3 +177,31 @@ def test_redis_restarted_empty_the_job_resumes_from_its_restart_point(
     finally:
         stop_cluster(own)
         server.stop()
+
+
+def test_a_killed_worker_of_an_asynchronous_job_restarts_alone(cluster: Cluster) -> None:
+    cluster.start_agent("node-2", slots=2)  # downpour: 2 worker groups and a shard, 3 slots
+    job_id = submit(cluster, **{"cluster.framework": "downpour"})
+    running_with_a_restart_point(cluster, job_id)
+    first = cluster.allocations(job_id)
+    victim = next(a for a, _ in first if a.role == "worker" and a.group == 1)
+    os.kill(cluster.pid(victim.id), signal.SIGKILL)
+    cluster.wait_state(job_id, JobState.SUCCEEDED, JobState.FAILED, timeout=240)
+    job = cluster.job(job_id)
+    assert job.state == JobState.SUCCEEDED, (job.error, cluster.events(job_id))
+    assert job.restarts == 1 and job.attempt == 0  # the job was never placed again
+    [reason] = [r for _, r in cluster.events(job_id) if "this worker alone" in r]
+    step = int(re.search(r"from its step (\d+)", reason).group(1))  # type: ignore[union-attr]
+    assert step > 0
+    after = cluster.allocations(job_id)
+    assert len(after) == len(first) + 1  # one new process: the others trained on
+    [(replacement, _)] = [(a, n) for a, n in after if a.id not in {b.id for b, _ in first}]
+    assert (replacement.role, replacement.group, replacement.rank) == ("worker", 1, 0)
+    with cluster.db.session() as session:
+        steps = session.scalars(
+            select(Metric.step).where(
+                Metric.job_id == job_id, Metric.name == "train/loss", Metric.group == 1
+            )
+        ).all()
+    assert len(steps) == len(set(steps))  # the restarted worker went on, no step reported twice
+    assert max(steps) == STEPS

@@ -15,7 +15,7 @@ from contract.settings import Settings
 from scheduler import store
 from scheduler.cluster import node_capacities, queue_view
 from scheduler.db import Database, migrate
-from scheduler.loop import KeySweeper, replace_servers, schedule_once, undispatched
+from scheduler.loop import KeySweeper, replace_processes, schedule_once, undispatched
 from scheduler.models import Allocation, AllocationState, Job, JobEvent, JobState, Node, NodeState
 from scheduler.nodes import NodeTracker, mark_lost, sync_nodes
 from scheduler.stream_rows import MAX_SHARD_REPLACEMENTS, apply_state
@@ -283,14 +283,14 @@ def test_a_dead_shard_is_placed_again_then_the_job_fails(db: Database, settings:
         report(db, job_id, dead.id, AllocationState.FAILED, -9)
         assert state(db, job_id) == JobState.RUNNING  # the workers wait for the shard
         with db.session() as session:
-            [again] = replace_servers(session, settings)
+            [again] = replace_processes(session, settings)
             # The shard's slot is free again, so nothing else took it: the queued job still
             # waits, and the shard goes back where it was, same group and rank.
             assert schedule_once(session, settings) == []
         assert (again.info.role, again.info.group, again.info.rank) == ("server", 0, 0)
         assert again.info.node == "n1" and again.allocation_id != dead.id
         with db.session() as session:
-            assert replace_servers(session, settings) == []  # placed once, not every pass
+            assert replace_processes(session, settings) == []  # placed once, not every pass
             reasons = session.scalars(
                 select(JobEvent.reason).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
             ).all()
@@ -304,7 +304,7 @@ def test_a_dead_shard_is_placed_again_then_the_job_fails(db: Database, settings:
         job = session.get(Job, job_id)
         assert job is not None and job.state == JobState.FAILED
         assert job.error == "exit code -9"
-        assert replace_servers(session, settings) == []
+        assert replace_processes(session, settings) == []
 
 
 def test_a_dead_shard_waits_for_room_and_is_not_replaced_when_cancelling(
@@ -324,10 +324,10 @@ def test_a_dead_shard_waits_for_room_and_is_not_replaced_when_cancelling(
         sync_nodes(session, {"n2": registration(0, name="n2")}, tracker, TIMEOUT, now=0.0)
     report(db, job_id, live_server(db, job_id).id, AllocationState.FAILED, -9)
     with db.session() as session:
-        assert replace_servers(session, settings) == []  # nowhere to go: waits
+        assert replace_processes(session, settings) == []  # nowhere to go: waits
         sync_nodes(session, {"n2": registration(1, name="n2")}, tracker, TIMEOUT, now=0.0)
     with db.session() as session:
-        [again] = replace_servers(session, settings)
+        [again] = replace_processes(session, settings)
     assert again.info.node == "n2"
     report(db, job_id, again.allocation_id, AllocationState.RUNNING, 0)
     with db.session() as session:
