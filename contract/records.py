@@ -31,9 +31,7 @@ RENDEZVOUS_TTL_SECONDS = 24 * 3600
 NORMS_TTL_SECONDS = 3600  # the shards' parts of one update's gradient norm (workers.distributed)
 
 
-class ExitCode(enum.IntEnum):
-    """How a worker process (`python -m workers.entry`) ends; its node agent reads it."""
-
+class ExitCode(enum.IntEnum):  # how a worker process (`python -m workers.entry`) ends
     OK = 0  # trained to the end
     FAILED = 1
     INVALID = 2  # the job cannot run here
@@ -79,18 +77,15 @@ class Keys:
     def nodes(self) -> str:
         return f"{self.prefix}:nodes"
 
-    def node_claims(self, name: str) -> str:
-        """Set of the allocation ids a node's agent claimed and has not reported ended."""
+    def node_claims(self, name: str) -> str:  # the allocations its agent claimed, not ended
         return f"{self.prefix}:node:{name}:claims"
 
     @property
-    def scheduler_lease(self) -> str:
-        """Held by the one scheduler that acts (SET NX with an expiry, renewed each pass)."""
+    def scheduler_lease(self) -> str:  # held by the one scheduler that acts
         return f"{self.prefix}:scheduler:lease"
 
     @property
-    def liveness(self) -> str:
-        """Hash of the scheduler's loops and when each last completed a pass (/healthz)."""
+    def liveness(self) -> str:  # the scheduler's loops -> their last pass (/healthz)
         return f"{self.prefix}:scheduler:liveness"
 
     def job_scope(self, job_id: int) -> str:
@@ -342,8 +337,7 @@ ATTEMPT = "attempt"  # a stream entry's envelope field: which placement of the j
 
 def entry_attempt(raw: Mapping[Any, Any]) -> int:
     """The attempt a stream entry was written by (0 when it does not say)."""
-    value = raw.get(ATTEMPT.encode(), raw.get(ATTEMPT, b"0"))
-    text = value.decode() if isinstance(value, bytes) else str(value)
+    text = decode(raw).get(ATTEMPT, "0")
     return int(text) if text.isdigit() else 0
 
 
