@@ -226,6 +226,7 @@ class Figures:
     overhead_p50: float
     overhead_p90: float
     overhead_parts: dict[str, float]  # p50 of each part of the overhead
+    overhead_by_sweep: dict[str, float]  # p50 in each sweep
     ours_to_best: float | None
     ray_to_best: float | None
     ray_wall: float | None
@@ -254,14 +255,22 @@ def figures(
     disp_freq: int,
 ) -> Figures:
     pruned = sum(t.state == JobState.PRUNED for t in asha.trials)
-    overheads, parts = [], {"created -> placed": [], "placed -> running": [], "running -> step": []}
-    for trial in serial.trials + parallel.trials:
-        if trial.first_report is None or trial.scheduled is None or trial.started is None:
-            continue
-        overheads.append(trial.first_report - trial.created)
-        parts["created -> placed"].append(trial.scheduled - trial.created)
-        parts["placed -> running"].append(trial.started - trial.scheduled)
-        parts["running -> step"].append(trial.first_report - trial.started)
+    overheads: list[float] = []
+    parts: dict[str, list[float]] = {
+        "created -> placed": [],
+        "placed -> running": [],
+        "running -> step": [],
+    }
+    by_sweep: dict[str, list[float]] = {}
+    for run in (serial, parallel):
+        for trial in run.trials:
+            if trial.first_report is None or trial.scheduled is None or trial.started is None:
+                continue
+            overheads.append(trial.first_report - trial.created)
+            by_sweep.setdefault(run.label, []).append(trial.first_report - trial.created)
+            parts["created -> placed"].append(trial.scheduled - trial.created)
+            parts["placed -> running"].append(trial.started - trial.scheduled)
+            parts["running -> step"].append(trial.first_report - trial.started)
     found = ray_best(ray, steps) if ray else None
     return Figures(
         steps_ratio=asha.steps / full.steps,
@@ -272,6 +281,7 @@ def figures(
         overhead_p50=statistics.median(overheads),
         overhead_p90=percentile(overheads, 0.9),
         overhead_parts={name: statistics.median(values) for name, values in parts.items()},
+        overhead_by_sweep={name: statistics.median(values) for name, values in by_sweep.items()},
         ours_to_best=asha.to_best(),
         ray_to_best=found[2] if found else None,
         ray_wall=ray.ended - ray.started if ray else None,
@@ -308,8 +318,8 @@ def show(runs: list[SweepRun], ray: RayRun | None, f: Figures, steps: int) -> No
         f"(<= {f.steps_ratio_bound:.3f}) | <= 0.333 |"
     )
     print(
-        f"| best test accuracy, ASHA / full random | {f.best_asha} (trial {asha.best_trial}) | "
-        f"{f.best_full} (trial {full.best_trial}) | "
+        f"| best test accuracy, ASHA / full random | {f.best_asha or 0:.4f} "
+        f"(trial {asha.best_trial}) | {f.best_full or 0:.4f} (trial {full.best_trial}) | "
         f"{'equal' if f.best_asha == f.best_full else 'differ'} | equal |"
     )
     print(
@@ -320,14 +330,18 @@ def show(runs: list[SweepRun], ray: RayRun | None, f: Figures, steps: int) -> No
         f"| per-trial overhead p50 (p90), created -> first step | {f.overhead_p50:.3f} s "
         f"({f.overhead_p90:.3f} s) | | | <= 0.5 s |"
     )
-    print(f"| wall time to the best trial, ours / Ray Tune | {ours_to} | {ray_to} | "
-          f"**{to_ratio}** | <= 1 |")
+    print(
+        f"| wall time to the best trial, ours / Ray Tune | {ours_to} | {ray_to} | "
+        f"**{to_ratio}** | <= 1 |"
+    )
     parts = ", ".join(f"{name} {value:.3f} s" for name, value in f.overhead_parts.items())
     print(f"\noverhead p50 by part: {parts}")
+    each = ", ".join(f"{name} {value:.3f} s" for name, value in f.overhead_by_sweep.items())
+    print(f"overhead p50 by sweep: {each}")
     if ray is not None:
         print(
-            f"Ray Tune: fit() {f.ray_wall:.1f} s, {f.ray_steps:,} steps reported, best "
-            f"{f.ray_best}; ours: sweep {asha.wall:.1f} s, {asha.steps:,} steps"
+            f"Ray Tune: fit() {f.ray_wall or 0:.1f} s, {f.ray_steps or 0:,} steps reported, "
+            f"best {f.ray_best}; ours: ASHA sweep {asha.wall:.1f} s, {asha.steps:,} steps"
         )
 
 
@@ -337,13 +351,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3000, help="train_steps of each trial")
     parser.add_argument("--scale-trials", type=int, default=6)
     parser.add_argument("--scale-steps", type=int, default=1000)
-    parser.add_argument("--smoke", action="store_true", help="4 trials of 300 steps, 2 of 200")
+    parser.add_argument("--smoke", action="store_true", help="3 trials of 200 steps, 2 of 100")
     parser.add_argument("--no-ray", action="store_true", help="leave Ray Tune out")
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
     parser.add_argument("--plot", type=Path, default=None, help="best accuracy against time")
     args = parser.parse_args()
     if args.smoke:
-        args.trials, args.steps, args.scale_trials, args.scale_steps = 4, 300, 2, 200
+        args.trials, args.steps, args.scale_trials, args.scale_steps = 3, 200, 2, 100
     base_disp = int(yaml.safe_load(EXAMPLE.read_text())["disp_freq"])
     with tempfile.TemporaryDirectory(prefix="sweep-bench-") as tmp:
         settings = Settings(data_dir=Path(tmp) / "data", host="127.0.0.1", port=free_port())

@@ -154,8 +154,9 @@ def run_ray(
     finally:
         ray.shutdown()
     trials = []
-    for result in grid:
-        number = result.config["trial"]
+    for index in range(len(grid)):
+        result = grid[index]
+        number = (result.config or {})["trial"]
         metrics = result.metrics or {}
         trials.append(
             RayTrial(
