@@ -227,6 +227,8 @@ class Figures:
     overhead_p90: float
     overhead_parts: dict[str, float]  # p50 of each part of the overhead
     overhead_by_sweep: dict[str, float]  # p50 in each sweep
+    # The ASHA sweep's trials (reporting every disp_freq steps): created -> first report.
+    asha_first_report_p50: float
     ours_to_best: float | None
     ray_to_best: float | None
     ray_wall: float | None
@@ -282,6 +284,9 @@ def figures(
         overhead_p90=percentile(overheads, 0.9),
         overhead_parts={name: statistics.median(values) for name, values in parts.items()},
         overhead_by_sweep={name: statistics.median(values) for name, values in by_sweep.items()},
+        asha_first_report_p50=statistics.median(
+            t.first_report - t.created for t in asha.trials if t.first_report is not None
+        ),
         ours_to_best=asha.to_best(),
         ray_to_best=found[2] if found else None,
         ray_wall=ray.ended - ray.started if ray else None,
@@ -338,6 +343,10 @@ def show(runs: list[SweepRun], ray: RayRun | None, f: Figures, steps: int) -> No
     print(f"\noverhead p50 by part: {parts}")
     each = ", ".join(f"{name} {value:.3f} s" for name, value in f.overhead_by_sweep.items())
     print(f"overhead p50 by sweep: {each}")
+    print(
+        f"ASHA sweep: created -> first report (at step {asha.trials[0].first_step}) "
+        f"p50 {f.asha_first_report_p50:.3f} s"
+    )
     if ray is not None:
         print(
             f"Ray Tune: fit() {f.ray_wall or 0:.1f} s, {f.ray_steps or 0:,} steps reported, "
