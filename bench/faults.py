@@ -29,8 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from sqlalchemy import select
+
 from bench.service_cluster import Cluster, start_cluster, stop_cluster, stop_process
-from scheduler.models import JobState
+from scheduler.models import JobState, Metric
 from scheduler.redis_server import RedisServer
 
 STEPS, EVERY = 2000, 50
@@ -50,7 +52,7 @@ class Row:
 
 
 def worker_sigkill(cluster: Cluster, job_id: int, server: RedisServer) -> None:
-    alloc, _ = cluster.allocations(job_id)[-1]
+    alloc = [a for a, _ in cluster.allocations(job_id) if a.role == "worker"][-1]
     os.kill(cluster.pid(alloc.id), signal.SIGKILL)
 
 
@@ -86,6 +88,10 @@ FAULTS: dict[str, tuple[Fault, dict[str, object]]] = {
         worker_sigkill,
         {"cluster.framework": "allreduce", "cluster.nworkers_per_group": 2},
     ),
+    "worker process SIGKILL (downpour: restarts alone)": (
+        worker_sigkill,
+        {"cluster.framework": "downpour"},
+    ),
     "node agent SIGKILL, started again": (agent_sigkill, {}),
     "node agent SIGTERM (drain), started again": (agent_sigterm, {}),
     "scheduler SIGKILL, started again": (scheduler_sigkill, {}),
@@ -109,10 +115,24 @@ def one_round(
     for state, reason in cluster.events(job_id):
         found = AGAIN.search(reason) if state == "QUEUED" else None
         row.steps_again += int(found.group(1)) if found else 0
-    steps = cluster.metric_steps(job_id, "train/loss")
     expected = set(range(EVERY, STEPS + 1, EVERY))
-    row.missing += len(expected - set(steps))
-    row.duplicated += len(steps) - len(set(steps))
+    for steps in worker_steps(cluster, job_id).values():  # every worker reports every 50 steps
+        row.missing += len(expected - set(steps))
+        row.duplicated += len(steps) - len(set(steps))
+
+
+def worker_steps(cluster: Cluster, job_id: int) -> dict[tuple[int, int], list[int]]:
+    """The steps each worker (group, rank) reported train/loss at."""
+    with cluster.db.session() as session:
+        rows = session.execute(
+            select(Metric.group, Metric.rank, Metric.step).where(
+                Metric.job_id == job_id, Metric.name == "train/loss"
+            )
+        ).all()
+    found: dict[tuple[int, int], list[int]] = {}
+    for group, rank, step in rows:
+        found.setdefault((group, rank), []).append(step)
+    return found
 
 
 def campaign(rounds: int, workdir: Path) -> list[Row]:

@@ -192,6 +192,7 @@ def stop_process(process: subprocess.Popen[bytes]) -> None:
 def start_cluster(data_dir: Path, redis_url: str, *, nodes: int = 1) -> Cluster:
     """A scheduler and `nodes` node agents ("node-1", ... with 2 slots each), each a process
     of its own, with short timeouts and restart points every second."""
+    data_dir.mkdir(parents=True, exist_ok=True)
     settings = Settings(
         data_dir=data_dir,
         redis_url=redis_url,

@@ -2,7 +2,8 @@
 
     <artifacts>/jobs/<id>/          the run directory (worker 0 of group 0 writes it)
         checkpoints/step-N.safetensors   the user's checkpoints (checkpoint.freq, keep)
-        restart/step-N.safetensors       restart points (every few minutes; the service's own)
+        restart/step-N.safetensors       restart points (every few minutes; the service's own;
+                                         the newest two kept)
         restart/attempt-K.safetensors    the point attempt K of the job resumes from
 
 Restart points are kept apart from the user's checkpoints: they are not listed as the job's
@@ -35,10 +36,11 @@ def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def latest_restart_point(run_dir: Path) -> tuple[int, Path] | None:
-    """The newest checkpoint or restart point of a run: (step, path), or None."""
+def latest_restart_point(run_dir: Path, below: int | None = None) -> tuple[int, Path] | None:
+    """The newest checkpoint or restart point of a run, at a step below `below` if given:
+    (step, path), or None."""
     found = list_checkpoints(run_dir / CHECKPOINTS) + list_checkpoints(run_dir / RESTART)
-    return max(found, default=None)
+    return max((f for f in found if below is None or f[0] < below), default=None)
 
 
 def attempt_point(run_dir: Path, attempt: int) -> Path:

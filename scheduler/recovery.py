@@ -102,7 +102,12 @@ def resume_point(job: Job, artifacts: Path | None) -> int:
     if artifacts is None:
         return 0
     run_dir = job_run_dir(artifacts, job.id)
-    found = latest_restart_point(run_dir)
+    # Metrics every disp_freq steps: those after job.step (the last one stored) may have been
+    # lost (Redis restarted empty before they were ingested). A point at or past the next
+    # report would leave that report missing for good; the new attempt reports it again from
+    # an earlier point.
+    every = int((job.spec or {}).get("disp_freq", 100) or 100)
+    found = latest_restart_point(run_dir, below=(job.step // every + 1) * every)
     if found is None:
         return 0
     step, path = found

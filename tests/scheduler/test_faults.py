@@ -44,7 +44,7 @@ def running_with_a_restart_point(cluster: Cluster, job_id: int) -> None:
     restart = cluster.settings.artifacts() / "jobs" / str(job_id) / "restart"
     cluster.wait_for(
         f"job {job_id} to train and save a restart point",
-        lambda: cluster.job(job_id).step >= 4 * EVERY and any(restart.glob("step-*")),
+        lambda: cluster.job(job_id).step >= 4 * EVERY and any(restart.glob("step-*.safetensors")),
     )
 
 
