@@ -128,6 +128,21 @@ class Services:
     keys: Keys
     graphs: GraphCache = field(default_factory=GraphCache)
     tokens: TokenCache = field(default_factory=TokenCache)
+    sessions_open: asyncio.Semaphore = field(init=False)
+
+    def __post_init__(self) -> None:
+        # A request's session keeps its connection between the threads that its dependencies
+        # and handler run in, and waits for each thread. Were every pooled connection held by
+        # requests waiting for a thread while the threads wait for a connection, nothing would
+        # move (16 requests at once did it). So requests hold at most this many sessions, and
+        # the threads always find a connection: one each, for the sessions they open themselves.
+        spare = self.db.max_connections - self.settings.api_threads
+        if spare < 1:
+            raise ValueError(
+                f"api_threads ({self.settings.api_threads}) must be below the "
+                f"{self.db.max_connections} connections of the database pool"
+            )
+        self.sessions_open = asyncio.Semaphore(spare)
 
 
 async def get_services(request: Request) -> Services:
@@ -144,15 +159,18 @@ async def get_session(services: ServicesDep) -> AsyncIterator[Session]:
 
     async, as opening a session does no I/O: only closing one that holds a connection (which
     rolls back on it) goes to the thread pool. Every trip there costs a request about as much
-    as a small query, and this dependency is on nearly every route."""
-    session = services.db.sessions()
-    try:
-        yield session
-    finally:
-        if session.in_transaction():
-            await run_in_threadpool(session.close)
-        else:
-            session.close()
+    as a small query, and this dependency is on nearly every route. Past `sessions_open`
+    requests at once, the next waits here for one to end, holding neither thread nor
+    connection."""
+    async with services.sessions_open:
+        session = services.db.sessions()
+        try:
+            yield session
+        finally:
+            if session.in_transaction():
+                await run_in_threadpool(session.close)
+            else:
+                session.close()
 
 
 SessionDep = Annotated[Session, Depends(get_session)]

@@ -18,6 +18,14 @@ MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 # The job list is built by SQLite's JSON functions (built in since 3.38) with a MATERIALIZED
 # common table expression (3.35).
 MIN_SQLITE = (3, 38, 0)
+# Each engine's pool: connections kept, and more lent at busy times; a checkout past both waits.
+SQLITE_POOL = (5, 10)
+POSTGRES_POOL = (10, 20)
+
+
+def pool_limits(url: str) -> tuple[int, int]:
+    """(pool_size, max_overflow) of the engine `make_engine(url)` builds."""
+    return SQLITE_POOL if url.startswith("sqlite") else POSTGRES_POOL
 
 
 def make_engine(url: str) -> Engine:
@@ -29,9 +37,14 @@ def make_engine(url: str) -> Engine:
                 f"{sqlite3.sqlite_version}: upgrade it or set DATABASE_URL to a PostgreSQL server"
             )
         path = url.split("///", 1)[-1]
+        pool: dict[str, int] = {}
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+            size, overflow = pool_limits(url)
+            pool = {"pool_size": size, "max_overflow": overflow}
+        engine = create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": 30}, **pool
+        )
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_connection, _record):
@@ -43,7 +56,8 @@ def make_engine(url: str) -> Engine:
             cursor.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    size, overflow = pool_limits(url)
+    return create_engine(url, pool_pre_ping=True, pool_size=size, max_overflow=overflow)
 
 
 def alembic_config(url: str) -> Config:
@@ -65,6 +79,8 @@ class Database:
         self.url = url
         self.engine = make_engine(url)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+        # The most connections its sessions hold at once (a session holds one at most).
+        self.max_connections = sum(pool_limits(url))
 
     @contextmanager
     def session(self) -> Iterator[Session]:
