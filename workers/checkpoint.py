@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,6 +72,9 @@ def save_checkpoint(directory: Path, ckpt: Checkpoint, keep: int) -> Path:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
         reason = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+        # safetensors words an OSError as "Error while serializing: I/O error: <why> (os error N)"
+        found = re.search(r"I/O error: (.*) \(os error \d+\)", reason)
+        reason = found.group(1) if found else reason
         raise CheckpointWriteError(
             f"cannot write checkpoint {final.name} to {directory}: {reason}; "
             "the earlier checkpoints are unchanged"

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from bench.service_cluster import Cluster, start_cluster, stop_cluster, stop_process
 from scheduler.models import AllocationState, JobState, Metric
@@ -183,6 +183,7 @@ def test_a_killed_worker_of_an_asynchronous_job_restarts_alone(cluster: Cluster)
     cluster.start_agent("node-2", slots=2)  # downpour: 2 worker groups and a shard, 3 slots
     job_id = submit(cluster, **{"cluster.framework": "downpour"})
     running_with_a_restart_point(cluster, job_id)
+    cluster.wait_for("the second worker group to report", lambda: group_step(cluster, job_id) > 0)
     first = cluster.allocations(job_id)
     victim = next(a for a, _ in first if a.role == "worker" and a.group == 1)
     os.kill(cluster.pid(victim.id), signal.SIGKILL)
@@ -205,3 +206,27 @@ def test_a_killed_worker_of_an_asynchronous_job_restarts_alone(cluster: Cluster)
         ).all()
     assert len(steps) == len(set(steps))  # the restarted worker went on, no step reported twice
     assert max(steps) == STEPS
+
+
+def group_step(cluster: Cluster, job_id: int) -> int:
+    with cluster.db.session() as session:
+        step = session.scalar(
+            select(func.max(Metric.step)).where(Metric.job_id == job_id, Metric.group == 1)
+        )
+    return int(step or 0)
+
+
+def test_a_checkpoint_that_cannot_be_written_fails_with_the_reason_alone(
+    cluster: Cluster,
+) -> None:
+    job_id = cluster.submit(train_steps=40, disp_freq=10, **{"cluster.max_restarts": 0})
+    blocked = cluster.settings.artifacts() / "jobs" / str(job_id) / "checkpoints"
+    blocked.parent.mkdir(parents=True, exist_ok=True)
+    blocked.write_text("a file where the checkpoints directory should be")
+    cluster.wait_state(job_id, JobState.FAILED, JobState.SUCCEEDED)
+    error = cluster.job(job_id).error or ""
+    assert (
+        f"cannot write checkpoint step-00000040.safetensors to {blocked}: File exists; the "
+        "earlier checkpoints are unchanged"
+    ) in error
+    assert "Traceback" not in error

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ import workers.checkpoint as checkpoint_module
 from workers.checkpoint import (
     Checkpoint,
     CheckpointError,
+    CheckpointWriteError,
     checkpoint_path,
     list_checkpoints,
     load_checkpoint,
@@ -164,3 +167,33 @@ def test_write_json_atomic(tmp_path: Path) -> None:
     write_json_atomic(target, {"status": "failed", "steps": 4})
     assert json.loads(target.read_text()) == {"status": "failed", "steps": 4}
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs: a real file system that fills up (needs root, as in CI)."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=True)
+
+
+def test_a_full_disk_is_a_clear_error_and_the_earlier_checkpoint_stays(small_disk: Path) -> None:
+    save_checkpoint(small_disk, make_checkpoint(10), keep=3)
+    big = make_checkpoint(20)
+    big.params["fc1/w"] = torch.zeros(64, 1024)  # 256 KiB: more than the disk holds
+    with pytest.raises(CheckpointWriteError) as caught:
+        save_checkpoint(small_disk, big, keep=3)
+    assert str(caught.value) == (
+        f"cannot write checkpoint step-00000020.safetensors to {small_disk}: No space left on "
+        "device; the earlier checkpoints are unchanged"
+    )
+    assert [p.name for p in small_disk.iterdir()] == ["step-00000010.safetensors"]
+    assert load_checkpoint(resolve_checkpoint(small_disk)).step == 10
