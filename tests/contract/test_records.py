@@ -164,6 +164,7 @@ def test_exit_codes_keep_their_numbers() -> None:
         ("FAILED", 1),
         ("INVALID", 2),
         ("CANCELLED", 3),
+        ("DRAINED", 4),
     ]
 
 
