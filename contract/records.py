@@ -337,7 +337,8 @@ ATTEMPT = "attempt"  # a stream entry's envelope field: which placement of the j
 
 def entry_attempt(raw: Mapping[Any, Any]) -> int:
     """The attempt a stream entry was written by (0 when it does not say)."""
-    text = decode(raw).get(ATTEMPT, "0")
+    value = raw.get(b"attempt", raw.get(ATTEMPT, "0"))  # no decode of the whole entry
+    text = value.decode() if isinstance(value, bytes) else str(value)
     return int(text) if text.isdigit() else 0
 
 

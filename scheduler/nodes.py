@@ -20,9 +20,8 @@ from sqlalchemy.orm import Session
 
 from contract.records import DRAINING, SEEN, Keys, decode
 from scheduler.cluster import ACTIVE_ALLOCATIONS
-from scheduler.lifecycle import can_transition, transition
 from scheduler.models import Allocation, AllocationState, Job, JobState, Node, NodeState
-from scheduler.recovery import max_restarts, requeue, write_off
+from scheduler.recovery import max_restarts, restart_or_fail, write_off
 
 log = logging.getLogger("trainyard.scheduler")
 
@@ -127,19 +126,11 @@ def mark_lost(
         if job is None or JobState(job.state).terminal:
             stops += write_off(session, job) if job is not None else []
             continue
-        again = (
-            None
-            if job.cancel_requested
-            else requeue(session, job, reason, artifacts=artifacts, counted=counted)
-        )
-        if again is not None:
-            stops += again
-            continue
         # A gang is all or nothing: the job's processes on other nodes go too.
-        stops += write_off(session, job)
-        if can_transition(job.state, JobState.FAILED):
-            job.error = f"{reason} (no restarts left: cluster.max_restarts is {max_restarts(job)})"
-            transition(session, job, JobState.FAILED, job.error)
+        error = f"{reason} (no restarts left: cluster.max_restarts is {max_restarts(job)})"
+        stops += restart_or_fail(
+            session, job, reason, error=error, artifacts=artifacts, counted=counted
+        )
     return stops
 
 
@@ -191,12 +182,5 @@ def write_off_silent(
         if JobState(job.state).terminal or job.cancel_requested:
             stops += write_off(session, job)
             continue
-        again = requeue(session, job, reason, artifacts=artifacts)
-        if again is not None:
-            stops += again
-            continue
-        stops += write_off(session, job)
-        if can_transition(job.state, JobState.FAILED):
-            job.error = reason
-            transition(session, job, JobState.FAILED, reason)
+        stops += restart_or_fail(session, job, reason, error=reason, artifacts=artifacts)
     return stops

@@ -96,6 +96,28 @@ def requeue(
     return stops
 
 
+def restart_or_fail(
+    session: Session,
+    job: Job,
+    reason: str,
+    *,
+    error: str,
+    artifacts: Path | None,
+    counted: bool = True,
+) -> list[int]:
+    """Place `job` again (`requeue`), unless it is being cancelled or has no restarts left:
+    then write off its processes and fail it with `error`. The allocations to stop."""
+    if not job.cancel_requested:
+        again = requeue(session, job, reason, artifacts=artifacts, counted=counted)
+        if again is not None:
+            return again
+    stops = write_off(session, job)
+    if can_transition(job.state, JobState.FAILED):
+        job.error = error
+        transition(session, job, JobState.FAILED, error)
+    return stops
+
+
 def resume_point(job: Job, artifacts: Path | None) -> int:
     """Link the job's newest checkpoint or restart point as its next attempt's; its step."""
     job.restart_from = None
