@@ -146,6 +146,8 @@ def api(
         )
         raise typer.Exit(2)
     if migrate_db:
+        # A fresh installation's data directory (the default SQLite file lives there).
+        settings.resolved_data_dir().mkdir(parents=True, exist_ok=True)
         migrate(settings.sql_url())
     # By its import path, so the scheduler package does not import the API's: each process
     # builds its app from the environment (host and port are uvicorn's, not the app's).
@@ -184,6 +186,8 @@ def scheduler(
     settings = _cluster_settings()
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     if migrate_db:
+        # A fresh installation's data directory (the default SQLite file lives there).
+        settings.resolved_data_dir().mkdir(parents=True, exist_ok=True)
         migrate(settings.sql_url())
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
