@@ -142,6 +142,7 @@ def train(
         resume_from=Path(info.resume_from) if info.resume_from else None,
         restart_seconds=info.restart_seconds,
         start_step=info.start_step,
+        attempt=info.attempt,
     )
     try:
         summary = _train(context, JobStream(client, keys, info.job_id, info.attempt))

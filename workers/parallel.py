@@ -374,9 +374,13 @@ def join_worker_group(
     member = member or GroupMember(ctx.rank, ctx.topology.nworkers_per_group, ctx.group)
     rendezvous = redis.Redis.from_url(ctx.redis_url)
     cleanup.callback(rendezvous.close)
-    cleanup.callback(leave_group, rendezvous, ctx.scope, member.group)
-    store = redis_store(rendezvous, ctx.scope, member, advertise=reachable_address(ctx.redis_url))
-    join_group(store, member, device=ctx.device)
+    # Each attempt meets under its own key: a worker placed again must never find the store
+    # of the attempt before, whose rank 0 may live on for a moment after it was stopped.
+    scope = f"{ctx.scope}:attempt:{ctx.attempt}"
+    cleanup.callback(leave_group, rendezvous, scope, member.group)
+    address = reachable_address(ctx.redis_url)
+    store = redis_store(rendezvous, scope, member, advertise=address)
+    join_group(store, member, device=ctx.device, address=address)
     return member
 
 

@@ -8,6 +8,7 @@ tensors directly (between groups the parameter server carries the updates).
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlparse
 
+import psutil
 import redis
 import torch.distributed as dist
 
@@ -107,14 +109,42 @@ def backend_for(device: str) -> str:
     return "nccl" if device.startswith("cuda") else "gloo"
 
 
+def interface_of(address: str) -> str | None:
+    """The name of this machine's network interface that holds `address`, if one does."""
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == address for a in addresses):
+            return name
+    return None
+
+
+def use_interface(device: str, address: str) -> None:
+    """Make the collectives' transport use the interface of `address` (the one on the route to
+    Redis, which the group's other machines reach). Left to itself, gloo binds the address
+    the machine's host name resolves to, often 127.0.x.1: fine on one machine, unreachable
+    from any other. An operator's own GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME is kept."""
+    name = interface_of(address)
+    if name is not None:
+        variable = "NCCL_SOCKET_IFNAME" if backend_for(device) == "nccl" else "GLOO_SOCKET_IFNAME"
+        # Read by gloo and NCCL themselves when the process group is made; not a setting of ours.
+        os.environ.setdefault(variable, name)
+
+
 def join_group(
-    store: dist.Store, member: GroupMember, *, device: str = "cpu", timeout: float | None = None
+    store: dist.Store,
+    member: GroupMember,
+    *,
+    device: str = "cpu",
+    timeout: float | None = None,
+    address: str | None = None,
 ) -> None:
     """Make this process a member of its group's default process group.
 
     `timeout` bounds every collective (default torch's: 30 min for gloo, 10 for NCCL), so it
     must outlast the longest a worker can wait for its peers, e.g. rank 0 saving a checkpoint.
+    `address` is this machine's address the other members reach (`reachable_address`).
     """
+    if address is not None:
+        use_interface(device, address)
     dist.init_process_group(
         backend_for(device),
         store=store,
