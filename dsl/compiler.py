@@ -165,9 +165,27 @@ def cross_field_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
     for key, message, hint in topology_problems(topology):
         issues.append(source.issue(("cluster", key), message, hint))
     issues.extend(pipeline_issues(spec, source))
+    issues.extend(_batch_issues(spec, topology, source))
     issues.extend(_precision_issues(spec, topology, source))
     issues.extend(search_issues(spec, source))
     return issues
+
+
+def _batch_issues(spec: JobSpec, topology: Topology, source: SourceMap) -> list[SpecIssue]:
+    """Every worker of a job without pipeline stages reads its own equal share of each batch
+    (workers/parallel.py), so the batch must split evenly between them."""
+    workers = topology.nworker_groups * topology.nworkers_per_group
+    if topology.stages > 1 or workers <= 1 or spec.data.batch_size % workers == 0:
+        return []
+    lower = spec.data.batch_size - spec.data.batch_size % workers
+    return [
+        source.issue(
+            ("data", "batch_size"),
+            f"batch_size {spec.data.batch_size} does not split evenly between the job's "
+            f"{workers} workers, which each read an equal share of every batch",
+            f"use a multiple of {workers}, e.g. {lower or workers} or {lower + workers}",
+        )
+    ]
 
 
 def _precision_issues(spec: JobSpec, topology: Topology, source: SourceMap) -> list[SpecIssue]:

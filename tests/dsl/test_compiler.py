@@ -223,3 +223,15 @@ def test_fp16_is_refused_where_the_job_gets_no_gpu_or_its_shards_update() -> Non
     assert issue.path == "precision" and "do not unscale" in issue.message
     cpu = BASE + "precision: bf16\ncompile: true\n"
     assert compile_job(cpu, CTX).spec.compile
+
+
+def test_a_batch_that_does_not_split_evenly_between_the_workers_is_refused() -> None:
+    three = BASE + "cluster: {framework: allreduce, nworkers_per_group: 3}\n"
+    (issue,) = errors_of(three).issues
+    assert (issue.path, issue.line) == ("data.batch_size", 2)
+    assert "3 workers" in issue.message and "e.g. 6 or 9" in (issue.hint or "")
+    assert (
+        compile_job(three.replace("batch_size: 8", "batch_size: 9"), CTX).spec.data.batch_size == 9
+    )
+    groups = BASE + "cluster: {framework: downpour, nworker_groups: 3}\n"
+    assert errors_of(groups).issues[0].path == "data.batch_size"
