@@ -207,7 +207,7 @@ def apply_state(
         # A job that cannot be built or read its data here (ExitCode.INVALID) would fail the
         # same way again; any other failure (a killed process, a peer's) is restarted.
         if not job.cancel_requested and record.exit_code != ExitCode.INVALID:
-            cause = f"{who} {reason.splitlines()[0]}"
+            cause = f"{who} {_headline(reason)}"
             if alloc.role == "worker" and restart_alone(session, job, alloc, cause):
                 return
             stops = requeue(session, job, cause, artifacts=effects.artifacts)
@@ -318,3 +318,12 @@ def upsert_timelines(
         for record in timelines
     ]
     session.execute(upsert, rows)
+
+
+def _headline(reason: str) -> str:
+    """A failure's first line (how the process ended) and, when its output follows, the last
+    line of that output (the exception), so a restarted job's event still says why."""
+    lines = [line.strip() for line in reason.splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else reason
+    return f"{lines[0]}: {lines[-1]}"
