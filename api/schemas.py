@@ -327,6 +327,9 @@ class NodeOut(BaseModel):
     slots_used: int
     gpus_used: int
     last_heartbeat: datetime
+    ps_unreachable: list[str] = Field(
+        description="parameter-server Redis its agent cannot reach, each 'host:port: error'"
+    )
 
 
 class AllocationOut(BaseModel):

@@ -19,7 +19,12 @@ from dsl.errors import JobSpecError, SpecIssue
 from dsl.topology import Topology
 from scheduler.cluster import node_capacities
 from scheduler.models import Job, JobState, User
-from scheduler.placement import PlacementRequest, fits_empty_cluster, plan_placement
+from scheduler.placement import (
+    PlacementRequest,
+    fits_empty_cluster,
+    plan_placement,
+    unreachable_note,
+)
 from scheduler.submission import CheckedJob, CheckedSweep, check_job, check_sweep
 
 YAML_TYPES = frozenset(
@@ -197,18 +202,22 @@ def placement_preview(session: Session, topology: Topology, priority: int) -> Pl
         )
     plan = plan_placement(request, nodes)
     if plan is None:
-        if fits_empty_cluster(request, alive):
-            free_slots = sum(node.free_slots for node in alive)
-            free_gpus = sum(node.free_gpus for node in alive)
+        usable = [node for node in alive if node.takes(request)]
+        # Nodes that cannot reach the parameter-server Redis may reach it later: not "never".
+        note = unreachable_note(request, alive)
+        if fits_empty_cluster(request, usable):
+            free_slots = sum(node.free_slots for node in usable)
+            free_gpus = sum(node.free_gpus for node in usable)
             reason = (
                 f"would wait for free resources: needs {request.describe()}; free now: "
-                f"{free_slots} slot(s), {free_gpus} GPU(s)"
+                f"{free_slots} slot(s), {free_gpus} GPU(s){note}"
             )
         else:
             reason = (
-                f"can never run on this cluster: needs {request.describe()}; it has "
-                f"{len(alive)} node(s), {sum(n.slots for n in alive)} slot(s), "
-                f"{sum(n.gpus for n in alive)} GPU(s)"
+                f"{'cannot run on this cluster now' if note else 'can never run on this cluster'}"
+                f": needs {request.describe()}; it has {len(usable)} node(s), "
+                f"{sum(n.slots for n in usable)} slot(s), {sum(n.gpus for n in usable)} GPU(s)"
+                f"{note}"
             )
         return PlacementOut(feasible=False, reason=reason, assignments=[])
     ahead = session.scalar(

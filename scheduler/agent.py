@@ -1,8 +1,9 @@
 """The node agent (`trainyard worker`): a Celery worker on its node's own queue, plus heartbeats.
 
 It needs only Redis and the shared artifact directory. It registers the node in Redis
-(Keys.node(name): slots, GPUs, queue, heartbeat) and refreshes that every heartbeat_seconds;
-the scheduler turns it into a SQL Node row and marks it lost when the heartbeats stop.
+(Keys.node(name): slots, GPUs, queue, heartbeat, the parameter-server Redis servers it cannot
+reach) and refreshes that every heartbeat_seconds; the scheduler turns it into a SQL Node row
+and marks it lost when the heartbeats stop.
 
 The task `trainyard.run_allocation(allocation_id)` is thin and idempotent: it claims the
 allocation once, reports RUNNING, hands the allocation to a worker process, supervises it
@@ -45,6 +46,7 @@ from contract.settings import Settings
 from scheduler.celery_app import RUN_ALLOCATION, create_celery, node_queue
 from scheduler.models import AllocationState
 from scheduler.process import StandbyPool, WorkerProcess
+from scheduler.reach import PS_CHECK_SECONDS, PS_UNREACHABLE, encode, unreachable_ps
 
 log = logging.getLogger("trainyard.agent")
 
@@ -117,6 +119,8 @@ class Agent:
     gpus: int
     pool: StandbyPool
     shutdown: threading.Event = field(default_factory=threading.Event)
+    # The parameter-server Redis servers the last check could not reach, "host:port: error".
+    ps_unreachable: list[str] = field(default_factory=list)
 
     @property
     def keys(self) -> Keys:
@@ -142,6 +146,7 @@ class Agent:
                 "heartbeat": repr(time.time()),
                 "host": socket.gethostname(),
                 "pid": str(os.getpid()),
+                PS_UNREACHABLE: encode(self.ps_unreachable),
             },
         )
         # A node that dies unannounced drops out of Redis too, so a scheduler started later
@@ -161,6 +166,22 @@ class Agent:
                 self.heartbeat()
             except redis.RedisError as exc:  # keep trying: Redis may come back
                 log.warning("heartbeat failed: %s", exc)
+
+    def check_ps(self) -> list[str]:
+        """PING every parameter-server Redis this node's processes would use (REDIS_PS_URLS);
+        the next heartbeat tells the scheduler which did not answer."""
+        found = unreachable_ps(self.settings.ps_urls())
+        if found and found != self.ps_unreachable:
+            log.warning("cannot reach parameter-server Redis %s", "; ".join(found))
+        elif self.ps_unreachable and not found:
+            log.info("every parameter-server Redis answers again")
+        self.ps_unreachable = found
+        return found
+
+    def ps_check_loop(self, stop: threading.Event) -> None:
+        # Apart from the heartbeats: a server that does not answer takes the check seconds.
+        while not stop.wait(PS_CHECK_SECONDS):
+            self.check_ps()
 
     def deregister(self) -> None:
         """A clean exit: the scheduler sees the node gone at its next sync."""
@@ -320,10 +341,11 @@ def run_agent(settings: Settings) -> None:
     settings.cache_dir().mkdir(parents=True, exist_ok=True)
     agent.pool.start()
     agent.reconcile()
+    agent.check_ps()
     agent.heartbeat()
     stop = threading.Event()
-    beat = threading.Thread(target=agent.heartbeat_loop, args=(stop,), daemon=True)
-    beat.start()
+    for loop in (agent.heartbeat_loop, agent.ps_check_loop):
+        threading.Thread(target=loop, args=(stop,), daemon=True).start()
     log.info(
         "node %s: %d slot(s), %d GPU(s), queue %s",
         agent.name,

@@ -48,6 +48,7 @@ def node_capacities(session: Session) -> list[NodeCapacity]:
             slots_used=used.get(node.id, (0, 0))[0],
             gpus_used=used.get(node.id, (0, 0))[1],
             alive=node.state == NodeState.ALIVE,
+            ps_unreachable=tuple(node.ps_unreachable or ()),
         )
         for node in session.scalars(select(Node).order_by(Node.name))
     ]

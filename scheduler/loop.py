@@ -156,7 +156,8 @@ def replace_processes(session: Session, settings: Settings) -> list[Dispatch]:
     reads the shard's parameters, version and updater state from Redis, and the workers of
     asynchronous jobs (recovery.restart_alone), whose new process goes on from the worker's last
     reported step with the shards' parameters. Each goes on its node when it is alive and has
-    room, else on the alive node with the most free slots, or waits for the next pass."""
+    room, else on the alive node with the most free slots, or waits for the next pass. Every
+    one of them uses the parameter-server Redis: nodes that cannot reach it take none."""
     newest: dict[tuple[int, str, int, int], Allocation] = {}
     for alloc in session.scalars(
         select(Allocation)
@@ -176,10 +177,12 @@ def replace_processes(session: Session, settings: Settings) -> list[Dispatch]:
     free = {
         node.name: [node.slots - node.slots_used, node.gpus - node.gpus_used]
         for node in node_capacities(session)
-        if node.alive
+        if node.alive and not node.ps_unreachable
     }
     alive = {
-        node.id: node for node in session.scalars(select(Node).where(Node.state == NodeState.ALIVE))
+        node.id: node
+        for node in session.scalars(select(Node).where(Node.state == NodeState.ALIVE))
+        if node.name in free
     }
     dispatches: list[Dispatch] = []
     for old in dead:

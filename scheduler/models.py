@@ -324,6 +324,9 @@ class Node(Base):
     state: Mapped[str] = mapped_column(String(16), default=NodeState.ALIVE)
     last_heartbeat: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     registered_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # The parameter-server Redis servers its agent could not reach ("host:port: error"), as
+    # its registration says (scheduler/reach.py); null: none, or an agent that does not check.
+    ps_unreachable: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
 
 
 class Allocation(Base):

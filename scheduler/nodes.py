@@ -21,6 +21,8 @@ from sqlalchemy.orm import Session
 from contract.records import DRAINING, SEEN, Keys, decode
 from scheduler.cluster import ACTIVE_ALLOCATIONS
 from scheduler.models import Allocation, AllocationState, Job, JobState, Node, NodeState
+from scheduler.reach import PS_UNREACHABLE
+from scheduler.reach import decode as decode_unreachable
 from scheduler.recovery import max_restarts, restart_or_fail, write_off
 
 log = logging.getLogger("trainyard.scheduler")
@@ -76,6 +78,7 @@ def sync_nodes(
             log.info("node %s joined", name)
         row.queue, row.slots, row.gpus = info["queue"], int(info["slots"]), int(info["gpus"])
         row.last_heartbeat = datetime.fromtimestamp(float(info["heartbeat"]), UTC)
+        sync_reach(row, decode_unreachable(info.get(PS_UNREACHABLE)))
         if info.get(DRAINING) and row.state != NodeState.DRAINING:
             # Its agent is stopping: no new work goes there; its jobs drain on their own.
             row.state = NodeState.DRAINING
@@ -99,6 +102,19 @@ def sync_nodes(
         counted = row.state != NodeState.DRAINING
         stops += mark_lost(session, row, reason, artifacts, counted=counted)
     return stops
+
+
+def sync_reach(row: Node, unreachable: list[str]) -> None:
+    """Keep what the node's agent last said it cannot reach (written when it changes)."""
+    if (row.ps_unreachable or []) == unreachable:
+        return
+    if unreachable:
+        log.warning(
+            "node %s cannot reach parameter-server Redis %s", row.name, "; ".join(unreachable)
+        )
+    else:
+        log.info("node %s reaches every parameter-server Redis", row.name)
+    row.ps_unreachable = unreachable or None
 
 
 def mark_lost(

@@ -12,6 +12,10 @@ kinds of job are passed over without blocking the queue: one that could not fit 
 empty cluster, and one whose owner holds their quota of running jobs, slots or GPUs (it starts
 when their other jobs end).
 
+A job with server shards (the parameter-server frameworks and allreduce hybrids) places none of
+its processes on a node that cannot reach a parameter-server Redis (scheduler/reach.py): its
+workers and shards all talk to those servers. Its waiting reason names such nodes.
+
 No database and no broker here; the scheduler loop feeds these functions from SQL.
 """
 
@@ -36,6 +40,12 @@ class NodeCapacity:
     slots_used: int = 0
     gpus_used: int = 0
     alive: bool = True
+    # The parameter-server Redis servers its agent cannot reach, each "host:port: error".
+    ps_unreachable: tuple[str, ...] = ()
+
+    def takes(self, request: PlacementRequest) -> bool:
+        """Whether any process of `request` may go here (room aside)."""
+        return self.alive and not (request.parameter_server and self.ps_unreachable)
 
     @property
     def free_slots(self) -> int:
@@ -95,6 +105,13 @@ class PlacementRequest:
             priority=priority,
             owner_id=owner_id,
         )
+
+    @property
+    def parameter_server(self) -> bool:
+        """Whether its processes use the parameter-server Redis servers: those of a job with
+        server shards do, and only those (dsl/topology.py requires shards of every framework
+        that exchanges updates through them)."""
+        return bool(self.servers)
 
     @property
     def slots(self) -> int:
@@ -168,13 +185,14 @@ def _place_group(
 def plan_placement(
     request: PlacementRequest, nodes: Sequence[NodeCapacity]
 ) -> PlacementPlan | None:
-    """Place every process of `request` on `nodes` (lost nodes are skipped), or None.
+    """Place every process of `request` on `nodes` (lost nodes, and for a parameter-server
+    job the nodes that cannot reach its Redis, are skipped), or None.
 
     Workers of one job all have the same size, so filling nodes greedily finds a placement
     whenever one exists; servers take one slot each, and the slots left after the workers do
     not depend on where the workers went.
     """
-    free = {node.name: node for node in sorted(nodes, key=lambda n: n.name) if node.alive}
+    free = {node.name: node for node in sorted(nodes, key=lambda n: n.name) if node.takes(request)}
     assignments: list[Assignment] = []
     groups: dict[int, list[int]] = {}
     for group, rank in request.workers:
@@ -200,6 +218,20 @@ def plan_placement(
         _take(free, node.name, request.SLOTS_PER_SERVER, 0)
         assignments.append(Assignment("server", group, rank, node.name, 1, 0))
     return PlacementPlan(assignments)
+
+
+def unreachable_note(request: PlacementRequest, nodes: Sequence[NodeCapacity]) -> str:
+    """Why alive `nodes` take no process of `request` (it uses the parameter-server Redis and
+    they cannot reach it): "; node-2 cannot reach parameter-server Redis 10.0.0.3:6379: ...",
+    or ""."""
+    if not request.parameter_server:
+        return ""
+    return "".join(
+        f"; {node.name} cannot reach parameter-server Redis {unreachable}"
+        for node in sorted(nodes, key=lambda n: n.name)
+        if node.alive
+        for unreachable in node.ps_unreachable
+    )
 
 
 def fits_empty_cluster(request: PlacementRequest, nodes: Sequence[NodeCapacity]) -> bool:
@@ -294,12 +326,14 @@ def plan_queue(
     ordered = order_queue(requests, owners)
     head: int | None = None
     for request in ordered:
-        if not fits_empty_cluster(request, alive):
-            total_slots = sum(n.slots for n in alive)
-            total_gpus = sum(n.gpus for n in alive)
+        usable = [node for node in alive if node.takes(request)]
+        if not fits_empty_cluster(request, usable):
+            total_slots = sum(n.slots for n in usable)
+            total_gpus = sum(n.gpus for n in usable)
             waiting[request.job_id] = (
                 f"needs {request.describe()}; the cluster cannot fit it even when idle "
-                f"({len(alive)} node(s), {total_slots} slot(s), {total_gpus} GPU(s))"
+                f"({len(usable)} node(s), {total_slots} slot(s), {total_gpus} GPU(s))"
+                + unreachable_note(request, alive)
             )
             continue
         share = owners.get(request.owner_id, OwnerShare())
@@ -313,7 +347,10 @@ def plan_queue(
         plan = plan_placement(request, free)
         if plan is None:
             head = request.job_id
-            waiting[request.job_id] = f"waiting for free resources: needs {request.describe()}"
+            waiting[request.job_id] = (
+                f"waiting for free resources: needs {request.describe()}"
+                + unreachable_note(request, alive)
+            )
             continue
         free = _apply(free, plan)
         owners[request.owner_id] = share.plus(request)

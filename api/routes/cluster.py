@@ -79,6 +79,7 @@ def cluster(session: SessionDep, user: CurrentUser, services: ServicesDep) -> Cl
                 slots_used=capacity[node.name].slots_used,
                 gpus_used=capacity[node.name].gpus_used,
                 last_heartbeat=aware(node.last_heartbeat),
+                ps_unreachable=node.ps_unreachable or [],
             )
             for node in nodes
         ],

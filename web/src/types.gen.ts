@@ -19,6 +19,8 @@ export interface NodeOut {
   slots_used: number;
   gpus_used: number;
   last_heartbeat: string;
+  /** parameter-server Redis its agent cannot reach, each 'host:port: error' */
+  ps_unreachable: string[];
 }
 
 export interface QueueEntryOut {

@@ -1,5 +1,6 @@
-// Cluster: nodes with their slots and GPUs in use, the running jobs' worker groups and server
-// shards, and the queue in the order the scheduler will place it. Refreshed every 2 s.
+// Cluster: nodes with their slots and GPUs in use (and any parameter-server Redis they cannot
+// reach), the running jobs' worker groups and server shards, and the queue in the order the
+// scheduler will place it. Refreshed every 2 s.
 
 import { type Cluster, api } from "../api";
 import { fill, formatAgo, h } from "../dom";
@@ -42,6 +43,10 @@ function nodesSection(cluster: Cluster): HTMLElement {
       meter(node.slots_used, node.slots, "slots"),
       node.gpus > 0 ? meter(node.gpus_used, node.gpus, "GPUs") : h("div", { class: "muted" }, "no GPUs"),
       h("div", { class: "muted small" }, `heartbeat ${formatAgo(node.last_heartbeat)}`),
+      // Jobs with server shards are not placed here until it reaches them.
+      ...node.ps_unreachable.map((what) =>
+        h("div", { class: "bad small ps-unreachable" }, `cannot reach parameter-server Redis ${what}`),
+      ),
     ),
   );
   return section(
