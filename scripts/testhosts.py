@@ -221,6 +221,9 @@ class Network:
         """From `host`, make `address` unreachable (a route that refuses it)."""
         self.exec(host, "ip", "route", "add", "unreachable", f"{address}/32")
 
+    def unblock(self, host: Host, address: str) -> None:
+        self.exec(host, "ip", "route", "del", "unreachable", f"{address}/32")
+
     def destroy(self) -> None:
         for host in self.hosts.values():
             _kill_netns(host.netns)
@@ -254,6 +257,10 @@ TIMINGS = {
     "TRAINYARD_RESTART_POINT_SECONDS": "1",
 }
 CONSOLE = str(Path(sys.executable).with_name("trainyard"))
+# The variables docs/operations.md ("Across machines") has operators export on node hosts, and
+# on the API host (tests/hosts/test_operations_steps.py holds the two in step).
+NODE_VARIABLES = ("REDIS_URL", "REDIS_PS_URLS", "TRAINYARD_DATA_DIR")
+HEAD_VARIABLES = ("DATABASE_URL", *NODE_VARIABLES)
 
 
 def api_command() -> list[str]:
@@ -293,21 +300,21 @@ class Cluster:
         ps = [name for name in self.network.hosts if name.startswith("ps-")]
         return ",".join(self.redis_url(name) for name in ps) or self.redis_url()
 
+    def variables(self) -> dict[str, str]:
+        """What docs/operations.md has operators export on every host (node hosts: these;
+        the API host: these and DATABASE_URL)."""
+        values = (self.redis_url(), self.ps_urls(), str(self.data_dir))
+        return dict(zip(NODE_VARIABLES, values, strict=True))
+
     def env(self, **extra: str) -> dict[str, str]:
-        """Every host's environment: the variables docs/operations.md has operators export."""
+        """A node host's environment: nothing of ours inherited, the documented variables."""
         drop = ("TRAINYARD_", "REDIS_", "DATABASE_URL")
         env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-        env.update(
-            REDIS_URL=self.redis_url(),
-            REDIS_PS_URLS=self.ps_urls(),
-            TRAINYARD_DATA_DIR=str(self.data_dir),
-            **TIMINGS,
-            **extra,
-        )
-        return env
+        return {**env, **self.variables(), **TIMINGS, **extra}
 
     def head_env(self) -> dict[str, str]:
-        return self.env(DATABASE_URL=f"sqlite:///{self.data_dir / 'trainyard.db'}")
+        (database,) = set(HEAD_VARIABLES) - set(NODE_VARIABLES)
+        return self.env(**{database: f"sqlite:///{self.data_dir / 'trainyard.db'}"})
 
     def spawn(self, host: str, name: str, argv: Sequence[str], env: dict[str, str]) -> None:
         log = self.work / "logs" / f"{name}.log"
