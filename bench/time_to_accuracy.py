@@ -8,8 +8,12 @@ target. All distributed processes run here, one torch thread each, talking throu
 Redis. A table goes to stdout and a plot of test accuracy against time to
 docs/img/time_to_accuracy.png.
 
+With --hosts (root; bench/tta_hosts.py) every case runs instead as a job of the service on test
+hosts, each process on a host of its own, with the links limited to each of --bandwidths in
+turn: a table per bandwidth, and a plot per bandwidth (docs/img/time_to_accuracy_<bw>.png).
+
     .venv/bin/python bench/time_to_accuracy.py [--steps 400] [--test-freq 25]
-        [--only local,sandblaster,...]
+        [--only local,sandblaster,...] [--hosts --bandwidths 1gbit,100mbit]
 """
 
 from __future__ import annotations
@@ -131,7 +135,7 @@ def run_distributed(
     return Result(case, curve, _time_to(curve), time.perf_counter() - started)
 
 
-def plot(results: list[Result], path: Path) -> None:
+def plot(results: list[Result], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -146,12 +150,49 @@ def plot(results: list[Result], path: Path) -> None:
     ax.set_xlabel("training time (s), worker 0")
     ax.set_ylabel("test accuracy")
     ax.set_ylim(0, 1)
-    ax.set_title("mnist1d CNN: test accuracy against time, 2-core machine")
+    ax.set_title(title)
     ax.legend(loc="lower right", fontsize="small")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
+
+
+def table(results: list[Result]) -> None:
+    print(f"| framework | topology | time to {TARGET:.0%} | final accuracy | run wall time |")
+    print("| --- | --- | --- | --- | --- |")
+    for r in results:
+        reached = f"{r.seconds:.1f} s" if r.seconds is not None else "not reached"
+        final = f"{r.curve[-1][1]:.3f}" if r.curve else "-"
+        note = f"{r.case.note}" + (f" ({r.error})" if r.error else "")
+        print(f"| {r.case.name} | {note} | {reached} | {final} | {r.wall:.0f} s |")
+
+
+def as_json(results: list[Result]) -> list[dict[str, object]]:
+    return [
+        {"name": r.case.name, "seconds": r.seconds, "curve": r.curve, "error": r.error}
+        for r in results
+    ]
+
+
+def run_here(cases: list[Case], overrides: dict[str, object], tmp: Path) -> list[Result]:
+    results: list[Result] = []
+    cache = tmp / "cache"
+    server = RedisServer(tmp / "redis", persist=False)
+    redis_url = server.start()
+    try:
+        for case in cases:
+            run_dir = tmp / case.name
+            if case.name == "local":
+                result = run_local(case, overrides, run_dir, cache)
+            else:
+                result = run_distributed(case, overrides, run_dir, cache, redis_url)
+            results.append(result)
+            shown = f"{result.seconds:.1f} s" if result.seconds is not None else "not reached"
+            print(f"{case.name}: {shown} {result.error}", flush=True)
+    finally:
+        server.stop()
+    return results
 
 
 def main() -> None:
@@ -161,6 +202,10 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated case names")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "time_to_accuracy.png")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--hosts", action="store_true", help="run on test hosts (needs root)")
+    parser.add_argument(
+        "--bandwidths", default="1gbit,100mbit", help="with --hosts: comma-separated, or none"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     wanted = {name for name in args.only.split(",") if name}
@@ -171,43 +216,24 @@ def main() -> None:
         "disp_freq": 1,
         "checkpoint.freq": 0,
     }
-    results: list[Result] = []
     with tempfile.TemporaryDirectory() as tmp:
-        cache = Path(tmp) / "cache"
-        server = RedisServer(Path(tmp) / "redis", persist=False)
-        redis_url = server.start()
-        try:
-            for case in cases:
-                run_dir = Path(tmp) / case.name
-                if case.name == "local":
-                    result = run_local(case, overrides, run_dir, cache)
-                else:
-                    result = run_distributed(case, overrides, run_dir, cache, redis_url)
-                results.append(result)
-                shown = f"{result.seconds:.1f} s" if result.seconds is not None else "not reached"
-                print(f"{case.name}: {shown} {result.error}", flush=True)
-        finally:
-            server.stop()
-    print()
-    print(f"| framework | topology | time to {TARGET:.0%} | final accuracy | run wall time |")
-    print("| --- | --- | --- | --- | --- |")
-    for r in results:
-        reached = f"{r.seconds:.1f} s" if r.seconds is not None else "not reached"
-        final = f"{r.curve[-1][1]:.3f}" if r.curve else "-"
-        note = f"{r.case.note}" + (f" ({r.error})" if r.error else "")
-        print(f"| {r.case.name} | {note} | {reached} | {final} | {r.wall:.0f} s |")
-    plot(results, args.plot)
-    print(f"\nplot: {args.plot}")
+        if args.hosts:
+            from tta_hosts import run_on_hosts
+
+            bandwidths = [b for b in args.bandwidths.split(",") if b]
+            by_bandwidth = run_on_hosts(cases, overrides, bandwidths, Path(tmp))
+        else:
+            by_bandwidth = {"": run_here(cases, overrides, Path(tmp))}
+    for bandwidth, results in by_bandwidth.items():
+        where = f"test hosts, links of {bandwidth}" if bandwidth else "one 2-core machine"
+        print(f"\n{where}\n")
+        table(results)
+        path = args.plot.with_stem(f"{args.plot.stem}_{bandwidth}") if bandwidth else args.plot
+        plot(results, path, f"mnist1d CNN: test accuracy against time, {where}")
+        print(f"\nplot: {path}")
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                [
-                    {"name": r.case.name, "seconds": r.seconds, "curve": r.curve, "error": r.error}
-                    for r in results
-                ],
-                indent=1,
-            )
-        )
+        payload = {b or "here": as_json(results) for b, results in by_bandwidth.items()}
+        args.json.write_text(json.dumps(payload, indent=1))
 
 
 if __name__ == "__main__":

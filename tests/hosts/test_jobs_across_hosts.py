@@ -68,7 +68,7 @@ def test_downpour_workers_reach_server_shards_on_another_host(
 ) -> None:
     overrides = {
         **SHORT,
-        **{"train_steps": 400, "test.freq": 400, "checkpoint.freq": 0},
+        **{"train_steps": 200, "test.freq": 200, "checkpoint.freq": 0},
         **{"cluster.framework": "downpour", "cluster.nworker_groups": 2},
         # Momentum on top of stale gradients makes this net's asynchronous training erratic.
         **{"updater.momentum": 0.0, "updater.lr.base": 0.1},
