@@ -231,6 +231,9 @@ class Network:
             deadline = time.monotonic() + 10
             while self.pids(host) and time.monotonic() < deadline:
                 time.sleep(0.05)
+            # Deleting one end of a veth pair deletes both; left to the namespace's end, the
+            # kernel does it only once the last process in it has gone.
+            subprocess.run(["ip", "link", "del", host.link], capture_output=True)
             subprocess.run(["ip", "netns", "del", host.netns], capture_output=True)
         if self.bridge:
             subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
