@@ -18,7 +18,7 @@ from sdk.client import Client, Job
 NODES = ("node-1", "node-2", "node-3")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     reason = unavailable()
     if reason:
@@ -29,7 +29,7 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield cluster
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def client(hosts: Cluster) -> Iterator[Client]:
     with Client(hosts.url, hosts.token) as found:
         yield found
