@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ipaddress
+import itertools
 import os
 import re
 import shutil
@@ -32,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PREFIX = "tyh"  # every namespace, bridge and link made here: tyh<pid>...
 STALE = re.compile(rf"^{PREFIX}(\d+)")
+_NETWORKS = itertools.count()
 
 
 class HostsError(RuntimeError):
@@ -127,7 +129,8 @@ class Network:
     """A bridge with an address of this machine, and one namespace per host on it."""
 
     names: Sequence[str]
-    tag: str = field(default_factory=lambda: f"{PREFIX}{os.getpid()}")
+    # Unique per network (the process id, then a count): links' names stay within 15 bytes.
+    tag: str = field(default_factory=lambda: f"{PREFIX}{os.getpid()}x{next(_NETWORKS)}")
     hosts: dict[str, Host] = field(default_factory=dict)
     bridge: str = ""
     gateway: str = ""
