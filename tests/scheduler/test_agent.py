@@ -127,24 +127,6 @@ def test_a_failing_job_ends_failed_with_the_reason(cluster: Cluster) -> None:
     assert cluster.slots_used("node-1") == 0
 
 
-def test_a_distributed_job_is_placed_whole_and_trains_through_the_shards(cluster: Cluster) -> None:
-    job_id = cluster.submit(train_steps=20, **{"cluster.framework": "sandblaster"})
-    cluster.wait_state(job_id, JobState.FAILED, JobState.SUCCEEDED)
-    job = cluster.job(job_id)
-    assert job.state == JobState.SUCCEEDED, job.error
-    assert job.step == 20
-    placed = sorted((a.role, a.group, a.rank, node) for a, node in cluster.allocations(job_id))
-    assert placed == [
-        ("server", 0, 0, "node-1"), ("worker", 0, 0, "node-1"), ("worker", 0, 1, "node-1"),
-    ]  # fmt: skip
-    # Every process of the gang ends and gives its slot back.
-    cluster.wait_for(
-        "every allocation to end",
-        lambda: not any(AllocationState(a.state).active for a, _ in cluster.allocations(job_id)),
-    )
-    assert cluster.slots_used("node-1") == 0
-
-
 @pytest.mark.parametrize(
     ("overrides", "processes"),
     [
@@ -190,9 +172,15 @@ def test_every_framework_runs_through_the_service(
     )
 
 
-def test_a_killed_shard_is_placed_again_and_the_job_succeeds(cluster: Cluster) -> None:
+def test_a_distributed_job_is_placed_whole_and_a_killed_shard_placed_again(
+    cluster: Cluster,
+) -> None:
     job_id = cluster.submit(train_steps=400, disp_freq=10, **{"cluster.framework": "sandblaster"})
     cluster.wait_for("the job's first steps", lambda: cluster.job(job_id).step >= 20)
+    placed = sorted((a.role, a.group, a.rank, node) for a, node in cluster.allocations(job_id))
+    assert placed == [
+        ("server", 0, 0, "node-1"), ("worker", 0, 0, "node-1"), ("worker", 0, 1, "node-1"),
+    ]  # fmt: skip
     [(server, node)] = [(a, n) for a, n in cluster.allocations(job_id) if a.role == "server"]
     pid = cluster.pid(server.id)
     os.killpg(pid, signal.SIGKILL)
@@ -200,10 +188,12 @@ def test_a_killed_shard_is_placed_again_and_the_job_succeeds(cluster: Cluster) -
     job = cluster.job(job_id)
     assert job.state == JobState.SUCCEEDED, job.error
     assert job.step == 400
+    # Every process of the gang ends and gives its slot back.
     cluster.wait_for(
         "every allocation to end",
         lambda: not any(AllocationState(a.state).active for a, _ in cluster.allocations(job_id)),
     )
+    assert cluster.slots_used("node-1") == 0
     servers = [
         (a.state, a.exit_code, n) for a, n in cluster.allocations(job_id) if a.role == "server"
     ]

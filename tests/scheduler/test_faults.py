@@ -3,7 +3,9 @@ node agent (SIGTERM): every job still ends SUCCEEDED, from its restart point, wi
 metrics counted once.
 
 The scheduler and the node agents are processes of their own here, so each can be killed and
-started again. docs/reliability.md tabulates what these tests inject.
+started again. One cluster, over the module's own redis-server, serves every test: the test
+that restarts Redis empty comes last and checks that the cluster still runs a new job.
+docs/reliability.md tabulates what these tests inject.
 """
 
 from __future__ import annotations
@@ -25,18 +27,41 @@ from scheduler.redis_server import RedisServer
 pytestmark = pytest.mark.slow
 
 STEPS = 2000  # about 10 s of training on a quiet 2-core machine
+# Where the fault strikes as soon as the first restart point is saved (about step 200), 1000
+# steps leave the job hundreds to train after it. The faults whose effect takes seconds to
+# arrive (an agent started again, a standby scheduler taking over, Redis down for 3 s) keep
+# STEPS, so the job is still training when it does.
+SHORT = 1000
 EVERY = 50  # disp_freq: train/loss is reported at each multiple
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Cluster]:
-    found = start_cluster(tmp_path_factory.mktemp("fault-data"), redis_url)
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """The module's own redis-server, so that the last test can restart it empty."""
+    server = RedisServer(tmp_path_factory.mktemp("fault-redis"), persist=False, password="pw")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer
+) -> Iterator[Cluster]:
+    found = start_cluster(tmp_path_factory.mktemp("fault-data"), redis_server.url)
     yield found
     stop_cluster(found)
 
 
-def submit(cluster: Cluster, **overrides: object) -> int:
-    return cluster.submit(train_steps=STEPS, disp_freq=EVERY, **overrides)
+def submit(cluster: Cluster, steps: int, **overrides: object) -> int:
+    return cluster.submit(train_steps=steps, disp_freq=EVERY, **overrides)
+
+
+def start_agent_unless_running(cluster: Cluster, name: str) -> None:
+    """A second node agent, started by whichever test needs it first."""
+    running = cluster.agents.get(name)
+    if running is None or running.poll() is not None:
+        cluster.start_agent(name, slots=2)
 
 
 def running_with_a_restart_point(cluster: Cluster, job_id: int) -> None:
@@ -48,12 +73,12 @@ def running_with_a_restart_point(cluster: Cluster, job_id: int) -> None:
     )
 
 
-def assert_succeeded_once_per_step(cluster: Cluster, job_id: int) -> None:
+def assert_succeeded_once_per_step(cluster: Cluster, job_id: int, steps: int) -> None:
     cluster.wait_state(job_id, JobState.SUCCEEDED, JobState.FAILED, timeout=240)
     job = cluster.job(job_id)
     assert job.state == JobState.SUCCEEDED, (job.error, cluster.events(job_id))
     assert sorted(cluster.metric_steps(job_id, "train/loss")) == list(
-        range(EVERY, STEPS + 1, EVERY)
+        range(EVERY, steps + 1, EVERY)
     ), "a step missing or counted twice"
     run_dir = cluster.settings.artifacts() / "jobs" / str(job_id)
     cluster.wait_for("its restart points to be deleted", lambda: not (run_dir / "restart").exists())
@@ -69,11 +94,11 @@ def restart_from(cluster: Cluster, job_id: int, pattern: str) -> int:
 
 
 def test_a_killed_worker_restarts_from_its_restart_point(cluster: Cluster) -> None:
-    job_id = submit(cluster)
+    job_id = submit(cluster, SHORT)
     running_with_a_restart_point(cluster, job_id)
     [(alloc, _)] = cluster.allocations(job_id)
     os.kill(cluster.pid(alloc.id), signal.SIGKILL)
-    assert_succeeded_once_per_step(cluster, job_id)
+    assert_succeeded_once_per_step(cluster, job_id, SHORT)
     step = restart_from(
         cluster,
         job_id,
@@ -85,12 +110,13 @@ def test_a_killed_worker_restarts_from_its_restart_point(cluster: Cluster) -> No
 
 
 def test_a_killed_worker_of_a_synchronous_group_restarts_the_gang(cluster: Cluster) -> None:
-    job_id = submit(cluster, **{"cluster.framework": "allreduce", "cluster.nworkers_per_group": 2})
+    gang = {"cluster.framework": "allreduce", "cluster.nworkers_per_group": 2}
+    job_id = submit(cluster, SHORT, **gang)
     running_with_a_restart_point(cluster, job_id)
     first = cluster.allocations(job_id)
     rank1 = next(alloc for alloc, _ in first if alloc.rank == 1)
     os.kill(cluster.pid(rank1.id), signal.SIGKILL)
-    assert_succeeded_once_per_step(cluster, job_id)
+    assert_succeeded_once_per_step(cluster, job_id, SHORT)
     restart_from(cluster, job_id, r"worker 0/1 on node-1 exited -9 .*from step (?P<step>\d+).*")
     allocations = cluster.allocations(job_id)
     assert len(allocations) == 4  # both workers, twice
@@ -98,7 +124,7 @@ def test_a_killed_worker_of_a_synchronous_group_restarts_the_gang(cluster: Clust
 
 
 def test_a_killed_agent_reconciles_its_orphans_when_it_starts_again(cluster: Cluster) -> None:
-    job_id = submit(cluster)
+    job_id = submit(cluster, STEPS)
     running_with_a_restart_point(cluster, job_id)
     [(alloc, _)] = cluster.allocations(job_id)
     orphan = cluster.pid(alloc.id)
@@ -108,7 +134,7 @@ def test_a_killed_agent_reconciles_its_orphans_when_it_starts_again(cluster: Clu
     assert psutil.pid_exists(orphan)
     cluster.start_agent("node-1", slots=2)
     cluster.wait_for("the orphan to be stopped", lambda: not psutil.pid_exists(orphan))
-    assert_succeeded_once_per_step(cluster, job_id)
+    assert_succeeded_once_per_step(cluster, job_id, STEPS)
     restart_from(
         cluster,
         job_id,
@@ -118,12 +144,12 @@ def test_a_killed_agent_reconciles_its_orphans_when_it_starts_again(cluster: Clu
 
 
 def test_a_stopping_agent_drains_its_job_to_another_node(cluster: Cluster) -> None:
-    cluster.start_agent("node-2", slots=2)
-    job_id = submit(cluster)
+    start_agent_unless_running(cluster, "node-2")
+    job_id = submit(cluster, SHORT)
     running_with_a_restart_point(cluster, job_id)
     [(_, node)] = cluster.allocations(job_id)
     stop_process(cluster.agents[node])  # SIGTERM, as `docker compose stop` does
-    assert_succeeded_once_per_step(cluster, job_id)
+    assert_succeeded_once_per_step(cluster, job_id, SHORT)
     step = restart_from(
         cluster,
         job_id,
@@ -139,49 +165,27 @@ def test_a_stopping_agent_drains_its_job_to_another_node(cluster: Cluster) -> No
 
 def test_a_killed_scheduler_loses_no_job_and_starts_none_twice(cluster: Cluster) -> None:
     standby = cluster.start_scheduler("scheduler-2")  # waits: the first holds the lease
-    running = submit(cluster)
+    running = submit(cluster, STEPS)
     running_with_a_restart_point(cluster, running)
     log = cluster.logs / "scheduler-2.log"
     cluster.wait_for(
         "the second scheduler to wait", lambda: "holds the lease; waiting" in log.read_text()
     )
     os.killpg(cluster.agents["scheduler"].pid, signal.SIGKILL)
-    queued = submit(cluster)  # while no scheduler acts
+    queued = submit(cluster, STEPS)  # while no scheduler acts
     cluster.wait_for(
         "the second scheduler to take over", lambda: "holds the lease\n" in log.read_text()
     )
     for job_id in (running, queued):
-        assert_succeeded_once_per_step(cluster, job_id)
+        assert_succeeded_once_per_step(cluster, job_id, STEPS)
         assert len(cluster.allocations(job_id)) == 1  # tracked again, never started twice
         assert cluster.job(job_id).restarts == 0
     cluster.agents["scheduler"] = standby
 
 
-def test_redis_restarted_empty_the_job_resumes_from_its_restart_point(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> None:
-    server = RedisServer(tmp_path_factory.mktemp("fault-redis"), persist=False, password="pw")
-    own = start_cluster(tmp_path_factory.mktemp("fault-data"), server.start())
-    try:
-        job_id = submit(own)
-        running_with_a_restart_point(own, job_id)
-        server.stop()
-        time.sleep(3.0)  # long enough that the job's process fails to report, not a blip
-        server.start()  # the same address and password, and nothing in it (no persistence)
-        assert_succeeded_once_per_step(own, job_id)
-        assert own.job(job_id).restarts >= 1
-        # The agent and the scheduler came through: a new job runs as usual.
-        second = own.submit(train_steps=40, disp_freq=10)
-        own.wait_state(second, JobState.SUCCEEDED, JobState.FAILED)
-        assert own.job(second).state == JobState.SUCCEEDED
-    finally:
-        stop_cluster(own)
-        server.stop()
-
-
 def test_a_killed_worker_of_an_asynchronous_job_restarts_alone(cluster: Cluster) -> None:
-    cluster.start_agent("node-2", slots=2)  # downpour: 2 worker groups and a shard, 3 slots
-    job_id = submit(cluster, **{"cluster.framework": "downpour"})
+    start_agent_unless_running(cluster, "node-2")  # downpour: 2 worker groups and a shard
+    job_id = submit(cluster, SHORT, **{"cluster.framework": "downpour"})
     running_with_a_restart_point(cluster, job_id)
     cluster.wait_for("the second worker group to report", lambda: group_step(cluster, job_id) > 0)
     first = cluster.allocations(job_id)
@@ -205,7 +209,7 @@ def test_a_killed_worker_of_an_asynchronous_job_restarts_alone(cluster: Cluster)
             )
         ).all()
     assert len(steps) == len(set(steps))  # the restarted worker went on, no step reported twice
-    assert max(steps) == STEPS
+    assert max(steps) == SHORT
 
 
 def group_step(cluster: Cluster, job_id: int) -> int:
@@ -230,3 +234,20 @@ def test_a_checkpoint_that_cannot_be_written_fails_with_the_reason_alone(
         "earlier checkpoints are unchanged"
     ) in error
     assert "Traceback" not in error
+
+
+def test_redis_restarted_empty_the_job_resumes_from_its_restart_point(
+    cluster: Cluster, redis_server: RedisServer
+) -> None:
+    """Last: every process of the module's cluster lives through it, and runs a new job after."""
+    job_id = submit(cluster, STEPS)
+    running_with_a_restart_point(cluster, job_id)
+    redis_server.stop()
+    time.sleep(3.0)  # long enough that the job's process fails to report, not a blip
+    redis_server.start()  # the same address and password, and nothing in it (no persistence)
+    assert_succeeded_once_per_step(cluster, job_id, STEPS)
+    assert cluster.job(job_id).restarts >= 1
+    # The agents and the scheduler came through: a new job runs as usual.
+    second = cluster.submit(train_steps=40, disp_freq=10)
+    cluster.wait_state(second, JobState.SUCCEEDED, JobState.FAILED)
+    assert cluster.job(second).state == JobState.SUCCEEDED

@@ -2,14 +2,19 @@
 a final state, none is lost, none is placed twice, and the queue is shared between the users.
 
 Running all 200 would cost each a fresh worker process importing torch (minutes on 2 cores),
-so each user then cancels their queued jobs but their first two, as users do: about 20 jobs
-train to the end (each costs about 4 CPU-seconds). bench/load.py runs all 200.
+so each user then cancels their queued jobs but their first, as users do: about 10 jobs train
+to the end (each costs about 4 CPU-seconds). bench/load.py runs all 200.
+
+The users are created as `trainyard admin create-user` creates them (store.create_user and
+store.create_token), at once from a thread each, in this process: ten CLI processes would cost
+ten Python start-ups. tests/sdk/test_cli_client.py runs the command itself against a stack.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -20,12 +25,12 @@ from bench.load import (
     TRAIN_STEPS,
     JobRecord,
     LoadUser,
-    create_users,
     final_jobs,
     job_records,
     store_of,
     submit_all,
 )
+from scheduler import store
 from scheduler.models import Allocation, AllocationState, JobState
 
 if TYPE_CHECKING:
@@ -37,7 +42,23 @@ pytestmark = pytest.mark.slow
 
 USERS = 10
 JOBS_PER_USER = 20
-KEPT_PER_USER = 2  # each user's first jobs, left to run
+KEPT_PER_USER = 1  # each user's first job, left to run
+
+
+def create_users(url: str, data_dir: Path, count: int) -> list[LoadUser]:
+    """Users load-0 ... load-N and a token each, created at once in the stack's store."""
+    db = store_of(data_dir)
+
+    def create(name: str) -> LoadUser:
+        with db.session() as session:
+            user = store.create_user(session, name)
+            return LoadUser(name, store.create_token(session, user, "created by the test"), url)
+
+    try:
+        with ThreadPoolExecutor(count) as pool:
+            return list(pool.map(create, [f"load-{n}" for n in range(count)]))
+    finally:
+        db.dispose()
 
 
 def cancel_queued(user: LoadUser, keep: int) -> dict[int, dict[str, Any]]:

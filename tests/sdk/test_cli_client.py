@@ -89,13 +89,13 @@ def test_download(stack: RunningStack, followed: int, tmp_path: Path) -> None:
 
 
 def test_failed_job_and_its_logs(stack: RunningStack) -> None:
+    # No restart: tests/sdk/test_client.py follows a failing job through one.
     result = run(
         stack,
         "submit",
         DIGITS,
         *QUICK,
-        "--set",
-        "updater.lr.base=1e38",
+        *("--set", "updater.lr.base=1e38", "--set", "cluster.max_restarts=0"),
         "--follow",
     )
     assert result.exit_code == 1

@@ -103,10 +103,13 @@ def test_download_checkpoint(finished: Job, tmp_path: Path) -> None:
 
 
 def test_a_failing_job_reports_why_and_logs(client: Client) -> None:
-    # A huge learning rate makes the loss diverge: the trainer logs it and the job fails.
-    job = client.submit(str(DIGITS), overrides={**QUICK, "updater.lr.base": 1e38})
+    # A huge learning rate makes the loss diverge: the trainer logs it and the job fails. The
+    # service restarts it once (not the default three times: each is a fresh process), then
+    # fails it with the cause.
+    failing = {**QUICK, "updater.lr.base": 1e38, "cluster.max_restarts": 1}
+    job = client.submit(str(DIGITS), overrides=failing)
     job.wait(timeout=120, poll=0.2)
-    assert job.state == "FAILED"
+    assert job.state == "FAILED" and job.info.restarts == 1
     assert job.error and "diverged" in job.error
     assert any("training diverged" in line for line in job.logs())
 

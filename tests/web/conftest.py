@@ -1,9 +1,11 @@
 """The browser tests' stack and browser: Debian's Chromium (headless) against a real
-`trainyard up`, one stack per test module (Redis, API, scheduler and a node agent with 3 slots, as
-subprocesses). Each test drives the pages a user would and saves a screenshot under
-tests/web/screenshots/; with TRAINYARD_DOC_SCREENSHOTS=1 the documentation's pictures in docs/img/
-are refreshed from the same runs (CI leaves the committed ones alone). Chromium comes from
-scripts/ensure-chromium.sh (`make test` runs it); never from `playwright install`.
+`trainyard up` (Redis, API, scheduler and a node agent with 3 slots, as subprocesses), one stack
+for all the browser modules of a run: started by the first, stopped after the last browser test
+(each module leaves nothing running behind it). Each test drives the pages a user would and
+saves a screenshot under tests/web/screenshots/; with TRAINYARD_DOC_SCREENSHOTS=1 the
+documentation's pictures in docs/img/ are refreshed from the same runs (CI leaves the committed
+ones alone). Chromium comes from scripts/ensure-chromium.sh (`make test` runs it); never from
+`playwright install`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import pytest
 import yaml
 from playwright.sync_api import Browser, Page, ViewportSize, sync_playwright
 
-ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 EXAMPLES = ROOT / "examples"
 SCREENSHOTS = Path(__file__).resolve().parent / "screenshots"
 DOC_IMAGES = ROOT / "docs" / "img"
@@ -83,48 +86,89 @@ def _stack_env(data_dir: Path) -> dict[str, str]:
     return env
 
 
+@dataclass
+class SharedStack:
+    """The one `trainyard up` of the browser tests; `running` starts it when none runs."""
+
+    process: subprocess.Popen[bytes] | None = None
+    stack: Stack | None = None
+
+    def running(self, tmp_path_factory: pytest.TempPathFactory) -> Stack:
+        if self.stack is None or self.process is None or self.process.poll() is not None:
+            self.stop()
+            self.start(tmp_path_factory.mktemp("stack"))
+        assert self.stack is not None
+        return self.stack
+
+    def start(self, data_dir: Path) -> None:
+        port = _free_port()
+        log_path = data_dir / "up.log"
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [
+                    *(sys.executable, "-m", "scheduler", "up"),
+                    *("--data-dir", str(data_dir), "--port", str(port)),
+                ],
+                env=_stack_env(data_dir),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        stack_file = data_dir / "stack.json"
+        deadline = time.monotonic() + 180
+        while not stack_file.exists():
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                pytest.fail(f"`trainyard up` did not start:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.2)
+        info = json.loads(stack_file.read_text())
+        api = httpx.Client(
+            base_url=f"{info['url']}/api/v1",
+            headers={"Authorization": f"Bearer {info['token']}"},
+            timeout=30,
+        )
+        self.process, self.stack = process, Stack(info["url"], info["token"], api)
+
+    def stop(self) -> None:
+        process, stack = self.process, self.stack
+        self.process = self.stack = None
+        if stack is not None:
+            stack.api.close()
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+SHARED = SharedStack()
+
+
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Stack:
     if not CHROMIUM.exists():
         pytest.skip(f"{CHROMIUM} is missing: run scripts/ensure-chromium.sh (make test does)")
     if not (ROOT / "web" / "dist" / "index.html").exists():
         pytest.fail("web/dist is missing: build the dashboard with `make web`")
-    data_dir = tmp_path_factory.mktemp("stack")
-    port = _free_port()
-    log_path = data_dir / "up.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "scheduler", "up"),
-                *("--data-dir", str(data_dir), "--port", str(port)),
-            ],
-            env=_stack_env(data_dir),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    stack_file = data_dir / "stack.json"
-    deadline = time.monotonic() + 180
-    while not stack_file.exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"`trainyard up` did not start:\n{log_path.read_text()[-3000:]}")
-        time.sleep(0.2)
-    info = json.loads(stack_file.read_text())
-    api = httpx.Client(
-        base_url=f"{info['url']}/api/v1",
-        headers={"Authorization": f"Bearer {info['token']}"},
-        timeout=30,
-    )
-    yield Stack(info["url"], info["token"], api)
-    api.close()
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+    return SHARED.running(tmp_path_factory)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After the last browser test (its fixtures torn down), the stack goes: the suite's other
+    tests do not share the machine with it."""
+    result = yield
+    if nextitem is None or not nextitem.path.resolve().is_relative_to(HERE):
+        SHARED.stop()
+    return result
+
+
+def pytest_sessionfinish() -> None:
+    SHARED.stop()
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ list.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,10 +38,13 @@ BROKEN_LINE = next(i for i, line in enumerate(BROKEN_JOB.splitlines(), 1) if "re
 
 
 @pytest.fixture(scope="module", autouse=True)
-def long_job(stack: Stack) -> int:
+def long_job(stack: Stack) -> Iterator[int]:
     """Submitted before the first test, so it is running (and reporting) by the time tests
-    watch a running job."""
-    return submit(stack, LONG_JOB)
+    watch a running job; cancelled after the last, whichever of them ran (the next browser
+    module shares the stack)."""
+    job_id = submit(stack, LONG_JOB)
+    yield job_id
+    stack.api.post(f"/jobs/{job_id}/cancel")
 
 
 def replace_editor_text(page: Page, text: str) -> None:
