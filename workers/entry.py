@@ -75,6 +75,11 @@ class StderrLog:
         return None
 
 
+# What a standby prints on stdout once it has done its imports: the node agent starts its next
+# standby then, one import at a time (scheduler/process.py).
+STANDBY_READY = "trainyard: standby ready"
+
+
 def warm_up() -> None:
     """Import what training needs, before an allocation arrives."""
     import sklearn.datasets  # noqa: F401  (the digits source imports it lazily: ~1 s)
@@ -227,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.standby:
         warm_up()
+        print(STANDBY_READY, flush=True)
         line = sys.stdin.readline()
         if not line.strip():  # the agent went away before handing us work
             return ExitCode.OK
