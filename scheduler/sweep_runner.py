@@ -86,16 +86,24 @@ class Studies:
 
 
 def run_sweeps(
-    db: Database, settings: Settings, client: redis.Redis, keys: Keys, stop: threading.Event
+    db: Database,
+    settings: Settings,
+    client: redis.Redis,
+    keys: Keys,
+    stop: threading.Event,
+    due: threading.Event,
 ) -> None:
-    """The scheduler's sweep thread: a pass every SWEEP_SECONDS until `stop` is set."""
+    """The scheduler's sweep thread: a pass every SWEEP_SECONDS, and one at once when `due` is
+    set (the ingester saw a trial end: its successor is asked for without waiting), until
+    `stop` is set. Whoever sets `stop` sets `due` too, to end the wait."""
     runner = SweepRunner(db, settings, client, keys)
     while not stop.is_set():
+        due.clear()  # before the pass: a trial that ends during it is seen by the next one
         try:
             runner.run_once()
         except Exception:
             log.exception("sweep pass failed; retrying")
-        stop.wait(SWEEP_SECONDS)
+        due.wait(SWEEP_SECONDS)
 
 
 class SweepRunner:

@@ -4,6 +4,7 @@ runs them on a node agent)."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -184,8 +185,13 @@ def test_a_trailing_trial_is_pruned_at_its_rung_as_its_metrics_arrive(env: Env) 
     sweep_id = env.submit(pruned)
     env.runner().run_once()
     leader, trailing = env.trials(sweep_id)
+    trial_ended = threading.Event()  # the sweep thread's cue to ask for the next trial
     ingester = Ingester(
-        env.db, env.client, env.keys, pruning=TrialPruning(env.db, env.settings.sql_url())
+        env.db,
+        env.client,
+        env.keys,
+        pruning=TrialPruning(env.db, env.settings.sql_url()),
+        trial_ended=trial_ended,
     )
 
     def report(job: Job, *points: tuple[int, float]) -> None:
@@ -204,7 +210,9 @@ def test_a_trailing_trial_is_pruned_at_its_rung_as_its_metrics_arrive(env: Env) 
     report(trailing, (10, 0.2))  # below the first rung: never stopped
     with env.db.session() as session:
         assert session.get_one(Job, trailing.id).state == JobState.RUNNING
+    assert not trial_ended.is_set()
     report(trailing, (20, 0.3))
+    assert trial_ended.is_set()
     with env.db.session() as session:
         job = session.get_one(Job, trailing.id)
         assert (job.state, job.pruned_step) == (JobState.PRUNED, 20)
