@@ -106,7 +106,7 @@ class Env:
 def test_trials_are_asked_queued_told_and_the_best_recorded(env: Env) -> None:
     sweep_id = env.submit()
     runner = env.runner()
-    runner.run_once()
+    assert runner.run_once() == 2  # trials created: the scheduling loop places them at once
     first = env.trials(sweep_id)
     assert [(j.trial_number, j.state, j.sweep_id) for j in first] == [
         (0, JobState.QUEUED, sweep_id),
@@ -117,7 +117,7 @@ def test_trials_are_asked_queued_told_and_the_best_recorded(env: Env) -> None:
         assert 0.01 <= job.overrides["updater.lr.base"] <= 0.3
         assert job.spec["updater"]["lr"]["base"] == job.overrides["updater.lr.base"]
         assert "search" not in job.spec and job.name == f"digits-mlp-trial{job.trial_number}"
-    runner.run_once()
+    assert runner.run_once() == 0
     assert len(env.trials(sweep_id)) == 2  # nothing ended: nothing new
     env.end(first[0].id, JobState.SUCCEEDED, accuracy=0.8)
     env.end(first[1].id, JobState.FAILED)
