@@ -124,8 +124,8 @@ class Settings(BaseSettings):
         default=None,
         ge=0,
         description="worker processes a node agent keeps started, torch imported, so that jobs "
-        "placed at once all start without the import (each holds its memory); default one "
-        "per slot, 0: none",
+        "placed at once all start without the import (each holds about 0.5 GB of memory on "
+        "CPU); default one per slot, 0: none",
     )
     heartbeat_seconds: float = Field(
         default=2.0, gt=0, description="how often a node agent tells Redis it is alive"

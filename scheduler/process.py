@@ -200,8 +200,13 @@ class StandbyPool:
                     self._ready.remove(process)
                 starting = None
                 if len(self._ready) < self.size:
-                    starting = WorkerProcess(self.args)
-                    self._ready.append(starting)
+                    try:
+                        starting = WorkerProcess(self.args)
+                    except OSError:  # out of processes or memory: take() starts its own
+                        log.exception("cannot start a standby process; trying again")
+                        self._cond.wait(CHECK_SECONDS)
+                    else:
+                        self._ready.append(starting)
                 elif not dead:
                     self._cond.wait(CHECK_SECONDS)
             for process in dead:

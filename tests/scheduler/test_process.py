@@ -154,6 +154,20 @@ def test_standbys_that_die_warming_up_are_not_restarted_in_a_loop(
     assert standbys.started() == 1
 
 
+def test_a_pool_that_cannot_start_processes_keeps_trying(
+    standbys: Standbys, pools: list[StandbyPool], caplog: pytest.LogCaptureFixture
+) -> None:
+    pool = StandbyPool([str(standbys.script.parent / "no-such-python")], size=1)
+    pools.append(pool)
+    pool.start()
+    wait_for("the failure logged", lambda: "cannot start a standby" in caplog.text)
+    with pytest.raises(FileNotFoundError):
+        pool.take()  # no standby, and no fresh process either
+    pool.args = standbys.args()  # the installation repaired
+    standbys.open_gate()
+    wait_for("a warm standby", lambda: len(warm(pool)) == 1)
+
+
 def test_close_kills_every_standby_and_starts_none_after(
     standbys: Standbys, pools: list[StandbyPool]
 ) -> None:
