@@ -320,7 +320,7 @@ def create_agent(settings: Settings) -> Agent:
         settings=settings,
         client=redis.Redis.from_url(settings.redis_url),
         gpus=detect_gpus(settings),
-        pool=StandbyPool(entry_command(settings)),
+        pool=StandbyPool(entry_command(settings), size=settings.standbys()),
     )
 
 

@@ -52,10 +52,13 @@ class Ingester:
         consumer: str = CONSUMER,
         pruning: Pruning | None = None,
         artifacts: Path | None = None,
+        trial_ended: threading.Event | None = None,
     ) -> None:
         self.db, self.client, self.keys = db, client, keys
         self.count, self.consumer = count, consumer
         self.pruning = pruning  # a sweep's trials: their intermediate values to its pruner
+        # Set when a sweep's trial ends, so that the sweep thread asks for the next one now.
+        self.trial_ended = trial_ended
         # Run directories: restarts continue from their points, checkpoint records point there.
         self.artifacts = artifacts
         self._groups: set[str] = set()
@@ -141,7 +144,7 @@ class Ingester:
         pruned = None
         if self.pruning is not None and batch.metrics:
             pruned = self.pruning.pruned_at(job_id, batch.metrics)
-        found = ended = False  # the job exists; it became terminal in this batch
+        found = ended = trial = False  # the job exists; it ended in this batch; it is a trial
         effects = Effects(artifacts=self.artifacts)
         try:
             with self.db.session() as session:
@@ -154,6 +157,7 @@ class Ingester:
                     apply_batch(session, job, batch, pruned, effects)
                     terminal = JobState(job.state).terminal
                     ended = terminal and not was_terminal
+                    trial = job.sweep_id is not None
         except Exception:
             self._recovered.discard(stream)
             raise
@@ -168,6 +172,8 @@ class Ingester:
             # Processes of the job still running (siblings, servers) stop on this key.
             pipe.set(self.keys.cancel(job_id), "1", ex=CANCEL_TTL_SECONDS)
         pipe.execute()
+        if ended and trial and self.trial_ended is not None:
+            self.trial_ended.set()  # after the commit: the sweep's pass sees the trial ended
         if (not found or terminal) and len(entries) < self.count:
             self._retire(job_id, stream)
         return written

@@ -4,7 +4,9 @@ Every pass: sync the nodes the agents registered in Redis into SQL (marking the 
 lost, their jobs placed again once), then place queued jobs whole in (-priority, id) order,
 write each allocation's record to Redis and send its Celery task to the node's queue. The
 ingester (job streams into SQL rows and job states) and the sweeps (trials asked of each
-sweep's study, results told) run beside it in threads of their own.
+sweep's study, results told) run beside it in threads of their own. A sweep's next trial does
+not wait for their periods: the ingester wakes the sweep thread when a trial ends, and the
+sweep thread wakes placement when it has created trials.
 """
 
 from __future__ import annotations
@@ -341,11 +343,21 @@ def act(
     celery = create_celery(settings)
     settings.artifacts().mkdir(parents=True, exist_ok=True)
     pruning = TrialPruning(db, settings.sql_url())  # sweeps' trials: metrics to their pruners
-    ingester = Ingester(db, client, keys, pruning=pruning, artifacts=settings.artifacts())
+    trial_ended = threading.Event()  # the ingester's word to the sweep thread
+    placement_due = threading.Event()  # the sweep thread's to this loop: trials to place
+    ingester = Ingester(
+        db,
+        client,
+        keys,
+        pruning=pruning,
+        artifacts=settings.artifacts(),
+        trial_ended=trial_ended,
+    )
     halt = threading.Event()
+    sweeps_args = (db, settings, client, keys, halt, trial_ended, placement_due)
     threads = [
         threading.Thread(target=ingester.run_until, args=(halt,), name="ingest"),
-        threading.Thread(target=run_sweeps, args=(db, settings, client, keys, halt), name="sweeps"),
+        threading.Thread(target=run_sweeps, args=sweeps_args, name="sweeps"),
     ]
     for thread in threads:
         thread.start()
@@ -365,9 +377,12 @@ def act(
                 record_pass(client, keys, "schedule")
             except Exception:
                 log.exception("scheduling pass failed; retrying")
-            stop.wait(max(settings.schedule_seconds - (time.monotonic() - started), 0.0))
+            # `stop` is seen within a period; new trials are placed at once.
+            placement_due.wait(max(settings.schedule_seconds - (time.monotonic() - started), 0))
+            placement_due.clear()
     finally:
         halt.set()
+        trial_ended.set()  # the sweep thread's wait ends too
         for thread in threads:
             thread.join()
         db.dispose()

@@ -1,13 +1,15 @@
 """Worker processes as the node agent runs them: own process group, output tail, standbys.
 
 Starting Python and importing torch takes seconds on a small machine, longer than the
-training of a small job's first steps. The agent therefore keeps one standby process that has
-done its imports and waits for an allocation id on stdin; taking it starts the next one.
+training of a small job's first steps. The agent therefore keeps standby processes (one per
+slot by default) that have done their imports and wait for an allocation id on stdin; taking
+one starts its replacement.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -15,7 +17,13 @@ import threading
 from collections import deque
 from pathlib import Path
 
+from workers.entry import STANDBY_READY
+
+log = logging.getLogger("trainyard.agent")
+
 TERM_GRACE_SECONDS = 5.0
+WARM_UP_SECONDS = 120.0  # a standby still importing after this is waited for no longer
+CHECK_SECONDS = 5.0  # how often the idle standbys are looked at (a dead one is replaced)
 
 
 class WorkerProcess:
@@ -33,14 +41,29 @@ class WorkerProcess:
         )
         self.tail: deque[str] = deque(maxlen=tail_lines)
         self.peak_kb = 0  # the largest resident set seen (VmHWM), for a failure's reason
+        self.warm = False  # it printed STANDBY_READY: its imports are done
+        self._settled = threading.Event()  # warm, or its output ended (it exited)
         # Reading continuously keeps a chatty child from blocking on a full pipe.
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
         assert self.popen.stdout is not None
-        for line in self.popen.stdout:
-            self.tail.append(line.rstrip("\n"))
+        try:
+            for raw in self.popen.stdout:
+                line = raw.rstrip("\n")
+                if line == STANDBY_READY and not self.warm:
+                    self.warm = True
+                    self._settled.set()
+                else:
+                    self.tail.append(line)
+        finally:
+            self._settled.set()
+
+    def wait_warm(self, timeout: float) -> bool:
+        """Wait until it is warm or has exited; whether it is warm."""
+        self._settled.wait(timeout)
+        return self.warm
 
     @property
     def pid(self) -> int:
@@ -110,34 +133,93 @@ class WorkerProcess:
 
 
 class StandbyPool:
-    """Keeps one warmed-up worker process ready to take an allocation."""
+    """Keeps up to `size` warmed-up worker processes ready to take allocations.
 
-    def __init__(self, args: list[str]) -> None:
-        self.args = args
-        self._lock = threading.Lock()
-        self._ready: WorkerProcess | None = None
+    Allocations that arrive together (a gang, or a sweep's trials that ended together) each
+    find one. Replacements start one at a time, each once the one before it is warm: an
+    import takes a core for seconds, and the jobs that just took standbys need the node's
+    cores more than the next standby does. A thread of the pool's own starts them.
+    """
+
+    def __init__(self, args: list[str], size: int = 1) -> None:
+        self.args, self.size = args, size
+        self._cond = threading.Condition()
+        self._ready: deque[WorkerProcess] = deque()  # the oldest, the warmest, first
+        self._filler: threading.Thread | None = None
         self._closed = False
 
     def start(self) -> None:
-        with self._lock:
-            if self._ready is None and not self._closed:
-                self._ready = WorkerProcess(self.args)
+        """Start filling the pool; take() does it too."""
+        with self._cond:
+            if self._filler is None and self.size > 0 and not self._closed:
+                self._filler = threading.Thread(target=self._fill, name="standbys", daemon=True)
+                self._filler.start()
 
     def take(self) -> WorkerProcess:
-        """The standby if it is alive (a fresh process otherwise); a new standby starts."""
-        with self._lock:
-            ready, self._ready = self._ready, None
-            if not self._closed:
-                self._ready = WorkerProcess(self.args)
-        if ready is not None and ready.alive():
-            return ready
-        if ready is not None:
-            ready.kill_group(grace=0.0)
-        return WorkerProcess(self.args)
+        """The oldest live standby, or a fresh process when there is none; dead ones are
+        dropped, and the pool starts their replacements and the taken one's."""
+        self.start()
+        dead: list[WorkerProcess] = []
+        taken = None
+        with self._cond:
+            while self._ready and taken is None:
+                process = self._ready.popleft()
+                if process.alive():
+                    taken = process
+                else:
+                    dead.append(process)
+            self._cond.notify_all()
+        for process in dead:
+            _discard(process)
+        return taken if taken is not None else WorkerProcess(self.args)
+
+    def standbys(self) -> list[WorkerProcess]:
+        """The standbys now, the oldest first (warm ones and at most one warming up)."""
+        with self._cond:
+            return list(self._ready)
 
     def close(self) -> None:
-        with self._lock:
-            ready, self._ready = self._ready, None
+        """Start no more standbys and kill every one there is."""
+        with self._cond:
             self._closed = True
-        if ready is not None:
-            ready.kill_group(grace=1.0)
+            standbys, self._ready = list(self._ready), deque()
+            filler = self._filler
+            self._cond.notify_all()
+        for process in standbys:
+            process.kill_group(grace=1.0)
+        if filler is not None:
+            filler.join(timeout=WARM_UP_SECONDS)
+
+    def _fill(self) -> None:
+        while True:
+            with self._cond:
+                if self._closed:
+                    return
+                dead = [process for process in self._ready if not process.alive()]
+                for process in dead:
+                    self._ready.remove(process)
+                starting = None
+                if len(self._ready) < self.size:
+                    try:
+                        starting = WorkerProcess(self.args)
+                    except OSError:  # out of processes or memory: take() starts its own
+                        log.exception("cannot start a standby process; trying again")
+                        self._cond.wait(CHECK_SECONDS)
+                    else:
+                        self._ready.append(starting)
+                elif not dead:
+                    self._cond.wait(CHECK_SECONDS)
+            for process in dead:
+                _discard(process)
+            if starting is not None and not starting.wait_warm(WARM_UP_SECONDS):
+                with self._cond:
+                    if self._closed:
+                        return
+                    # It died (or hangs) importing: no new one at once, which would spin.
+                    self._cond.wait(CHECK_SECONDS)
+
+
+def _discard(standby: WorkerProcess) -> None:
+    """A standby that exited on its own: why, in the agent's log; its group, gone."""
+    code = standby.kill_group(grace=0.0)
+    log.warning("standby process %s exited %s: %s", standby.pid, code, standby.output_tail())

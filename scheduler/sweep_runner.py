@@ -86,16 +86,27 @@ class Studies:
 
 
 def run_sweeps(
-    db: Database, settings: Settings, client: redis.Redis, keys: Keys, stop: threading.Event
+    db: Database,
+    settings: Settings,
+    client: redis.Redis,
+    keys: Keys,
+    stop: threading.Event,
+    due: threading.Event,
+    created: threading.Event,
 ) -> None:
-    """The scheduler's sweep thread: a pass every SWEEP_SECONDS until `stop` is set."""
+    """The scheduler's sweep thread: a pass every SWEEP_SECONDS, and one at once when `due` is
+    set (the ingester saw a trial end: its successor is asked for without waiting), until
+    `stop` is set. Whoever sets `stop` sets `due` too, to end the wait. `created` is set once
+    a pass has created trials, for the scheduling loop to place them without waiting."""
     runner = SweepRunner(db, settings, client, keys)
     while not stop.is_set():
+        due.clear()  # before the pass: a trial that ends during it is seen by the next one
         try:
-            runner.run_once()
+            if runner.run_once():
+                created.set()
         except Exception:
             log.exception("sweep pass failed; retrying")
-        stop.wait(SWEEP_SECONDS)
+        due.wait(SWEEP_SECONDS)
 
 
 class SweepRunner:
@@ -103,38 +114,44 @@ class SweepRunner:
         self.db, self.settings, self.client, self.keys = db, settings, client, keys
         self.studies = Studies(settings.sql_url())
 
-    def run_once(self) -> None:
+    def run_once(self) -> int:
+        """A pass over every running sweep; the number of trial jobs it created."""
         with self.db.session() as session:
             running = session.scalars(
                 select(Sweep.id).where(Sweep.state == SweepState.RUNNING).order_by(Sweep.id)
             ).all()
+        created = 0
         for sweep_id in running:
             try:
-                self.advance(sweep_id)
+                created += self.advance(sweep_id)
             except Exception:
                 log.exception("sweep %s: pass failed; retrying", sweep_id)
                 self.studies.drop(sweep_id)
+        return created
 
-    def advance(self, sweep_id: int) -> None:
-        """One sweep's pass, in one transaction holding its row."""
+    def advance(self, sweep_id: int) -> int:
+        """One sweep's pass, in one transaction holding its row; the trial jobs it created
+        (committed when this returns)."""
+        created = 0
         with self.db.session() as session:
             sweep = session.get(Sweep, sweep_id, with_for_update=True)
             if sweep is None or SweepState(sweep.state).terminal:
-                return
+                return 0
             try:
                 try:
                     study = self.studies.get(sweep)
                 except StudyUnavailable as exc:
                     raise SweepFailed(str(exc)) from None
-                self._advance(session, sweep, study)
+                created = self._advance(session, sweep, study)
             except SweepFailed as exc:
                 log.warning("sweep %s failed: %s", sweep.id, exc)
                 cancel_live_trials(session, sweep, self.client, self.keys)
                 end_sweep(sweep, SweepState.FAILED, str(exc))
             if SweepState(sweep.state).terminal:
                 self.studies.drop(sweep.id)
+        return created
 
-    def _advance(self, session: Session, sweep: Sweep, study: SweepStudy) -> None:
+    def _advance(self, session: Session, sweep: Sweep, study: SweepStudy) -> int:
         """Optuna's side first (tell, ask), then ours: on SQLite the job store's write lock is
         held only for the writes at the end, never while Optuna's file is waited on."""
         search = study.search
@@ -185,6 +202,7 @@ class SweepRunner:
             _record_best(sweep, search, best)
         if done:
             _finish(sweep, jobs)
+        return len(checked)
 
     def _tell_ended(
         self, study: SweepStudy, jobs: dict[int | None, Job], asked: dict[int, FrozenTrial]

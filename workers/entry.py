@@ -12,6 +12,7 @@ process prints (stderr) is the agent's reason when it fails.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -73,6 +74,11 @@ class StderrLog:
 
     def close(self) -> None:
         return None
+
+
+# What a standby prints on stdout once it has done its imports: the node agent starts its next
+# standby then, one import at a time (scheduler/process.py).
+STANDBY_READY = "trainyard: standby ready"
 
 
 def warm_up() -> None:
@@ -228,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.standby:
         warm_up()
+        print(STANDBY_READY, flush=True)
         line = sys.stdin.readline()
         if not line.strip():  # the agent went away before handing us work
             return ExitCode.OK
@@ -245,5 +252,14 @@ def main(argv: list[str] | None = None) -> int:
     return train(info, client, keys, args.cache_dir, redis_url=args.redis_url, ps_urls=ps_urls)
 
 
+def exit_now(code: int) -> None:
+    """Exit without Python's teardown: with torch imported it takes about a second of a core,
+    and the node's next job waits for it (a slot is free once its process has exited). All
+    the run wrote is written by now: records to Redis synchronously, files closed."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -4,6 +4,7 @@ runs them on a node agent)."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -105,7 +106,7 @@ class Env:
 def test_trials_are_asked_queued_told_and_the_best_recorded(env: Env) -> None:
     sweep_id = env.submit()
     runner = env.runner()
-    runner.run_once()
+    assert runner.run_once() == 2  # trials created: the scheduling loop places them at once
     first = env.trials(sweep_id)
     assert [(j.trial_number, j.state, j.sweep_id) for j in first] == [
         (0, JobState.QUEUED, sweep_id),
@@ -116,7 +117,7 @@ def test_trials_are_asked_queued_told_and_the_best_recorded(env: Env) -> None:
         assert 0.01 <= job.overrides["updater.lr.base"] <= 0.3
         assert job.spec["updater"]["lr"]["base"] == job.overrides["updater.lr.base"]
         assert "search" not in job.spec and job.name == f"digits-mlp-trial{job.trial_number}"
-    runner.run_once()
+    assert runner.run_once() == 0
     assert len(env.trials(sweep_id)) == 2  # nothing ended: nothing new
     env.end(first[0].id, JobState.SUCCEEDED, accuracy=0.8)
     env.end(first[1].id, JobState.FAILED)
@@ -184,8 +185,13 @@ def test_a_trailing_trial_is_pruned_at_its_rung_as_its_metrics_arrive(env: Env) 
     sweep_id = env.submit(pruned)
     env.runner().run_once()
     leader, trailing = env.trials(sweep_id)
+    trial_ended = threading.Event()  # the sweep thread's cue to ask for the next trial
     ingester = Ingester(
-        env.db, env.client, env.keys, pruning=TrialPruning(env.db, env.settings.sql_url())
+        env.db,
+        env.client,
+        env.keys,
+        pruning=TrialPruning(env.db, env.settings.sql_url()),
+        trial_ended=trial_ended,
     )
 
     def report(job: Job, *points: tuple[int, float]) -> None:
@@ -204,7 +210,9 @@ def test_a_trailing_trial_is_pruned_at_its_rung_as_its_metrics_arrive(env: Env) 
     report(trailing, (10, 0.2))  # below the first rung: never stopped
     with env.db.session() as session:
         assert session.get_one(Job, trailing.id).state == JobState.RUNNING
+    assert not trial_ended.is_set()
     report(trailing, (20, 0.3))
+    assert trial_ended.is_set()
     with env.db.session() as session:
         job = session.get_one(Job, trailing.id)
         assert (job.state, job.pruned_step) == (JobState.PRUNED, 20)
