@@ -21,6 +21,11 @@ def _env(name: str) -> AliasChoices:
     return AliasChoices(name, f"TRAINYARD_{name}")
 
 
+# A big node's slots would hold many idle gigabytes of standbys; more than 4 jobs placed on one
+# node at once is rare, and an operator can ask for more (TRAINYARD_STANDBY_PROCESSES).
+MAX_DEFAULT_STANDBYS = 4
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="TRAINYARD_", extra="ignore", populate_by_name=True
@@ -125,7 +130,7 @@ class Settings(BaseSettings):
         ge=0,
         description="worker processes a node agent keeps started, torch imported, so that jobs "
         "placed at once all start without the import (each holds about 0.5 GB of memory on "
-        "CPU); default one per slot, 0: none",
+        "CPU); default one per slot, at most 4; 0: none",
     )
     heartbeat_seconds: float = Field(
         default=2.0, gt=0, description="how often a node agent tells Redis it is alive"
@@ -152,7 +157,9 @@ class Settings(BaseSettings):
 
     def standbys(self) -> int:
         """How many standby worker processes a node agent keeps (standby_processes)."""
-        return self.node_slots if self.standby_processes is None else self.standby_processes
+        if self.standby_processes is None:
+            return min(self.node_slots, MAX_DEFAULT_STANDBYS)
+        return self.standby_processes
 
     def resolved_data_dir(self) -> Path:
         return self.data_dir.expanduser()
