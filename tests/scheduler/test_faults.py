@@ -35,6 +35,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterato
     stop_cluster(found)
 
 
+def second_node(cluster: Cluster) -> None:
+    """Start node-2 unless it runs already (a test before may have started it again): a second
+    agent of the same name would take the first one's processes for orphans and stop them."""
+    agent = cluster.agents.get("node-2")
+    if agent is None or agent.poll() is not None:
+        cluster.start_agent("node-2", slots=2)
+
+
 def submit(cluster: Cluster, **overrides: object) -> int:
     return cluster.submit(train_steps=STEPS, disp_freq=EVERY, **overrides)
 
@@ -118,7 +126,7 @@ def test_a_killed_agent_reconciles_its_orphans_when_it_starts_again(cluster: Clu
 
 
 def test_a_stopping_agent_drains_its_job_to_another_node(cluster: Cluster) -> None:
-    cluster.start_agent("node-2", slots=2)
+    second_node(cluster)
     job_id = submit(cluster)
     running_with_a_restart_point(cluster, job_id)
     [(_, node)] = cluster.allocations(job_id)
@@ -180,7 +188,7 @@ def test_redis_restarted_empty_the_job_resumes_from_its_restart_point(
 
 
 def test_a_killed_worker_of_an_asynchronous_job_restarts_alone(cluster: Cluster) -> None:
-    cluster.start_agent("node-2", slots=2)  # downpour: 2 worker groups and a shard, 3 slots
+    second_node(cluster)  # downpour: 2 worker groups and a shard, 3 slots
     job_id = submit(cluster, **{"cluster.framework": "downpour"})
     running_with_a_restart_point(cluster, job_id)
     cluster.wait_for("the second worker group to report", lambda: group_step(cluster, job_id) > 0)
