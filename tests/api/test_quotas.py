@@ -21,6 +21,7 @@ ALLREDUCE = (
     .read_text()
     .replace("train_steps: 3000", "train_steps: 1000")
     .replace("nworkers_per_group: 2", "nworkers_per_group: 3")
+    .replace("batch_size: 64", "batch_size: 66")  # split evenly between the 3 workers
 )  # 3 worker slots
 SWEEP = (ROOT / "examples" / "mnist1d_sweep.yaml").read_text()  # train_steps: 1000
 
