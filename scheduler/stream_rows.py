@@ -207,7 +207,7 @@ def apply_state(
         # A job that cannot be built or read its data here (ExitCode.INVALID) would fail the
         # same way again; any other failure (a killed process, a peer's) is restarted.
         if not job.cancel_requested and record.exit_code != ExitCode.INVALID:
-            cause = f"{who} {_headline(reason)}"
+            cause = f"{who} {_headline(reason, record.exit_code)}"
             if alloc.role == "worker" and restart_alone(session, job, alloc, cause):
                 return
             stops = requeue(session, job, cause, artifacts=effects.artifacts)
@@ -320,10 +320,13 @@ def upsert_timelines(
     session.execute(upsert, rows)
 
 
-def _headline(reason: str) -> str:
-    """A failure's first line (how the process ended) and, when its output follows, the last
-    line of that output (the exception), so a restarted job's event still says why."""
+def _headline(reason: str, exit_code: int | None) -> str:
+    """A failure's first line (how the process ended) and, for a process that exited on its
+    own, the last line of its output (the exception), so a restarted job's event still says
+    why. A killed process's last output says nothing of its end."""
     lines = [line.strip() for line in reason.splitlines() if line.strip()]
-    if len(lines) <= 1:
-        return lines[0] if lines else reason
+    if not lines:
+        return reason
+    if len(lines) == 1 or exit_code is None or exit_code < 0:
+        return lines[0]
     return f"{lines[0]}: {lines[-1]}"

@@ -25,6 +25,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -67,8 +68,6 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
     return True
 
 
@@ -433,8 +432,6 @@ def main() -> None:
     reason = unavailable()
     if reason:
         sys.exit(f"error: {reason}")
-    import tempfile
-
     work = args.work or Path(tempfile.mkdtemp(prefix="trainyard-hosts-"))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with running_cluster(work, nodes=args.nodes, slots=args.slots, ps_hosts=args.ps_hosts) as c:
