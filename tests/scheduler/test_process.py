@@ -80,6 +80,16 @@ def warm(pool: StandbyPool) -> list[WorkerProcess]:
     return [p for p in pool.standbys() if p.warm and p.alive()]
 
 
+def warm_pool(standbys: Standbys, pools: list[StandbyPool], size: int) -> StandbyPool:
+    """A pool whose standbys import at once, once all `size` of them are warm."""
+    standbys.open_gate()
+    pool = StandbyPool(standbys.args(), size=size)
+    pools.append(pool)
+    pool.start()
+    wait_for(f"{size} warm standbys", lambda: len(warm(pool)) == size)
+    return pool
+
+
 def gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -104,11 +114,7 @@ def test_the_pool_fills_to_its_size_one_import_at_a_time(
 def test_allocations_at_once_each_take_a_warm_standby_and_the_pool_refills(
     standbys: Standbys, pools: list[StandbyPool]
 ) -> None:
-    standbys.open_gate()
-    pool = StandbyPool(standbys.args(), size=2)
-    pools.append(pool)
-    pool.start()
-    wait_for("two warm standbys", lambda: len(warm(pool)) == 2)
+    pool = warm_pool(standbys, pools, size=2)
     first, second = pool.take(), pool.take()
     assert first.warm and second.warm and first.pid != second.pid
     for number, process in enumerate((first, second)):
@@ -122,11 +128,7 @@ def test_allocations_at_once_each_take_a_warm_standby_and_the_pool_refills(
 def test_a_dead_standby_is_replaced_idle_or_at_take(
     standbys: Standbys, pools: list[StandbyPool]
 ) -> None:
-    standbys.open_gate()
-    pool = StandbyPool(standbys.args(), size=2)
-    pools.append(pool)
-    pool.start()
-    wait_for("two warm standbys", lambda: len(warm(pool)) == 2)
+    pool = warm_pool(standbys, pools, size=2)
     idle = pool.standbys()[0]
     os.killpg(idle.pid, signal.SIGKILL)
     # Nobody takes it: the pool notices on its own and starts another.
