@@ -116,6 +116,17 @@ def sql_url(request: pytest.FixtureRequest, tmp_path: Path, postgres_url: str | 
     return postgres_url
 
 
+@pytest.fixture
+def db(sql_url: str) -> Iterator[Any]:
+    """A migrated database on each SQL backend (scheduler.db.Database), disposed after."""
+    from scheduler.db import Database, migrate
+
+    migrate(sql_url)
+    database = Database(sql_url)
+    yield database
+    database.dispose()
+
+
 @pytest.fixture(scope="session")
 def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A SQLite store migrated once per session, for tests to copy instead of migrating."""

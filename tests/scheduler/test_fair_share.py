@@ -4,16 +4,14 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from sqlalchemy import select
 
 from contract.settings import Settings
 from scheduler import store
 from scheduler.cluster import queue_view
-from scheduler.db import Database, migrate
+from scheduler.db import Database
 from scheduler.listing import QUEUE_POSITIONS
 from scheduler.loop import NodeTracker, schedule_once, sync_nodes
 from scheduler.models import Allocation, AllocationState, Job, JobState
@@ -77,14 +75,6 @@ def test_a_job_over_its_owners_quota_waits_without_blocking_others() -> None:
 
 
 # -- the same on SQL (SQLite and PostgreSQL), through the scheduler's pass and the API's queue
-
-
-@pytest.fixture
-def db(sql_url: str) -> Iterator[Database]:
-    migrate(sql_url)
-    database = Database(sql_url)
-    yield database
-    database.dispose()
 
 
 def settings_for(tmp_path: Path, **quotas: int) -> Settings:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from contract.records import DISPATCHED, Keys, StateRecord
 from contract.settings import Settings
 from scheduler import store
 from scheduler.cluster import node_capacities, queue_view
-from scheduler.db import Database, migrate
+from scheduler.db import Database
 from scheduler.loop import KeySweeper, replace_processes, schedule_once, undispatched
 from scheduler.models import Allocation, AllocationState, Job, JobEvent, JobState, Node, NodeState
 from scheduler.nodes import NodeTracker, mark_lost, sync_nodes
@@ -23,14 +22,6 @@ from scheduler.stream_rows import MAX_SHARD_REPLACEMENTS, apply_state
 ROOT = Path(__file__).resolve().parents[2]
 
 TIMEOUT = 3.0
-
-
-@pytest.fixture
-def db(sql_url: str) -> Iterator[Database]:
-    migrate(sql_url)
-    database = Database(sql_url)
-    yield database
-    database.dispose()
 
 
 @pytest.fixture

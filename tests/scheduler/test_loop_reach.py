@@ -19,7 +19,7 @@ from dsl.topology import resolve_topology
 from scheduler import store
 from scheduler.agent import Agent, entry_command
 from scheduler.cluster import queue_view
-from scheduler.db import Database, migrate
+from scheduler.db import Database
 from scheduler.loop import replace_processes, schedule_once
 from scheduler.models import Allocation, AllocationState, Job, JobState, Node
 from scheduler.nodes import NodeTracker, read_nodes, sync_nodes
@@ -29,14 +29,6 @@ from scheduler.redis_server import free_port
 from scheduler.stream_rows import apply_state
 
 TIMEOUT = 3.0
-
-
-@pytest.fixture
-def db(sql_url: str) -> Iterator[Database]:
-    migrate(sql_url)
-    database = Database(sql_url)
-    yield database
-    database.dispose()
 
 
 @pytest.fixture
