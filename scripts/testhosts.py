@@ -318,8 +318,7 @@ class Cluster:
         return {**env, **self.variables(), **TIMINGS, **extra}
 
     def head_env(self) -> dict[str, str]:
-        (database,) = set(HEAD_VARIABLES) - set(NODE_VARIABLES)
-        return self.env(**{database: f"sqlite:///{self.data_dir / 'trainyard.db'}"})
+        return self.env(DATABASE_URL=f"sqlite:///{self.data_dir / 'trainyard.db'}")
 
     def spawn(self, host: str, name: str, argv: Sequence[str], env: dict[str, str]) -> None:
         log = self.work / "logs" / f"{name}.log"

@@ -18,11 +18,16 @@ from sdk.client import Client, Job
 NODES = ("node-1", "node-2", "node-3")
 
 
-@pytest.fixture(scope="module")
-def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+@pytest.fixture(scope="session")
+def needs_namespaces() -> None:
+    """Skip, saying why, where this machine cannot make test hosts."""
     reason = unavailable()
     if reason:
         pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory, needs_namespaces: None) -> Iterator[Cluster]:
     with running_cluster(tmp_path_factory.mktemp("hosts"), nodes=3, slots=1, ps_hosts=1) as cluster:
         with Client(cluster.url, cluster.token) as client:
             cluster.wait_for("three nodes alive", lambda: alive_nodes(client) == set(NODES))

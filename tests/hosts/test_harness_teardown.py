@@ -10,16 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from scripts.testhosts import PREFIX, Network, clean_stale, unavailable
+from scripts.testhosts import PREFIX, Network, clean_stale
 
-pytestmark = pytest.mark.hosts
-
-
-@pytest.fixture(autouse=True)
-def _needs_namespaces() -> None:
-    reason = unavailable()
-    if reason:
-        pytest.skip(reason)
+pytestmark = [pytest.mark.hosts, pytest.mark.usefixtures("needs_namespaces")]
 
 
 def leftovers(tag: str) -> list[str]:
