@@ -9,8 +9,8 @@ step >= 1 (set by the worker process when it emits that record, read from the jo
 stream) minus the moment the POST /jobs request returned to the client. It covers queueing,
 placement, dispatch to the node's Celery queue, the agent handing the allocation to a worker
 process, building the net and data, and the first training step. Each job ends before the next
-is submitted, and the stack gets `--gap` seconds to be idle again (warm: its standby worker
-process has done its imports).
+is submitted, and the stack gets `--gap` seconds to be idle again (warm: its fork server
+has done its imports).
 
     .venv/bin/python bench/submit_latency.py [--runs 20] [--gap 5.0]
 """

@@ -18,8 +18,8 @@ thread each) with three keys searched (SPACE), evaluated on the test set every 1
 3. Per-trial overhead, in the sweeps of 2 (which report every step: disp_freq 1): from the
    trial job's creation by the scheduler's sweep thread to the worker's report of its first
    step (Job.created_at -> the first metric's worker time), so it covers placement, Celery
-   dispatch, the agent's hand-over to its standby process, compiling the job, loading the
-   data and one step. Target: p50 <= 0.5 s.
+   dispatch, the agent's fork of a worker process from its fork server, compiling the job,
+   loading the data and one step. Target: p50 <= 0.5 s.
 4. Ray Tune (bench/sweep_ray.py) over the trials of 1, in trial order, 2 at a time, ASHA
    with the same rungs (grace_period 100, reduction_factor 3, max_t = train_steps), each trial
    training with our Trainer in a Ray actor. Wall time to the best trial: ours from just before

@@ -21,11 +21,6 @@ def _env(name: str) -> AliasChoices:
     return AliasChoices(name, f"TRAINYARD_{name}")
 
 
-# A big node's slots would hold many idle gigabytes of standbys; more than 4 jobs placed on one
-# node at once is rare, and an operator can ask for more (TRAINYARD_STANDBY_PROCESSES).
-MAX_DEFAULT_STANDBYS = 4
-
-
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="TRAINYARD_", extra="ignore", populate_by_name=True
@@ -125,12 +120,11 @@ class Settings(BaseSettings):
         description="CPU slots this node offers to jobs; default its CPU count",
     )
     node_gpus: int | None = Field(default=None, ge=0, description="default: the GPUs torch sees")
-    standby_processes: int | None = Field(
-        default=None,
-        ge=0,
-        description="worker processes a node agent keeps started, torch imported, so that jobs "
-        "placed at once all start without the import (each holds about 0.5 GB of memory on "
-        "CPU); default one per slot, at most 4; 0: none",
+    fork_workers: bool = Field(
+        default=True,
+        description="a node agent forks each worker process from one process of its own that "
+        "has imported torch (a job starts in milliseconds; about 0.5 GB for that process); "
+        "false: each starts a fresh interpreter and imports torch itself (seconds)",
     )
     heartbeat_seconds: float = Field(
         default=2.0, gt=0, description="how often a node agent tells Redis it is alive"
@@ -154,12 +148,6 @@ class Settings(BaseSettings):
         description="a running job saves a restart point this often (seconds of training; "
         "0: only its own checkpoints), apart from its checkpoints and deleted when it ends",
     )
-
-    def standbys(self) -> int:
-        """How many standby worker processes a node agent keeps (standby_processes)."""
-        if self.standby_processes is None:
-            return min(self.node_slots, MAX_DEFAULT_STANDBYS)
-        return self.standby_processes
 
     def resolved_data_dir(self) -> Path:
         return self.data_dir.expanduser()

@@ -45,7 +45,7 @@ from contract.records import (
 from contract.settings import Settings
 from scheduler.celery_app import RUN_ALLOCATION, create_celery, node_queue
 from scheduler.models import AllocationState
-from scheduler.process import StandbyPool, WorkerProcess
+from scheduler.process import ForkServer, FreshProcesses, Launcher, WorkerProcess
 from scheduler.reach import PS_CHECK_SECONDS, PS_UNREACHABLE, encode, unreachable_ps
 
 log = logging.getLogger("trainyard.agent")
@@ -97,12 +97,17 @@ def entry_command(settings: Settings) -> list[str]:
         sys.executable,
         "-m",
         "workers.entry",
-        "--standby",
         "--prefix",
         settings.redis_prefix,
         "--cache-dir",
         str(settings.cache_dir()),
     ]
+
+
+def create_launcher(settings: Settings) -> Launcher:
+    if settings.fork_workers:
+        return ForkServer(entry_command(settings))
+    return FreshProcesses(entry_command(settings))
 
 
 @dataclass(frozen=True)
@@ -117,7 +122,7 @@ class Agent:
     settings: Settings
     client: redis.Redis
     gpus: int
-    pool: StandbyPool
+    launcher: Launcher
     shutdown: threading.Event = field(default_factory=threading.Event)
     # The parameter-server Redis servers the last check could not reach, "host:port: error".
     ps_unreachable: list[str] = field(default_factory=list)
@@ -250,15 +255,10 @@ class Agent:
         return reported
 
     def _run(self, info: AllocationInfo) -> Outcome:
-        process = self.pool.take()
         try:
-            process.hand(info.allocation_id)
-        except OSError:
-            output = process.output_tail()
-            process.kill_group(grace=0.0)
-            return Outcome(
-                AllocationState.FAILED, f"the worker process died before it started: {output}", None
-            )
+            process = self.launcher.run(info.allocation_id)
+        except OSError as exc:
+            return Outcome(AllocationState.FAILED, f"the worker process did not start: {exc}", None)
         self.client.hset(self.keys.allocation(info.allocation_id), "pid", str(process.pid))
         try:
             return self._supervise(info, process)
@@ -320,7 +320,7 @@ def create_agent(settings: Settings) -> Agent:
         settings=settings,
         client=redis.Redis.from_url(settings.redis_url),
         gpus=detect_gpus(settings),
-        pool=StandbyPool(entry_command(settings), size=settings.standbys()),
+        launcher=create_launcher(settings),
     )
 
 
@@ -339,7 +339,7 @@ def run_agent(settings: Settings) -> None:
 
     worker_shutting_down.connect(on_shutdown, weak=False)
     settings.cache_dir().mkdir(parents=True, exist_ok=True)
-    agent.pool.start()
+    agent.launcher.start()
     agent.reconcile()
     agent.check_ps()
     agent.heartbeat()
@@ -369,5 +369,5 @@ def run_agent(settings: Settings) -> None:
         )
     finally:
         stop.set()
-        agent.pool.close()
+        agent.launcher.close()
         agent.deregister()

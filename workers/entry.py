@@ -1,8 +1,9 @@
 """The worker process: trains one allocation of a job (`python -m workers.entry`).
 
-The node agent starts it in its own process group and supervises it. With `--standby` the
-process imports torch and the trainer first and then waits for an allocation id on stdin, so
-a job starts without paying for the imports (seconds on a small machine).
+The node agent starts it in its own process group and supervises it. With `--zygote FD` the
+process imports torch and the trainer once and then forks a process per allocation the agent
+asks for over the socket FD (workers/zygote.py), so a job starts without paying for the
+imports (seconds on a small machine).
 
 Exit codes: 0 trained to the end, 1 failed, 2 the job cannot run here, 3 cancelled, 4 drained
 (SIGTERM: it stopped, saving a restart point when it could, to continue elsewhere). What the
@@ -12,8 +13,10 @@ process prints (stderr) is the agent's reason when it fails.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import replace
@@ -25,6 +28,7 @@ import redis
 from contract.records import AllocationInfo, ExitCode, JobStream, Keys, decode, stop_requested
 from contract.settings import Settings
 from workers.metrics import RedisSink
+from workers.zygote import serve
 
 if TYPE_CHECKING:
     from dsl.schema import JobSpec
@@ -67,7 +71,15 @@ class StderrLog:
         return None
 
     def log(self, line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
+        try:
+            print(line, file=sys.stderr, flush=True)
+        except BrokenPipeError:
+            # The node agent died. The process trains on, unsupervised, until the scheduler
+            # gives its allocation up or the restarted agent stops it; its output is lost.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.dup2(devnull, sys.stderr.fileno())
+            os.close(devnull)
 
     def checkpoint(self, step: int, path: Path) -> None:
         return None
@@ -76,17 +88,16 @@ class StderrLog:
         return None
 
 
-# What a standby prints on stdout once it has done its imports: the node agent starts its next
-# standby then, one import at a time (scheduler/process.py).
-STANDBY_READY = "trainyard: standby ready"
-
-
 def warm_up() -> None:
-    """Import what training needs, before an allocation arrives."""
+    """Import what training needs, before an allocation arrives (in the fork server)."""
     import sklearn.datasets  # noqa: F401  (the digits source imports it lazily: ~1 s)
     import torch
 
     import workers.parallel  # noqa: F401  (the trainer, the data sources, the frameworks)
+
+    # One thread, so that no OpenMP thread pool exists yet when the server forks: a pool does
+    # not survive a fork. Each forked process sets its own count (train()).
+    torch.set_num_threads(1)
 
     # torch imports more on first use: the first optimizer pulls in torch._dynamo (seconds),
     # the first backward pass starts autograd's machinery. Pay for both now.
@@ -205,7 +216,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--allocation", type=int, help="the allocation id to run")
     which.add_argument(
-        "--standby", action="store_true", help="import first, then read the id from stdin"
+        "--zygote",
+        type=int,
+        metavar="FD",
+        help="import first, then fork a process per allocation asked for over the socket FD",
     )
     parser.add_argument(
         "--redis-url", help="default REDIS_URL from the environment (kept off the command line)"
@@ -232,15 +246,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.standby:
-        warm_up()
-        print(STANDBY_READY, flush=True)
-        line = sys.stdin.readline()
-        if not line.strip():  # the agent went away before handing us work
-            return ExitCode.OK
-        allocation_id = int(line)
-    else:
-        allocation_id = args.allocation
+    if args.zygote is None:
+        return run_allocation(args, args.allocation)
+    warm_up()
+    with socket.socket(fileno=args.zygote) as channel:
+        serve(channel, lambda allocation_id: run_allocation(args, allocation_id))
+    return ExitCode.OK
+
+
+def run_allocation(args: argparse.Namespace, allocation_id: int) -> int:
     client = redis.Redis.from_url(args.redis_url)
     keys = Keys(args.prefix)
     fields = decode(client.hgetall(keys.allocation(allocation_id)))
@@ -256,8 +270,9 @@ def exit_now(code: int) -> None:
     """Exit without Python's teardown: with torch imported it takes about a second of a core,
     and the node's next job waits for it (a slot is free once its process has exited). All
     the run wrote is written by now: records to Redis synchronously, files closed."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    with contextlib.suppress(OSError, ValueError):  # the agent's end of the pipe closed
+        sys.stdout.flush()
+        sys.stderr.flush()
     os._exit(code)
 
 

@@ -205,7 +205,7 @@ def test_a_host_cut_off_mid_job_is_lost_its_job_resumes_elsewhere_and_it_rejoins
 
     hosts.network.set_link(victim, up=True)
     hosts.wait_for(f"{victim.name} back", lambda: alive_nodes(client) == set(NODES))
-    # What ran there while it was cut off is stopped: its agent and one warm standby remain.
+    # What ran there while it was cut off is stopped: its agent and its fork server remain.
     hosts.wait_for(
         f"the old worker on {victim.name} stopped", lambda: len(hosts.network.pids(victim)) <= 2
     )

@@ -1,7 +1,7 @@
 """Node agents and the scheduler together: real Celery workers (`trainyard worker` subprocesses),
 the scheduler loop in a thread, a private redis-server and a SQLite file.
 
-One agent ("node-1", 4 slots) serves the whole module so its warm standby process is reused;
+One agent ("node-1", 4 slots) serves the whole module so its fork server imports torch once;
 the lost-node test starts and kills a second one.
 """
 

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 
 STEPS = 2000  # about 6-10 s of training on a 2-core machine
 # Faults that strike as soon as the first restart point is saved (about 1 s in) still need the
-# job to be running when the test looks: a quiet machine with a warm standby trained 1000 steps
+# job to be running when the test looks: a quiet machine with a warm fork server trained 1000 steps
 # in under 3 s, and the restart points went with the job's end before the test saw one.
 SHORT = STEPS
 EVERY = 50  # disp_freq: train/loss is reported at each multiple

@@ -17,13 +17,12 @@ from contract.settings import Settings
 from dsl.schema import ClusterConfig
 from dsl.topology import resolve_topology
 from scheduler import store
-from scheduler.agent import Agent, entry_command
+from scheduler.agent import Agent, create_launcher
 from scheduler.cluster import queue_view
 from scheduler.db import Database
 from scheduler.loop import replace_processes, schedule_once
 from scheduler.models import Allocation, AllocationState, Job, JobState, Node
 from scheduler.nodes import NodeTracker, read_nodes, sync_nodes
-from scheduler.process import StandbyPool
 from scheduler.reach import PS_UNREACHABLE
 from scheduler.redis_server import free_port
 from scheduler.stream_rows import apply_state
@@ -48,7 +47,7 @@ def settings(tmp_path: Path, redis_url: str) -> Settings:
 @pytest.fixture
 def agent(settings: Settings, redis_url: str) -> Iterator[Agent]:
     client = redis.Redis.from_url(redis_url)
-    yield Agent(settings, client, gpus=0, pool=StandbyPool(entry_command(settings)))
+    yield Agent(settings, client, gpus=0, launcher=create_launcher(settings))
     client.close()
 
 

@@ -1,8 +1,8 @@
-"""The node agent's standby pool (scheduler/process.py) with real child processes.
+"""The node agent's fork server (scheduler/process.py, workers/zygote.py) with real processes.
 
-The children run a small script that keeps the standby protocol of `workers.entry --standby`:
-it "imports" until its gate file exists, prints STANDBY_READY, then waits for an allocation id
-on stdin. One test runs the real `workers.entry --standby` to hold the two sides together.
+Most tests run a small server script that serves the real protocol (workers.zygote.serve)
+with a cheap payload in place of training, gated on a file so a test decides when it is warm.
+One test runs the real `workers.entry --zygote` to hold the two sides together.
 """
 
 from __future__ import annotations
@@ -17,30 +17,40 @@ from pathlib import Path
 import psutil
 import pytest
 
-from scheduler.process import StandbyPool, WorkerProcess
-from workers.entry import STANDBY_READY
+from scheduler.process import ORPHANED, ForkServer, FreshProcesses, WorkerProcess
 
 TIMEOUT = 60.0
+ROOT = Path(__file__).resolve().parents[2]
 
-STANDBY = f"""
-import pathlib, sys, time
-pathlib.Path(sys.argv[2], str(time.time_ns())).touch()  # one file per start
-while not pathlib.Path(sys.argv[1]).exists():
+# Allocation n: prints its number, then 0 exits at once, 1 sleeps (until signalled), n exits n.
+SERVER = """
+import os, pathlib, socket, sys, time
+sys.path.insert(0, {root!r})
+from workers.zygote import serve
+gate, starts, then, fd = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[-1])
+pathlib.Path(starts, str(time.time_ns())).touch()  # one file per server started
+while not pathlib.Path(gate).exists():
     time.sleep(0.01)
-if sys.argv[3] == "die":
+if then == "die":
+    print("cannot import torch", flush=True)
     sys.exit(7)
-print({STANDBY_READY!r}, flush=True)
-line = sys.stdin.readline()
-sys.exit(0 if line.strip() else 5)
+
+def run(allocation):
+    print(f"allocation {{allocation}} in {{os.getpid()}}", flush=True)
+    if allocation == 1:
+        time.sleep(600)
+    return allocation
+
+serve(socket.socket(fileno=fd), run)
 """
 
 
-class Standbys:
-    """Command lines of the script above, with their gate and the record of their starts."""
+class Servers:
+    """Command lines of the script above, with its gate and the record of its starts."""
 
     def __init__(self, root: Path) -> None:
-        self.script = root / "standby.py"
-        self.script.write_text(STANDBY)
+        self.script = root / "server.py"
+        self.script.write_text(SERVER.format(root=str(ROOT)))
         self.gate = root / "gate"
         self.starts = root / "starts"
         self.starts.mkdir()
@@ -56,16 +66,16 @@ class Standbys:
 
 
 @pytest.fixture
-def standbys(tmp_path: Path) -> Standbys:
-    return Standbys(tmp_path)
+def servers(tmp_path: Path) -> Servers:
+    return Servers(tmp_path)
 
 
 @pytest.fixture
-def pools() -> Iterator[list[StandbyPool]]:
-    made: list[StandbyPool] = []
+def launchers() -> Iterator[list[ForkServer]]:
+    made: list[ForkServer] = []
     yield made
-    for pool in made:
-        pool.close()
+    for launcher in made:
+        launcher.close()
 
 
 def wait_for(what: str, check: Callable[[], bool]) -> None:
@@ -76,20 +86,6 @@ def wait_for(what: str, check: Callable[[], bool]) -> None:
         time.sleep(0.02)
 
 
-def warm(pool: StandbyPool) -> list[WorkerProcess]:
-    return [p for p in pool.standbys() if p.warm and p.alive()]
-
-
-def warm_pool(standbys: Standbys, pools: list[StandbyPool], size: int) -> StandbyPool:
-    """A pool whose standbys import at once, once all `size` of them are warm."""
-    standbys.open_gate()
-    pool = StandbyPool(standbys.args(), size=size)
-    pools.append(pool)
-    pool.start()
-    wait_for(f"{size} warm standbys", lambda: len(warm(pool)) == size)
-    return pool
-
-
 def gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -97,124 +93,127 @@ def gone(pid: int) -> bool:
         return True
 
 
-def test_the_pool_fills_to_its_size_one_import_at_a_time(
-    standbys: Standbys, pools: list[StandbyPool]
+def fork_server(servers: Servers, launchers: list[ForkServer]) -> ForkServer:
+    launcher = ForkServer(servers.args())
+    launchers.append(launcher)
+    return launcher
+
+
+def server_process(launcher: ForkServer) -> WorkerProcess:
+    process = launcher.server_process()
+    assert process is not None
+    return process
+
+
+def test_each_allocation_gets_a_forked_process_of_its_own_with_its_exit_code(
+    servers: Servers, launchers: list[ForkServer]
 ) -> None:
-    pool = StandbyPool(standbys.args(), size=3)
-    pools.append(pool)
-    pool.start()
-    wait_for("the first standby", lambda: standbys.started() == 1)
-    time.sleep(0.5)  # while it "imports", no second one starts beside it
-    assert standbys.started() == 1 and len(pool.standbys()) == 1
-    standbys.open_gate()
-    wait_for("three warm standbys", lambda: len(warm(pool)) == 3)
-    assert standbys.started() == 3
+    launcher = fork_server(servers, launchers)
+    launcher.start()
+    server = server_process(launcher)
+    time.sleep(0.3)
+    assert not server.warm  # still "importing": run() waits for it
+    servers.open_gate()
+    long = launcher.run(1)
+    short = launcher.run(5)
+    assert server.warm and servers.started() == 1
+    assert short.wait(TIMEOUT) == 5 and long.alive()
+    assert short.output_tail() == f"allocation 5 in {short.pid}"
+    assert len({server.pid, long.pid, short.pid}) == 3
+    # Each is the leader of a session of its own, so the agent stops it with its group.
+    assert os.getsid(long.pid) == long.pid == os.getpgid(long.pid)
+    assert psutil.Process(long.pid).ppid() == server.pid
+    assert long.kill_group(grace=1.0) == -signal.SIGTERM
+    assert gone(long.pid) and server.alive()
+    assert launcher.run(0).wait(TIMEOUT) == 0 and servers.started() == 1
 
 
-def test_allocations_at_once_each_take_a_warm_standby_and_the_pool_refills(
-    standbys: Standbys, pools: list[StandbyPool]
+def test_a_killed_worker_reports_the_signal_and_the_server_goes_on(
+    servers: Servers, launchers: list[ForkServer]
 ) -> None:
-    pool = warm_pool(standbys, pools, size=2)
-    first, second = pool.take(), pool.take()
-    assert first.warm and second.warm and first.pid != second.pid
-    for number, process in enumerate((first, second)):
-        process.hand(number + 1)
-        assert process.wait(TIMEOUT) == 0
-    wait_for("two new warm standbys", lambda: len(warm(pool)) == 2)
-    assert {p.pid for p in pool.standbys()}.isdisjoint({first.pid, second.pid})
-    assert standbys.started() == 4
+    servers.open_gate()
+    launcher = fork_server(servers, launchers)
+    process = launcher.run(1)
+    wait_for("its output", lambda: f"in {process.pid}" in "".join(process.tail))
+    os.kill(process.pid, signal.SIGKILL)
+    assert process.wait(TIMEOUT) == -signal.SIGKILL
+    assert launcher.run(3).wait(TIMEOUT) == 3
 
 
-def test_a_dead_standby_is_replaced_idle_or_at_take(
-    standbys: Standbys, pools: list[StandbyPool]
+def test_a_killed_server_stops_what_it_forked_and_is_started_again(
+    servers: Servers, launchers: list[ForkServer]
 ) -> None:
-    pool = warm_pool(standbys, pools, size=2)
-    idle = pool.standbys()[0]
-    os.killpg(idle.pid, signal.SIGKILL)
-    # Nobody takes it: the pool notices on its own and starts another.
-    wait_for("a replacement", lambda: len(warm(pool)) == 2 and idle not in pool.standbys())
-    oldest = pool.standbys()[0]
-    os.killpg(oldest.pid, signal.SIGKILL)
-    wait_for("it to die", lambda: not oldest.alive())
-    taken = pool.take()  # skips the dead one
-    assert taken is not oldest and taken.alive() and taken.warm
-    taken.hand(1)
-    assert taken.wait(TIMEOUT) == 0
-    wait_for("the pool full again", lambda: len(warm(pool)) == 2)
-    assert gone(idle.pid) and gone(oldest.pid)
+    servers.open_gate()
+    launcher = fork_server(servers, launchers)
+    running = launcher.run(1)
+    first = server_process(launcher)
+    os.killpg(first.pid, signal.SIGKILL)  # its group only: the forked process has its own
+    # Nothing can learn the forked process's end any more, so the agent stops it.
+    assert running.wait(TIMEOUT) == -signal.SIGKILL
+    assert ORPHANED in running.output_tail()
+    wait_for("the orphan gone", lambda: gone(running.pid))
+    # It had been warm, so a new server starts at once, and serves.
+    wait_for("a second server", lambda: servers.started() == 2)
+    assert launcher.run(4).wait(TIMEOUT) == 4
+    assert server_process(launcher).pid != first.pid
 
 
-def test_standbys_that_die_warming_up_are_not_restarted_in_a_loop(
-    standbys: Standbys, pools: list[StandbyPool]
+def test_a_server_that_dies_importing_fails_the_run_with_its_output_and_is_not_respawned(
+    servers: Servers, launchers: list[ForkServer]
 ) -> None:
-    standbys.open_gate()
-    pool = StandbyPool(standbys.args(then="die"), size=2)
-    pools.append(pool)
-    pool.start()
-    wait_for("the first standby", lambda: standbys.started() == 1)
-    time.sleep(1.0)  # it dies at once; the next waits CHECK_SECONDS
-    assert standbys.started() == 1
+    servers.open_gate()
+    launcher = ForkServer(servers.args(then="die"))
+    launchers.append(launcher)
+    with pytest.raises(OSError, match="exited 7: cannot import torch"):
+        launcher.run(0)
+    time.sleep(0.5)
+    assert servers.started() == 1  # no restart loop; the next run() tries again
+    with pytest.raises(OSError, match="cannot import torch"):
+        launcher.run(0)
+    assert servers.started() == 2
 
 
-def test_a_pool_that_cannot_start_processes_keeps_trying(
-    standbys: Standbys, pools: list[StandbyPool], caplog: pytest.LogCaptureFixture
+def test_close_ends_the_server_and_starts_nothing_after(
+    servers: Servers, launchers: list[ForkServer]
 ) -> None:
-    pool = StandbyPool([str(standbys.script.parent / "no-such-python")], size=1)
-    pools.append(pool)
-    pool.start()
-    wait_for("the failure logged", lambda: "cannot start a standby" in caplog.text)
-    with pytest.raises(FileNotFoundError):
-        pool.take()  # no standby, and no fresh process either
-    pool.args = standbys.args()  # the installation repaired
-    standbys.open_gate()
-    wait_for("a warm standby", lambda: len(warm(pool)) == 1)
+    servers.open_gate()
+    launcher = fork_server(servers, launchers)
+    assert launcher.run(0).wait(TIMEOUT) == 0
+    server = server_process(launcher)
+    launcher.close()
+    assert server.wait(TIMEOUT) is not None and launcher.server_process() is None
+    with pytest.raises(OSError, match="stopping"):
+        launcher.run(0)
+    assert servers.started() == 1
 
 
-def test_close_kills_every_standby_and_starts_none_after(
-    standbys: Standbys, pools: list[StandbyPool]
+def test_without_a_fork_server_each_allocation_starts_a_fresh_interpreter(
+    tmp_path: Path,
 ) -> None:
-    pool = StandbyPool(standbys.args(), size=3)
-    pool.start()
-    wait_for("a warming standby", lambda: len(pool.standbys()) == 1)
-    standbys.open_gate()
-    wait_for("three warm standbys", lambda: len(warm(pool)) == 3)
-    pids = [p.pid for p in pool.standbys()]
-    pool.close()
-    assert all(gone(pid) for pid in pids)
-    assert pool.standbys() == []
-    fresh = pool.take()  # still serves, from a fresh process, and keeps no standby
-    fresh.hand(1)
-    assert fresh.wait(TIMEOUT) == 0
-    assert pool.standbys() == [] and standbys.started() == 4
-
-
-def test_a_pool_of_none_starts_a_process_per_take(standbys: Standbys) -> None:
-    standbys.open_gate()
-    pool = StandbyPool(standbys.args(), size=0)
-    pool.start()
-    process = pool.take()
-    process.hand(1)
-    assert process.wait(TIMEOUT) == 0
-    assert pool.standbys() == [] and standbys.started() == 1
-    pool.close()
+    script = tmp_path / "worker.py"
+    script.write_text("import sys; print(sys.argv[1:]); sys.exit(int(sys.argv[-1]))")
+    process = FreshProcesses([sys.executable, str(script)]).run(6)
+    assert process.wait(TIMEOUT) == 6
+    assert process.output_tail() == "['--allocation', '6']"
 
 
 @pytest.mark.slow
-def test_the_worker_entry_says_when_its_standby_is_warm(tmp_path: Path) -> None:
-    process = WorkerProcess(
+def test_the_worker_entry_serves_forks_once_warm(redis_url: str, tmp_path: Path) -> None:
+    launcher = ForkServer(
         [
             sys.executable,
             "-m",
             "workers.entry",
-            "--standby",
             "--redis-url",
-            "redis://127.0.0.1:9/0",  # never reached: no allocation is handed
+            redis_url,
             "--cache-dir",
             str(tmp_path),
         ]
     )
     try:
-        assert process.wait_warm(TIMEOUT), process.output_tail()
-        assert process.alive() and STANDBY_READY not in process.output_tail()
+        process = launcher.run(987654321)  # no such allocation: it says so and exits 2
+        assert process.wait(TIMEOUT) == 2
+        assert process.output_tail() == "allocation 987654321 is not in Redis"
+        assert server_process(launcher).warm
     finally:
-        process.kill_group(grace=1.0)
+        launcher.close()

@@ -15,8 +15,7 @@ import redis
 
 from contract.records import Keys, decode
 from contract.settings import Settings
-from scheduler.agent import Agent, entry_command
-from scheduler.process import StandbyPool
+from scheduler.agent import Agent, create_launcher
 from scheduler.reach import PS_UNREACHABLE, unreachable_ps
 from scheduler.redis_server import free_port
 
@@ -76,7 +75,7 @@ def agent(tmp_path: Path, redis_url: str) -> Iterator[Agent]:
         node_gpus=0,
     )
     client = redis.Redis.from_url(redis_url)
-    yield Agent(settings, client, gpus=0, pool=StandbyPool(entry_command(settings)))
+    yield Agent(settings, client, gpus=0, launcher=create_launcher(settings))
     client.close()
 
 
