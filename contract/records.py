@@ -25,8 +25,7 @@ STREAM_MAXLEN = 200_000
 CANCEL_TTL_SECONDS = 24 * 3600  # a job's cancel key: its processes still running stop on it
 STREAM_TTL_SECONDS = 24 * 3600  # a job's stream, once it has ended and the ingester drained it
 FINISHED_TTL_SECONDS = 7 * 24 * 3600  # an allocation hash, after its agent reported the end
-# A worker group's store address (workers.distributed.rendezvous): an abandoned job leaves it
-# behind for a day at most.
+# A worker group's store address (workers.distributed.rendezvous): abandoned, kept a day at most.
 RENDEZVOUS_TTL_SECONDS = 24 * 3600
 NORMS_TTL_SECONDS = 3600  # the shards' parts of one update's gradient norm (workers.distributed)
 
@@ -38,6 +37,7 @@ class ExitCode(enum.IntEnum):  # how a worker process (`python -m workers.entry`
     CANCELLED = 3
     # Stopped to leave its node (the agent's SIGTERM); it saved a restart point if it could.
     DRAINED = 4
+    DIVERGED = 5  # the loss became NaN or infinite: a restart would diverge again
 
 
 @dataclass(frozen=True)

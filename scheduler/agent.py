@@ -64,6 +64,8 @@ def exit_cause(code: int) -> str:
         except ValueError:
             name = f"signal {-code}"
         return f"killed by {name}" + (", perhaps out of memory" if -code == 9 else "")
+    if code == ExitCode.DIVERGED:
+        return "the loss diverged; not restarted, as it would diverge again"
     return "failed" if code == ExitCode.FAILED else f"exit code {code}"
 
 

@@ -45,6 +45,8 @@ MAX_NAME = 64  # Metric.name's column width
 # A job's server shards keep their state in Redis, so a dead one is placed again (by the
 # scheduler) and continues where it stopped, this many times per placement of the job.
 MAX_SHARD_REPLACEMENTS = 3
+# How a worker process ends when a restart would end the same way: the job fails at once.
+FINAL_EXITS = (ExitCode.INVALID, ExitCode.DIVERGED)
 METRICS = cast(Table, Metric.__table__)
 LOGS = cast(Table, LogLine.__table__)
 TIMELINES = cast(Table, PipelineTimeline.__table__)
@@ -204,9 +206,11 @@ def apply_state(
             note = f"{who} failed: {reason}; it is placed again and continues from Redis"
             session.add(JobEvent(job_id=job.id, at=utcnow(), state=job.state, reason=note))
             return
-        # A job that cannot be built or read its data here (ExitCode.INVALID) would fail the
-        # same way again; any other failure (a killed process, a peer's) is restarted.
-        if not job.cancel_requested and record.exit_code != ExitCode.INVALID:
+        # A job that cannot be built or read its data here (ExitCode.INVALID), or whose loss
+        # diverged (ExitCode.DIVERGED: its restart point holds the same parameters and data
+        # order), would fail the same way again; any other failure (a killed process, a
+        # peer's) is restarted.
+        if not job.cancel_requested and record.exit_code not in FINAL_EXITS:
             cause = f"{who} {_headline(reason, record.exit_code)}"
             if alloc.role == "worker" and restart_alone(session, job, alloc, cause):
                 return

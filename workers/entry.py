@@ -173,7 +173,7 @@ def train(
     if summary.status == "cancelled":
         return ExitCode.CANCELLED
     print(f"training {summary.status} at step {summary.steps}", file=sys.stderr)
-    return ExitCode.FAILED
+    return ExitCode.DIVERGED if summary.status == "diverged" else ExitCode.FAILED
 
 
 def _train(context: RunContext, stream: JobStream) -> Summary:

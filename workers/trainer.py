@@ -399,7 +399,7 @@ class Trainer:
                 self.last_train = window.report()
                 loss = self.last_train.get("train/loss", math.nan)
                 if not math.isfinite(loss):
-                    status = "failed"
+                    status = "diverged"
                     self.log(f"step {self.step}: training diverged (loss {loss})")
                     break
                 self.emit({**self.last_train, "lr": self.updater.lr_at(self.step - 1)})

@@ -320,17 +320,17 @@ def test_init_from_problems_are_checkpoint_errors(tmp_path: Path, cache_dir: Pat
         trainer.run()
 
 
-def test_divergence_stops_the_run_as_failed(tmp_path: Path, cache_dir: Path) -> None:
+def test_divergence_stops_the_run_as_diverged(tmp_path: Path, cache_dir: Path) -> None:
     job = copy.deepcopy(mlp_job())
     job["updater"] = {"type": "sgd", "lr": {"base": 1.0e20, "schedule": "fixed"}}
     summary, recorder = train(job, tmp_path, cache_dir)
-    assert summary.status == "failed" and summary.steps == 10  # noticed at the first report
+    assert summary.status == "diverged" and summary.steps == 10  # noticed at the first report
     assert recorder.lines == ["step 10: training diverged (loss nan)"]
     assert recorder.checkpoints == []
     # Strict JSON (no NaN token), so any reader can parse it; the loss is null.
     text = (tmp_path / "summary.json").read_text()
     saved = json.loads(text, parse_constant=lambda token: pytest.fail(f"{token} in JSON"))
-    assert saved["status"] == "failed" and saved["metrics"]["train/loss"] is None
+    assert saved["status"] == "diverged" and saved["metrics"]["train/loss"] is None
 
 
 def test_should_stop_cancels_between_steps(tmp_path: Path, cache_dir: Path) -> None:
