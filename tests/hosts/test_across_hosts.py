@@ -180,11 +180,12 @@ def test_a_host_cut_off_mid_job_is_lost_its_job_resumes_elsewhere_and_it_rejoins
     job = client.submit(EXAMPLES / "digits_mlp.yaml", overrides=ALLREDUCE)
     assert isinstance(job, Job)
     # Past a restart point (one a second here), with both workers placed on two hosts.
-    hosts.wait_for("the job well under way", lambda: job.refresh().step >= 300)
+    hosts.wait_for(
+        "the job past a restart point", lambda: any("restart point" in line for line in job.logs())
+    )
     first = set(placed_on(client, job).values())
     assert len(first) == 2
     victim = hosts.network.hosts[sorted(first)[-1]]
-    before = job.step
 
     hosts.network.set_link(victim, up=False)
     cut = time.monotonic()
@@ -198,9 +199,11 @@ def test_a_host_cut_off_mid_job_is_lost_its_job_resumes_elsewhere_and_it_rejoins
     assert job.state == "SUCCEEDED", events
     restarts = [r for r in events if r.startswith(f"node lost: {victim.name}")]
     assert len(restarts) == 1, events
-    # It resumed from a restart point: the steps trained again are fewer than those done.
+    # It resumed from a restart point, not from the start. (That point may be later than the
+    # last step reported: a worker cut off trains on until its peer's absence stops it, and
+    # saves restart points to the shared disk, but its reports no longer reach Redis.)
     resumed = int(restarts[0].split(" from step ")[1].split(" ")[0])
-    assert 0 < resumed <= before
+    assert 0 < resumed < ALLREDUCE["train_steps"]
     assert not [r for r in events if "exited" in r], events  # no restart was wasted
 
     hosts.network.set_link(victim, up=True)
