@@ -51,6 +51,9 @@ from scheduler.reach import PS_CHECK_SECONDS, PS_UNREACHABLE, encode, unreachabl
 log = logging.getLogger("trainyard.agent")
 
 SUPERVISE_SECONDS = 0.25
+# A stopped job's worker process sees the stop itself (workers.entry.StopPoll, every 0.2 s)
+# and exits, freeing its slot at once; its group is killed if it has not within this time.
+STOP_GRACE_SECONDS = 1.0
 # How long a draining worker may take to save its restart point and exit (within the
 # 10 seconds `docker compose stop` waits before it kills).
 DRAIN_SECONDS = 8.0
@@ -289,7 +292,9 @@ class Agent:
                     AllocationState.DRAINED, f"the node agent on {self.name} stopped", code
                 )
             if stop_requested(self.client, self.keys, info.job_id, info.allocation_id):
-                code = process.kill_group()
+                code = process.wait(STOP_GRACE_SECONDS)
+                if code is None:
+                    code = process.kill_group()
                 return Outcome(AllocationState.CANCELLED, self._stop_reason(info), code)
 
     def _outcome(self, info: AllocationInfo, process: WorkerProcess, code: int) -> Outcome:

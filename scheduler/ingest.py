@@ -28,7 +28,7 @@ from contract.records import (
 )
 from scheduler.db import Database
 from scheduler.lease import record_pass
-from scheduler.models import Job, JobState
+from scheduler.models import AllocationState, Job, JobState
 from scheduler.stream_rows import Effects, Pruning, apply_batch, parse_batch
 
 log = logging.getLogger("trainyard.ingest")
@@ -53,12 +53,16 @@ class Ingester:
         pruning: Pruning | None = None,
         artifacts: Path | None = None,
         trial_ended: threading.Event | None = None,
+        slots_freed: threading.Event | None = None,
     ) -> None:
         self.db, self.client, self.keys = db, client, keys
         self.count, self.consumer = count, consumer
         self.pruning = pruning  # a sweep's trials: their intermediate values to its pruner
         # Set when a sweep's trial ends, so that the sweep thread asks for the next one now.
         self.trial_ended = trial_ended
+        # Set when a process's end is recorded, so that placement uses its slots now (a
+        # sweep's next trial, created as the last one ended, waits for them).
+        self.slots_freed = slots_freed
         # Run directories: restarts continue from their points, checkpoint records point there.
         self.artifacts = artifacts
         self._groups: set[str] = set()
@@ -174,6 +178,9 @@ class Ingester:
         pipe.execute()
         if ended and trial and self.trial_ended is not None:
             self.trial_ended.set()  # after the commit: the sweep's pass sees the trial ended
+        freed = any(not AllocationState(record.state).active for record in batch.states)
+        if found and freed and self.slots_freed is not None:
+            self.slots_freed.set()
         if (not found or terminal) and len(entries) < self.count:
             self._retire(job_id, stream)
         return written

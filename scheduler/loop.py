@@ -344,7 +344,8 @@ def act(
     settings.artifacts().mkdir(parents=True, exist_ok=True)
     pruning = TrialPruning(db, settings.sql_url())  # sweeps' trials: metrics to their pruners
     trial_ended = threading.Event()  # the ingester's word to the sweep thread
-    placement_due = threading.Event()  # the sweep thread's to this loop: trials to place
+    # The sweep thread's word to this loop (trials to place), and the ingester's (slots freed).
+    placement_due = threading.Event()
     ingester = Ingester(
         db,
         client,
@@ -352,6 +353,7 @@ def act(
         pruning=pruning,
         artifacts=settings.artifacts(),
         trial_ended=trial_ended,
+        slots_freed=placement_due,
     )
     halt = threading.Event()
     sweeps_args = (db, settings, client, keys, halt, trial_ended, placement_due)
@@ -377,7 +379,7 @@ def act(
                 record_pass(client, keys, "schedule")
             except Exception:
                 log.exception("scheduling pass failed; retrying")
-            # `stop` is seen within a period; new trials are placed at once.
+            # `stop` is seen within a period; new trials and freed slots are used at once.
             placement_due.wait(max(settings.schedule_seconds - (time.monotonic() - started), 0))
             placement_due.clear()
     finally:

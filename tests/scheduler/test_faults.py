@@ -123,7 +123,9 @@ def test_a_killed_worker_of_a_synchronous_group_restarts_the_gang(cluster: Clust
 
 
 def test_a_killed_agent_reconciles_its_orphans_when_it_starts_again(cluster: Cluster) -> None:
-    job_id = submit(cluster, STEPS)
+    # Long enough that the orphan still trains when the new agent has started (seconds).
+    steps = 3 * STEPS
+    job_id = submit(cluster, steps)
     running_with_a_restart_point(cluster, job_id)
     [(alloc, _)] = cluster.allocations(job_id)
     orphan = cluster.pid(alloc.id)
@@ -133,7 +135,7 @@ def test_a_killed_agent_reconciles_its_orphans_when_it_starts_again(cluster: Clu
     assert psutil.pid_exists(orphan)
     cluster.start_agent("node-1", slots=2)
     cluster.wait_for("the orphan to be stopped", lambda: not psutil.pid_exists(orphan))
-    assert_succeeded_once_per_step(cluster, job_id, STEPS)
+    assert_succeeded_once_per_step(cluster, job_id, steps)
     restart_from(
         cluster,
         job_id,

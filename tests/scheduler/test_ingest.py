@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -291,6 +292,20 @@ def test_state_records_start_and_finish_the_job(env: Env) -> None:
     assert [e.state for e in events] == ["QUEUED", "SCHEDULED", "RUNNING", "SUCCEEDED"]
     assert events[-1].reason == "all 2 worker(s) finished"
     assert events[2].reason == "worker 0/0 on node-a started"
+
+
+def test_a_process_that_ends_wakes_placement_for_its_slots(env: Env) -> None:
+    job_id, (a0, a1) = make_job(env, state=JobState.SCHEDULED)
+    freed = threading.Event()
+    ingester = Ingester(env.db, env.client, env.keys, slots_freed=freed)
+    stream = JobStream(env.client, env.keys, job_id)
+    stream.publish(StateRecord(a0, "RUNNING"))
+    stream.publish(MetricRecord(5, {"loss": 0.5}))
+    ingester.run_once()
+    assert not freed.is_set()  # nothing ended: no slot to use
+    stream.publish(StateRecord(a1, "CANCELLED", exit_code=-15))
+    ingester.run_once()
+    assert freed.is_set()
 
 
 def test_a_failed_worker_fails_the_job_and_stops_its_siblings(env: Env) -> None:
