@@ -58,13 +58,11 @@ class Keys:
         return f"{self.prefix}:job:{job_id}:cancel"
 
     @property
-    def streams_with_data(self) -> str:
-        """Set of job ids whose streams the ingester should read."""
+    def streams_with_data(self) -> str:  # set of job ids whose streams the ingester reads
         return f"{self.prefix}:ingest:jobs"
 
     @property
-    def ingested_points(self) -> str:
-        """Counter of metric points the ingester wrote to SQL (for Prometheus /metrics)."""
+    def ingested_points(self) -> str:  # metric points the ingester wrote (Prometheus /metrics)
         return f"{self.prefix}:stats:ingested_points"
 
     def allocation(self, allocation_id: int) -> str:
@@ -88,8 +86,7 @@ class Keys:
     def liveness(self) -> str:  # the scheduler's loops -> their last pass (/healthz)
         return f"{self.prefix}:scheduler:liveness"
 
-    def job_scope(self, job_id: int) -> str:
-        """Prefix of a job's own working keys (rendezvous, parameter-server shards)."""
+    def job_scope(self, job_id: int) -> str:  # a job's own working keys (rendezvous, shards)
         return f"{self.prefix}:job:{job_id}"
 
     def ps_pattern(self, job_id: int) -> str:
@@ -105,9 +102,12 @@ class Keys:
         return f"{self.prefix}:user:{user_id}:submissions"
 
     @property
-    def tokens_revoked(self) -> str:
-        """Pub/sub channel: hashes of revoked tokens, which API processes drop from their cache."""
+    def tokens_revoked(self) -> str:  # pub/sub: revoked tokens' hashes, dropped from API caches
         return f"{self.prefix}:tokens:revoked"
+
+    @property
+    def sweeps_submitted(self) -> str:  # pub/sub: a new sweep's id, for the sweep thread
+        return f"{self.prefix}:sweeps:submitted"
 
 
 def delete_matching(client: redis.Redis, pattern: str) -> int:

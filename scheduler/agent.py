@@ -51,7 +51,7 @@ from scheduler.reach import PS_CHECK_SECONDS, PS_UNREACHABLE, encode, unreachabl
 log = logging.getLogger("trainyard.agent")
 
 SUPERVISE_SECONDS = 0.25
-# A stopped job's worker process sees the stop itself (workers.entry.StopPoll, every 0.2 s)
+# A stopped job's worker process sees the stop itself (workers.entry.StopPoll, every 0.1 s)
 # and exits, freeing its slot at once; its group is killed if it has not within this time.
 STOP_GRACE_SECONDS = 1.0
 # How long a draining worker may take to save its restart point and exit (within the

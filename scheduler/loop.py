@@ -60,7 +60,7 @@ from scheduler.placement import plan_queue
 from scheduler.quotas import Limits, owner_shares
 from scheduler.recovery import ASYNCHRONOUS, prune_restart_points, worker_step
 from scheduler.store import job_run_dir
-from scheduler.sweep_runner import TrialPruning, run_sweeps
+from scheduler.sweep_runner import TrialPruning, relay_submissions, run_sweeps
 
 log = logging.getLogger("trainyard.scheduler")
 
@@ -343,7 +343,8 @@ def act(
     celery = create_celery(settings)
     settings.artifacts().mkdir(parents=True, exist_ok=True)
     pruning = TrialPruning(db, settings.sql_url())  # sweeps' trials: metrics to their pruners
-    trial_ended = threading.Event()  # the ingester's word to the sweep thread
+    # The sweep thread's wake-up: the ingester saw a trial end, or the API announced a sweep.
+    trial_ended = threading.Event()
     # The sweep thread's word to this loop (trials to place), and the ingester's (slots freed).
     placement_due = threading.Event()
     ingester = Ingester(
@@ -360,6 +361,9 @@ def act(
     threads = [
         threading.Thread(target=ingester.run_until, args=(halt,), name="ingest"),
         threading.Thread(target=run_sweeps, args=sweeps_args, name="sweeps"),
+        threading.Thread(
+            target=relay_submissions, args=(client, keys, halt, trial_ended), name="announced"
+        ),
     ]
     for thread in threads:
         thread.start()

@@ -42,7 +42,7 @@ class StopPoll:
     agent draining its node) stops the run too, as a drain: the trainer saves a restart point."""
 
     def __init__(
-        self, client: redis.Redis, keys: Keys, info: AllocationInfo, every: float = 0.2
+        self, client: redis.Redis, keys: Keys, info: AllocationInfo, every: float = 0.1
     ) -> None:
         self.client, self.keys, self.info, self.every = client, keys, info, every
         self.last = -float("inf")
