@@ -106,8 +106,8 @@ class Keys:
         return f"{self.prefix}:tokens:revoked"
 
     @property
-    def sweeps_submitted(self) -> str:  # pub/sub: a new sweep's id, for the sweep thread
-        return f"{self.prefix}:sweeps:submitted"
+    def announcements(self) -> str:  # pub/sub: `job <id>`, `sweep <id>` (scheduler.announce)
+        return f"{self.prefix}:announcements"
 
 
 def delete_matching(client: redis.Redis, pattern: str) -> int:

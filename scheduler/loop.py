@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 from contract import records
 from contract.records import AllocationInfo, Keys, decode, delete_matching
 from contract.settings import Settings
+from scheduler.announce import JOB, SWEEP, relay
 from scheduler.celery_app import RUN_ALLOCATION, create_celery
 from scheduler.cluster import (
     ACTIVE_ALLOCATIONS,
@@ -60,7 +61,7 @@ from scheduler.placement import plan_queue
 from scheduler.quotas import Limits, owner_shares
 from scheduler.recovery import ASYNCHRONOUS, prune_restart_points, worker_step
 from scheduler.store import job_run_dir
-from scheduler.sweep_runner import TrialPruning, relay_submissions, run_sweeps
+from scheduler.sweep_runner import TrialPruning, run_sweeps
 
 log = logging.getLogger("trainyard.scheduler")
 
@@ -345,7 +346,8 @@ def act(
     pruning = TrialPruning(db, settings.sql_url())  # sweeps' trials: metrics to their pruners
     # The sweep thread's wake-up: the ingester saw a trial end, or the API announced a sweep.
     trial_ended = threading.Event()
-    # The sweep thread's word to this loop (trials to place), and the ingester's (slots freed).
+    # The sweep thread's word to this loop (trials to place), the ingester's (slots freed) and
+    # the API's (a job submitted).
     placement_due = threading.Event()
     ingester = Ingester(
         db,
@@ -362,7 +364,9 @@ def act(
         threading.Thread(target=ingester.run_until, args=(halt,), name="ingest"),
         threading.Thread(target=run_sweeps, args=sweeps_args, name="sweeps"),
         threading.Thread(
-            target=relay_submissions, args=(client, keys, halt, trial_ended), name="announced"
+            target=relay,
+            args=(client, keys, halt, {JOB: placement_due, SWEEP: trial_ended}),
+            name="announcements",
         ),
     ]
     for thread in threads:

@@ -109,22 +109,6 @@ def run_sweeps(
         due.wait(SWEEP_SECONDS)
 
 
-def relay_submissions(
-    client: redis.Redis, keys: Keys, stop: threading.Event, due: threading.Event
-) -> None:
-    """Set `due` when the API announces a new sweep (Keys.sweeps_submitted), until `stop`.
-    Announcements missed while Redis is away cost at most a pass's wait."""
-    while not stop.is_set():
-        try:
-            with client.pubsub(ignore_subscribe_messages=True) as pubsub:
-                pubsub.subscribe(keys.sweeps_submitted)
-                while not stop.is_set():
-                    if pubsub.get_message(timeout=SWEEP_SECONDS) is not None:
-                        due.set()
-        except (redis.RedisError, OSError):
-            stop.wait(SWEEP_SECONDS)
-
-
 class SweepRunner:
     def __init__(self, db: Database, settings: Settings, client: redis.Redis, keys: Keys) -> None:
         self.db, self.settings, self.client, self.keys = db, settings, client, keys

@@ -51,6 +51,7 @@ from dsl.compiler import CompiledJob
 from dsl.graph import SourceRef
 from dsl.schema import JobSpec
 from scheduler import store
+from scheduler.announce import JOB, announce
 from scheduler.models import (
     JOB_FIELD_KINDS,
     FieldKind,
@@ -155,6 +156,7 @@ def submit_job(
     if not preview.feasible:
         job.pending_reason = preview.reason
     session.commit()
+    announce(services.redis, services.keys, JOB, job.id)  # placed now, not at the next pass
     return detail_of(session, job)
 
 

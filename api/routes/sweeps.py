@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import Annotated
 
-import redis
 from fastapi import APIRouter, Depends, Path, Query
 from sqlalchemy.orm import Session
 
-from api.deps import MAX_INT, CurrentUser, Services, ServicesDep, SessionDep
+from api.deps import MAX_INT, CurrentUser, ServicesDep, SessionDep
 from api.policy import AdmittedLimits, check_job_quotas
 from api.routes.jobs import detail_of as job_detail
 from api.schemas import (
@@ -32,6 +30,7 @@ from api.submit import (
 )
 from dsl.search import Objective
 from scheduler import store
+from scheduler.announce import SWEEP, announce
 from scheduler.importance import Evaluator, sweep_importance
 from scheduler.models import Job, JobState, Sweep, SweepState
 from scheduler.store import aware
@@ -143,15 +142,8 @@ def submit_sweep(
         ),
     )
     session.commit()
-    announce_sweep(services, sweep.id)
+    announce(services.redis, services.keys, SWEEP, sweep.id)  # its first trials start now
     return detail_of(session, sweep)
-
-
-def announce_sweep(services: Services, sweep_id: int) -> None:
-    """Wake the scheduler's sweep thread, so that the first trials start now, not at its next
-    pass; with Redis down it finds the sweep at that pass all the same."""
-    with contextlib.suppress(redis.RedisError):
-        services.redis.publish(services.keys.sweeps_submitted, str(sweep_id))
 
 
 @router.get(

@@ -3,8 +3,6 @@ real Optuna storage; the scheduler's sweep passes are run by hand (SweepRunner.r
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +11,7 @@ from sqlalchemy import func, select
 from scheduler.lifecycle import transition
 from scheduler.models import Job, JobState, Sweep
 from scheduler.study import close_storages
-from scheduler.sweep_runner import SweepRunner, relay_submissions
+from scheduler.sweep_runner import SweepRunner
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = (ROOT / "examples" / "digits_mlp.yaml").read_text()
@@ -205,23 +203,3 @@ def test_parameter_importance_by_optunas_evaluators(api: Any) -> None:
     bad = api.client.get(url, params={"evaluator": "shap"}, headers=api.auth())
     assert bad.status_code == 422
     assert api.client.get(url, headers=api.auth("bob")).status_code == 404
-
-
-def test_a_new_sweep_wakes_the_sweep_thread_through_redis(api: Any) -> None:
-    # The scheduler's relay (a real subscriber on the API's Redis) turns the API's
-    # announcement into a pass at once, instead of at the sweep thread's next tick.
-    stop, due = threading.Event(), threading.Event()
-    relay = threading.Thread(target=relay_submissions, args=(api.redis, api.keys, stop, due))
-    relay.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not api.redis.pubsub_numsub(api.keys.sweeps_submitted)[0][1]:
-            assert time.monotonic() < deadline, "the relay never subscribed"
-            time.sleep(0.01)
-        assert not due.is_set()
-        sweep = submit(api)
-        assert due.wait(10), f"sweep {sweep['id']} was not announced"
-    finally:
-        stop.set()
-        relay.join(timeout=10)
-    assert not relay.is_alive()
