@@ -17,6 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from contract.settings import Settings
+from scheduler.agent import create_launcher
 from scheduler.process import ORPHANED, ForkServer, FreshProcesses, WorkerProcess
 
 TIMEOUT = 60.0
@@ -217,3 +219,10 @@ def test_the_worker_entry_serves_forks_once_warm(redis_url: str, tmp_path: Path)
         assert server_process(launcher).warm
     finally:
         launcher.close()
+
+
+def test_the_fork_workers_setting_chooses_how_processes_start() -> None:
+    forked = create_launcher(Settings(redis_url="redis://127.0.0.1:9/0"))
+    fresh = create_launcher(Settings(redis_url="redis://127.0.0.1:9/0", fork_workers=False))
+    assert isinstance(forked, ForkServer) and isinstance(fresh, FreshProcesses)
+    assert forked.args == fresh.args and "workers.entry" in fresh.args
