@@ -8,10 +8,11 @@ thread each) with three keys searched (SPACE), evaluated on the test set every 1
 
 1. ASHA against a full random search: one sweep of --trials trials with `algorithm: random`
    and `pruner: {type: none}`, then the same with `pruner: {type: asha, min_steps: 100,
-   reduction_factor: 3}` (rungs at 100, 300, 900, 2700). Same seed: Optuna's RandomSampler
-   gives trial k the same values in both (checked). Steps trained are the trials' `step`
-   column (the last step they reported; a pruned trial may have gone on for less than
-   disp_freq more). Target: ASHA's steps / the full search's <= 1/3 at the same best accuracy.
+   reduction_factor: 3}` (rungs at 100, 300, 900, 2700; --min-steps and --reduction-factor
+   change them). Same seed: Optuna's RandomSampler gives trial k the same values in both
+   (checked). Steps trained are the trials' `step` column (the last step they reported; a
+   pruned trial may have gone on for less than disp_freq more). Target: ASHA's steps / the
+   full search's <= 1/3 at the same best accuracy.
 2. `max_parallel: 2` against `max_parallel: 1` on the node's 2 slots: the same sweep of
    --scale-trials trials of --scale-steps steps, no pruner, run --scale-repeats times each,
    alternating; wall time from submission to the sweep's end. The figure is the median of
@@ -22,14 +23,15 @@ thread each) with three keys searched (SPACE), evaluated on the test set every 1
    dispatch, the agent's fork of a worker process from its fork server, compiling the job,
    loading the data and one step. Target: p50 <= 0.5 s.
 4. Ray Tune (bench/sweep_ray.py) over the trials of 1, in trial order, 2 at a time, ASHA
-   with the same rungs (grace_period 100, reduction_factor 3, max_t = train_steps), each trial
-   training with our Trainer in a Ray actor. Wall time to the best trial: ours from just before
-   the SDK's submit to the best trial job's end as the service recorded it; Ray's from just
-   before Tuner.fit() to Tune's on_trial_complete for its best trial. The stack's start and
-   ray.init are not counted. Target: ours <= Ray's.
+   with the same rungs (grace_period = min_steps, the same reduction_factor, max_t =
+   train_steps, one bracket), each trial training with our Trainer in a Ray actor. Wall time
+   to the best trial: ours from just before the SDK's submit to the best trial job's end as
+   the service recorded it; Ray's from just before Tuner.fit() to Tune's on_trial_complete
+   for its best trial. The stack's start and ray.init are not counted. Target: ours <= Ray's.
 
     .venv/bin/python bench/sweep.py [--trials 16] [--steps 3000] [--scale-trials 6]
-        [--scale-steps 1000] [--json out.json] [--plot docs/img/sweep_bench.png] [--no-ray]
+        [--scale-steps 1000] [--scale-repeats 3] [--min-steps 100] [--reduction-factor 3]
+        [--json out.json] [--plot docs/img/sweep_bench.png] [--no-ray]
     .venv/bin/python bench/sweep.py --smoke      # a quick run: small everything, < 2 minutes
 """
 
@@ -81,6 +83,7 @@ def sweep_document(
     asha: bool,
     disp_freq: int | None = None,
     min_steps: int = MIN_STEPS,
+    reduction: int = REDUCTION,
 ) -> dict[str, Any]:
     """mnist1d_cnn.yaml shortened to `steps`, tested every TEST_FREQ steps, swept over SPACE."""
     doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
@@ -89,7 +92,7 @@ def sweep_document(
     doc["test"] = {"freq": TEST_FREQ, "steps": 0}
     if disp_freq is not None:
         doc["disp_freq"] = disp_freq
-    pruner = {"type": "asha", "min_steps": min_steps, "reduction_factor": REDUCTION}
+    pruner = {"type": "asha", "min_steps": min_steps, "reduction_factor": reduction}
     doc["search"] = {
         "metric": "test/accuracy",
         "mode": "max",
@@ -191,6 +194,7 @@ def main() -> None:
     parser.add_argument(
         "--min-steps", type=int, default=MIN_STEPS, help="ASHA's first rung (both sides)"
     )
+    parser.add_argument("--reduction-factor", type=int, default=REDUCTION, help="ASHA's (both)")
     parser.add_argument("--smoke", action="store_true", help="3 trials of 200 steps, 2 of 100")
     parser.add_argument("--no-ray", action="store_true", help="leave Ray Tune out")
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
@@ -211,7 +215,9 @@ def main() -> None:
             client.validate(sweep_document(trials=1, steps=10, max_parallel=1, asha=False))
             common = {"trials": args.trials, "steps": args.steps, "max_parallel": SLOTS}
             full = run_sweep(client, db, "full random", sweep_document(**common, asha=False))
-            asha_doc = sweep_document(**common, asha=True, min_steps=args.min_steps)
+            asha_doc = sweep_document(
+                **common, asha=True, min_steps=args.min_steps, reduction=args.reduction_factor
+            )
             asha = run_sweep(client, db, "ASHA", asha_doc)
             scale = {"trials": args.scale_trials, "steps": args.scale_steps, "asha": False}
             pairs = [
@@ -252,7 +258,7 @@ def main() -> None:
                 [t.params for t in full.trials],
                 base=base,
                 min_steps=args.min_steps,
-                reduction_factor=REDUCTION,
+                reduction_factor=args.reduction_factor,
                 parallel=SLOTS,
                 cache=settings.cache_dir(),
                 workdir=Path(tmp),
