@@ -165,6 +165,7 @@ def test_exit_codes_keep_their_numbers() -> None:
         ("INVALID", 2),
         ("CANCELLED", 3),
         ("DRAINED", 4),
+        ("DIVERGED", 5),
     ]
 
 
@@ -179,6 +180,7 @@ def test_every_key_lives_under_the_prefix() -> None:
         keys.node("n"),
         keys.nodes,
         keys.ps_pattern(1),
+        keys.announcements,
         keys.pattern,
     ]
     assert all(name.startswith("stack-a:") for name in names)
