@@ -256,7 +256,10 @@ class ForkServer:
         with self._lock:
             if server is self._server and server.process.warm and not self._closed:
                 log.warning("the fork server exited: %s", server.process.output_tail())
-                self._server = _Server(self.args, on_end=self._server_ended)
+                try:
+                    self._server = _Server(self.args, on_end=self._server_ended)
+                except OSError:  # out of processes or memory: the next run() tries again
+                    log.exception("cannot start the fork server again")
 
 
 class _Server:
@@ -315,19 +318,20 @@ class _Server:
 
     def _handle(self, words: list[str]) -> None:
         verb, first, second = (*words, "", "")[:3]
+        number = int(first) if first.isdigit() else -1  # an allocation id or a pid
         with self._lock:
-            if verb == "started":
-                waiting = self._starting.pop(int(first), None)
+            if verb == "started" and second.isdigit():
+                waiting = self._starting.pop(number, None)
                 if waiting is None:  # its run() gave up waiting: nobody would supervise it
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(int(second), signal.SIGKILL)
                     return
                 self._running[int(second)] = waiting
                 waiting.began(int(second))
-            elif verb == "failed" and int(first) in self._starting:
-                self._starting.pop(int(first)).refused(second)
-            elif verb == "exited" and int(first) in self._running:
-                self._running.pop(int(first)).ended(int(second))
+            elif verb == "failed" and number in self._starting:
+                self._starting.pop(number).refused(second)
+            elif verb == "exited" and number in self._running:
+                self._running.pop(number).ended(int(second))
 
     def _end(self) -> None:
         """The server exited: what waits to start cannot, and what it forked and still runs
