@@ -9,6 +9,7 @@ per allocation instead.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import logging
 import os
@@ -27,11 +28,12 @@ log = logging.getLogger("trainyard.agent")
 
 TERM_GRACE_SECONDS = 5.0
 WARM_UP_SECONDS = 120.0  # a fork server still importing after this is waited for no longer
+REAP_SECONDS = 120.0  # how long a SIGKILLed process's exit code is waited for
 # What the agent says of a process it stopped because its fork server exited.
 ORPHANED = "its node's fork server exited, so it was stopped: its end could not be known"
 
 
-class WorkerProcess:
+class WorkerProcess(abc.ABC):
     """A worker process in its own process group (session): its output, memory and signals.
     How it was started, and so how its exit code is learnt, is the subclass's."""
 
@@ -40,7 +42,6 @@ class WorkerProcess:
         self.tail: deque[str] = deque(maxlen=tail_lines)
         self.peak_kb = 0  # the largest resident set seen (VmHWM), for a failure's reason
         self.warm = False  # a fork server: it printed READY (its imports are done)
-        self._settled = threading.Event()  # warm, or its output ended (it exited)
         # Reading continuously keeps a chatty child from blocking on a full pipe.
         self._reader = threading.Thread(target=self._read, args=(output,), daemon=True)
         self._reader.start()
@@ -51,24 +52,18 @@ class WorkerProcess:
                 line = raw.rstrip("\n")
                 if line == READY and not self.warm:
                     self.warm = True
-                    self._settled.set()
                 else:
                     self.tail.append(line)
         finally:
             output.close()
-            self._settled.set()
 
-    def wait_warm(self, timeout: float) -> bool:
-        """Wait until it is warm or has exited; whether it is warm."""
-        self._settled.wait(timeout)
-        return self.warm
-
+    @abc.abstractmethod
     def poll(self) -> int | None:
-        raise NotImplementedError
+        """Its exit code if it has exited, else None."""
 
+    @abc.abstractmethod
     def wait(self, timeout: float) -> int | None:
         """Its exit code, once it has exited within `timeout` seconds; None if still running."""
-        raise NotImplementedError
 
     def alive(self) -> bool:
         return self.poll() is None
@@ -92,22 +87,23 @@ class WorkerProcess:
 
     def drain(self, grace: float) -> int:
         """SIGTERM the worker (it saves a restart point and exits), then the group as usual."""
-        self._signal(signal.SIGTERM)
+        self.signal_group(signal.SIGTERM)
         code = self.wait(grace)
         return code if code is not None else self.kill_group(grace=0.0)
 
     def kill_group(self, grace: float = TERM_GRACE_SECONDS) -> int:
         """SIGTERM the whole process group, SIGKILL it after `grace` seconds; the exit code."""
-        self._signal(signal.SIGTERM)
+        self.signal_group(signal.SIGTERM)
         code = self.wait(grace)
         if code is None:
-            self._signal(signal.SIGKILL)
-            code = self.wait(WARM_UP_SECONDS)
+            self.signal_group(signal.SIGKILL)
+            code = self.wait(REAP_SECONDS)
         # Children the worker may have started die with the group, even after it exited.
-        self._signal(signal.SIGKILL)
+        self.signal_group(signal.SIGKILL)
         return -signal.SIGKILL if code is None else code
 
-    def _signal(self, sig: signal.Signals) -> None:
+    def signal_group(self, sig: signal.Signals) -> None:
+        """Send `sig` to its process group (and to it, should it not lead one yet)."""
         if self.pid <= 0:  # never started: killpg(0) would signal the agent's own group
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -347,6 +343,6 @@ class _Server:
             process.refused(why)
         for process in running:
             process.tail.append(ORPHANED)
-            process._signal(signal.SIGKILL)
+            process.signal_group(signal.SIGKILL)
             process.ended(-signal.SIGKILL)
         self._on_end(self)
