@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 from sqlalchemy import select
 
 from contract.records import Keys, StateRecord
@@ -17,7 +16,7 @@ from contract.settings import Settings
 from dsl.schema import ClusterConfig
 from dsl.topology import resolve_topology
 from scheduler import store
-from scheduler.agent import Agent, create_launcher
+from scheduler.agent import Agent, create_agent
 from scheduler.cluster import queue_view
 from scheduler.db import Database
 from scheduler.loop import replace_processes, schedule_once
@@ -45,10 +44,10 @@ def settings(tmp_path: Path, redis_url: str) -> Settings:
 
 
 @pytest.fixture
-def agent(settings: Settings, redis_url: str) -> Iterator[Agent]:
-    client = redis.Redis.from_url(redis_url)
-    yield Agent(settings, client, gpus=0, launcher=create_launcher(settings))
-    client.close()
+def agent(settings: Settings) -> Iterator[Agent]:
+    made = create_agent(settings)
+    yield made
+    made.client.close()
 
 
 def add_job(db: Database, framework: str) -> int:

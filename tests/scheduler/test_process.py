@@ -95,8 +95,14 @@ def gone(pid: int) -> bool:
         return True
 
 
-def fork_server(servers: Servers, launchers: list[ForkServer]) -> ForkServer:
-    launcher = ForkServer(servers.args())
+def fork_server(
+    servers: Servers, launchers: list[ForkServer], *, then: str = "serve", gate: bool = True
+) -> ForkServer:
+    """A launcher of the script above, closed after the test; its server "imports" at once
+    unless `gate` is False (the test opens it)."""
+    if gate:
+        servers.open_gate()
+    launcher = ForkServer(servers.args(then))
     launchers.append(launcher)
     return launcher
 
@@ -110,7 +116,7 @@ def server_process(launcher: ForkServer) -> WorkerProcess:
 def test_each_allocation_gets_a_forked_process_of_its_own_with_its_exit_code(
     servers: Servers, launchers: list[ForkServer]
 ) -> None:
-    launcher = fork_server(servers, launchers)
+    launcher = fork_server(servers, launchers, gate=False)
     launcher.start()
     server = server_process(launcher)
     time.sleep(0.3)
@@ -133,7 +139,6 @@ def test_each_allocation_gets_a_forked_process_of_its_own_with_its_exit_code(
 def test_a_killed_worker_reports_the_signal_and_the_server_goes_on(
     servers: Servers, launchers: list[ForkServer]
 ) -> None:
-    servers.open_gate()
     launcher = fork_server(servers, launchers)
     process = launcher.run(1)
     wait_for("its output", lambda: f"in {process.pid}" in "".join(process.tail))
@@ -145,7 +150,6 @@ def test_a_killed_worker_reports_the_signal_and_the_server_goes_on(
 def test_a_killed_server_stops_what_it_forked_and_is_started_again(
     servers: Servers, launchers: list[ForkServer]
 ) -> None:
-    servers.open_gate()
     launcher = fork_server(servers, launchers)
     running = launcher.run(1)
     first = server_process(launcher)
@@ -163,9 +167,7 @@ def test_a_killed_server_stops_what_it_forked_and_is_started_again(
 def test_a_server_that_dies_importing_fails_the_run_with_its_output_and_is_not_respawned(
     servers: Servers, launchers: list[ForkServer]
 ) -> None:
-    servers.open_gate()
-    launcher = ForkServer(servers.args(then="die"))
-    launchers.append(launcher)
+    launcher = fork_server(servers, launchers, then="die")
     with pytest.raises(OSError, match="exited 7: cannot import torch"):
         launcher.run(0)
     time.sleep(0.5)
@@ -178,7 +180,6 @@ def test_a_server_that_dies_importing_fails_the_run_with_its_output_and_is_not_r
 def test_close_ends_the_server_and_starts_nothing_after(
     servers: Servers, launchers: list[ForkServer]
 ) -> None:
-    servers.open_gate()
     launcher = fork_server(servers, launchers)
     assert launcher.run(0).wait(TIMEOUT) == 0
     server = server_process(launcher)

@@ -11,11 +11,10 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-import redis
 
 from contract.records import Keys, decode
 from contract.settings import Settings
-from scheduler.agent import Agent, create_launcher
+from scheduler.agent import Agent, create_agent
 from scheduler.reach import PS_UNREACHABLE, unreachable_ps
 from scheduler.redis_server import free_port
 
@@ -74,9 +73,9 @@ def agent(tmp_path: Path, redis_url: str) -> Iterator[Agent]:
         node_name="node-2",
         node_gpus=0,
     )
-    client = redis.Redis.from_url(redis_url)
-    yield Agent(settings, client, gpus=0, launcher=create_launcher(settings))
-    client.close()
+    made = create_agent(settings)
+    yield made
+    made.client.close()
 
 
 def test_the_agent_registers_what_it_cannot_reach(agent: Agent, redis_url: str) -> None:
