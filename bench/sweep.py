@@ -84,15 +84,18 @@ def sweep_document(
     disp_freq: int | None = None,
     min_steps: int = MIN_STEPS,
     reduction: int = REDUCTION,
+    seed: int = SEED,
+    pruner_type: str = "asha",
 ) -> dict[str, Any]:
-    """mnist1d_cnn.yaml shortened to `steps`, tested every TEST_FREQ steps, swept over SPACE."""
+    """mnist1d_cnn.yaml shortened to `steps`, tested every TEST_FREQ steps, swept over SPACE;
+    `asha` False: no pruner, else `pruner_type` (asha or hyperband) with these rungs."""
     doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
-    doc["name"] = f"bench-{'asha' if asha else 'full'}-p{max_parallel}"
+    doc["name"] = f"bench-{pruner_type if asha else 'full'}-p{max_parallel}-s{seed}"
     doc["train_steps"] = steps
     doc["test"] = {"freq": TEST_FREQ, "steps": 0}
     if disp_freq is not None:
         doc["disp_freq"] = disp_freq
-    pruner = {"type": "asha", "min_steps": min_steps, "reduction_factor": reduction}
+    pruner = {"type": pruner_type, "min_steps": min_steps, "reduction_factor": reduction}
     doc["search"] = {
         "metric": "test/accuracy",
         "mode": "max",
@@ -100,7 +103,7 @@ def sweep_document(
         "pruner": pruner if asha else {"type": "none"},
         "max_trials": trials,
         "max_parallel": max_parallel,
-        "seed": SEED,
+        "seed": seed,
         "space": SPACE,
     }
     return doc
@@ -150,6 +153,7 @@ def collect(db: Database, label: str, sweep_id: int, submitted: float) -> SweepR
             sweep.best_trial,
             sweep.best_value,
             trials,
+            sweep_id,
         )
 
 
