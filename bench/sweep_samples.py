@@ -12,6 +12,9 @@ against them.
 
     .venv/bin/python bench/sweep_samples.py [--seeds 0 1 2 3 4] [--pruners asha hyperband]
         [--trials 16] [--steps 3000] [--min-steps 100] [--reduction-factor 3] [--json out.json]
+
+A pruner is `asha` or `hyperband` with --min-steps and --reduction-factor, or names its own as
+TYPE:MIN_STEPS:REDUCTION_FACTOR (`--pruners asha asha:300:4` runs both after each full search).
 """
 
 from __future__ import annotations
@@ -72,6 +75,16 @@ def curves(db: Database, sweep: SweepRun, sweep_id: int) -> dict[int, list[tuple
     return found
 
 
+def pruner_setting(text: str) -> str:
+    """`asha`, `hyperband`, or either with its rungs: `asha:300:4`."""
+    kind, *rungs = text.split(":")
+    if kind not in ("asha", "hyperband") or len(rungs) not in (0, 2):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected asha or hyperband[:MIN:FACTOR]")
+    if rungs and not all(part.isdigit() for part in rungs):
+        raise argparse.ArgumentTypeError(f"{text!r}: the rungs are two whole numbers")
+    return text
+
+
 def outcome(seed: int, pruner: str, full: SweepRun, pruned: SweepRun) -> Outcome:
     if [t.params for t in full.trials] != [t.params for t in pruned.trials]:
         raise SystemExit(f"seed {seed}: the two sweeps sampled different values")
@@ -112,7 +125,7 @@ def show(outcomes: list[Outcome]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--pruners", nargs="+", default=["asha"], choices=["asha", "hyperband"])
+    parser.add_argument("--pruners", nargs="+", type=pruner_setting, default=["asha"])
     parser.add_argument("--trials", type=int, default=16)
     parser.add_argument("--steps", type=int, default=3000, help="train_steps of each trial")
     parser.add_argument("--min-steps", type=int, default=MIN_STEPS, help="the first rung")
@@ -135,13 +148,15 @@ def main() -> None:
                 full = run_sweep(client, db, f"seed {seed}, full random", full_doc)
                 recorded[seed] = curves(db, full, full.sweep_id)
                 for pruner in args.pruners:
+                    kind, *rungs = pruner.split(":")
+                    rung = [int(part) for part in rungs] or [args.min_steps, args.reduction_factor]
                     doc = sweep_document(
                         **common,
                         asha=True,
                         seed=seed,
-                        pruner_type=pruner,
-                        min_steps=args.min_steps,
-                        reduction=args.reduction_factor,
+                        pruner_type=kind,
+                        min_steps=rung[0],
+                        reduction=rung[1],
                     )
                     found = run_sweep(client, db, f"seed {seed}, {pruner}", doc)
                     outcomes.append(outcome(seed, pruner, full, found))
