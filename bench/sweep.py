@@ -43,6 +43,8 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -188,6 +190,23 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+@contextmanager
+def service(tmp: Path) -> Iterator[tuple[Client, Database, Settings]]:
+    """A BenchStack over a SQLite file under `tmp`, warmed up: a client and the store."""
+    settings = Settings(data_dir=tmp / "data", host="127.0.0.1", port=free_port())
+    stack = BenchStack(settings, say=print)
+    stack.start()
+    db = Database(settings.sql_url())
+    try:
+        client = Client(stack.url, stack.token)
+        # Warm-up: the API imports torch and generates MNIST-1D's cache on its first check.
+        client.validate(sweep_document(trials=1, steps=10, max_parallel=1, asha=False))
+        yield client, db, settings
+    finally:
+        db.dispose()
+        stack.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--trials", type=int, default=16)
@@ -209,14 +228,7 @@ def main() -> None:
         args.scale_repeats = 1
     base_disp = int(yaml.safe_load(EXAMPLE.read_text())["disp_freq"])
     with tempfile.TemporaryDirectory(prefix="sweep-bench-") as tmp:
-        settings = Settings(data_dir=Path(tmp) / "data", host="127.0.0.1", port=free_port())
-        stack = BenchStack(settings, say=print)
-        stack.start()
-        db = Database(settings.sql_url())
-        try:
-            client = Client(stack.url, stack.token)
-            # Warm-up: the API imports torch and generates MNIST-1D's cache on its first check.
-            client.validate(sweep_document(trials=1, steps=10, max_parallel=1, asha=False))
+        with service(Path(tmp)) as (client, db, settings):
             common = {"trials": args.trials, "steps": args.steps, "max_parallel": SLOTS}
             full = run_sweep(client, db, "full random", sweep_document(**common, asha=False))
             asha_doc = sweep_document(
@@ -249,9 +261,6 @@ def main() -> None:
                     sweep_document(**scale, max_parallel=2, disp_freq=1),
                 ),
             )
-        finally:
-            db.dispose()
-            stack.stop()
         if [t.params for t in full.trials] != [t.params for t in asha.trials]:
             raise SystemExit("the two sweeps sampled different values: not comparable")
         ray = None

@@ -29,13 +29,11 @@ from pathlib import Path
 from sqlalchemy import select
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
-from sweep import MIN_STEPS, REDUCTION, SLOTS, BenchStack, free_port, run_sweep, sweep_document
+from sweep import MIN_STEPS, REDUCTION, SLOTS, run_sweep, service, sweep_document
 from sweep_report import SweepRun
 
-from contract.settings import Settings
 from scheduler.db import Database
 from scheduler.models import Job, JobState, Metric
-from sdk.client import Client
 
 TARGET = 1 / 3
 
@@ -134,35 +132,28 @@ def main() -> None:
     args = parser.parse_args()
     outcomes: list[Outcome] = []
     recorded: dict[int, dict[int, list[tuple[int, float]]]] = {}
-    with tempfile.TemporaryDirectory(prefix="sweep-samples-") as tmp:
-        settings = Settings(data_dir=Path(tmp) / "data", host="127.0.0.1", port=free_port())
-        stack = BenchStack(settings, say=print)
-        stack.start()
-        db = Database(settings.sql_url())
-        try:
-            client = Client(stack.url, stack.token)
-            client.validate(sweep_document(trials=1, steps=10, max_parallel=1, asha=False))
-            common = {"trials": args.trials, "steps": args.steps, "max_parallel": SLOTS}
-            for seed in args.seeds:
-                full_doc = sweep_document(**common, asha=False, seed=seed)
-                full = run_sweep(client, db, f"seed {seed}, full random", full_doc)
-                recorded[seed] = curves(db, full, full.sweep_id)
-                for pruner in args.pruners:
-                    kind, *rungs = pruner.split(":")
-                    rung = [int(part) for part in rungs] or [args.min_steps, args.reduction_factor]
-                    doc = sweep_document(
-                        **common,
-                        asha=True,
-                        seed=seed,
-                        pruner_type=kind,
-                        min_steps=rung[0],
-                        reduction=rung[1],
-                    )
-                    found = run_sweep(client, db, f"seed {seed}, {pruner}", doc)
-                    outcomes.append(outcome(seed, pruner, full, found))
-        finally:
-            db.dispose()
-            stack.stop()
+    with (
+        tempfile.TemporaryDirectory(prefix="sweep-samples-") as tmp,
+        service(Path(tmp)) as (client, db, _),
+    ):
+        common = {"trials": args.trials, "steps": args.steps, "max_parallel": SLOTS}
+        for seed in args.seeds:
+            full_doc = sweep_document(**common, asha=False, seed=seed)
+            full = run_sweep(client, db, f"seed {seed}, full random", full_doc)
+            recorded[seed] = curves(db, full, full.sweep_id)
+            for pruner in args.pruners:
+                kind, *rungs = pruner.split(":")
+                rung = [int(part) for part in rungs] or [args.min_steps, args.reduction_factor]
+                doc = sweep_document(
+                    **common,
+                    asha=True,
+                    seed=seed,
+                    pruner_type=kind,
+                    min_steps=rung[0],
+                    reduction=rung[1],
+                )
+                found = run_sweep(client, db, f"seed {seed}, {pruner}", doc)
+                outcomes.append(outcome(seed, pruner, full, found))
     show(outcomes)
     if args.json:
         args.json.write_text(
