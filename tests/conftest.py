@@ -244,9 +244,12 @@ def stack_factory(
         return running
 
     yield make
-    for running in started:
-        if running.process.poll() is None:
-            running.stop()
+    alive = [running for running in started if running.process.poll() is None]
+    # Signal every stack before waiting for any: each takes seconds to stop its children.
+    for running in alive:
+        running.process.send_signal(signal.SIGTERM)
+    for running in alive:
+        running.process.wait(timeout=30.0)
 
 
 @pytest.fixture(scope="session")
