@@ -82,27 +82,29 @@ def sweep_document(
     trials: int,
     steps: int,
     max_parallel: int,
-    asha: bool,
+    pruner: str,
     disp_freq: int | None = None,
     min_steps: int = MIN_STEPS,
     reduction: int = REDUCTION,
     seed: int = SEED,
-    pruner_type: str = "asha",
 ) -> dict[str, Any]:
     """mnist1d_cnn.yaml shortened to `steps`, tested every TEST_FREQ steps, swept over SPACE;
-    `asha` False: no pruner, else `pruner_type` (asha or hyperband) with these rungs."""
+    `pruner` none (a full search), or asha or hyperband with these rungs."""
     doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
-    doc["name"] = f"bench-{pruner_type if asha else 'full'}-p{max_parallel}-s{seed}"
+    doc["name"] = f"bench-{pruner}-p{max_parallel}-s{seed}"
     doc["train_steps"] = steps
     doc["test"] = {"freq": TEST_FREQ, "steps": 0}
     if disp_freq is not None:
         doc["disp_freq"] = disp_freq
-    pruner = {"type": pruner_type, "min_steps": min_steps, "reduction_factor": reduction}
     doc["search"] = {
         "metric": "test/accuracy",
         "mode": "max",
         "algorithm": "random",
-        "pruner": pruner if asha else {"type": "none"},
+        "pruner": (
+            {"type": pruner, "min_steps": min_steps, "reduction_factor": reduction}
+            if pruner != "none"
+            else {"type": "none"}
+        ),
         "max_trials": trials,
         "max_parallel": max_parallel,
         "seed": seed,
@@ -200,7 +202,7 @@ def service(tmp: Path) -> Iterator[tuple[Client, Database, Settings]]:
     try:
         client = Client(stack.url, stack.token)
         # Warm-up: the API imports torch and generates MNIST-1D's cache on its first check.
-        client.validate(sweep_document(trials=1, steps=10, max_parallel=1, asha=False))
+        client.validate(sweep_document(trials=1, steps=10, max_parallel=1, pruner="none"))
         yield client, db, settings
     finally:
         db.dispose()
@@ -230,12 +232,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="sweep-bench-") as tmp:
         with service(Path(tmp)) as (client, db, settings):
             common = {"trials": args.trials, "steps": args.steps, "max_parallel": SLOTS}
-            full = run_sweep(client, db, "full random", sweep_document(**common, asha=False))
+            full = run_sweep(client, db, "full random", sweep_document(**common, pruner="none"))
             asha_doc = sweep_document(
-                **common, asha=True, min_steps=args.min_steps, reduction=args.reduction_factor
+                **common, pruner="asha", min_steps=args.min_steps, reduction=args.reduction_factor
             )
             asha = run_sweep(client, db, "ASHA", asha_doc)
-            scale = {"trials": args.scale_trials, "steps": args.scale_steps, "asha": False}
+            scale = {"trials": args.scale_trials, "steps": args.scale_steps, "pruner": "none"}
             pairs = [
                 (
                     run_sweep(

@@ -36,7 +36,7 @@ class SweepRun:
     best_trial: int | None
     best_value: float | None
     trials: list[Trial]
-    sweep_id: int = 0
+    sweep_id: int
 
     @property
     def wall(self) -> float:

@@ -58,13 +58,13 @@ class Outcome:
         return self.reached and self.steps_ratio <= TARGET
 
 
-def curves(db: Database, sweep: SweepRun, sweep_id: int) -> dict[int, list[tuple[int, float]]]:
+def curves(db: Database, sweep: SweepRun) -> dict[int, list[tuple[int, float]]]:
     """Each trial's test accuracy at each test pass: {trial number: [(step, accuracy)]}."""
     with db.session() as session:
         rows = session.execute(
             select(Job.trial_number, Metric.step, Metric.value)
             .join(Metric, Metric.job_id == Job.id)
-            .where(Job.sweep_id == sweep_id, Metric.name == "test/accuracy")
+            .where(Job.sweep_id == sweep.sweep_id, Metric.name == "test/accuracy")
             .order_by(Job.trial_number, Metric.step)
         ).all()
     found: dict[int, list[tuple[int, float]]] = {t.number: [] for t in sweep.trials}
@@ -138,17 +138,16 @@ def main() -> None:
     ):
         common = {"trials": args.trials, "steps": args.steps, "max_parallel": SLOTS}
         for seed in args.seeds:
-            full_doc = sweep_document(**common, asha=False, seed=seed)
+            full_doc = sweep_document(**common, pruner="none", seed=seed)
             full = run_sweep(client, db, f"seed {seed}, full random", full_doc)
-            recorded[seed] = curves(db, full, full.sweep_id)
+            recorded[seed] = curves(db, full)
             for pruner in args.pruners:
                 kind, *rungs = pruner.split(":")
                 rung = [int(part) for part in rungs] or [args.min_steps, args.reduction_factor]
                 doc = sweep_document(
                     **common,
-                    asha=True,
+                    pruner=kind,
                     seed=seed,
-                    pruner_type=kind,
                     min_steps=rung[0],
                     reduction=rung[1],
                 )

@@ -174,9 +174,13 @@ class RunningStack:
         """An environment whose Settings find this stack (and nothing of the caller's)."""
         return clean_env(TRAINYARD_DATA_DIR=str(self.data_dir))
 
-    def stop(self, timeout: float = 30.0) -> int:
+    def terminate(self) -> None:
+        """Ask it to stop (SIGTERM), without waiting."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        self.terminate()
         return self.process.wait(timeout=timeout)
 
     def output_text(self) -> str:
@@ -244,11 +248,10 @@ def stack_factory(
         return running
 
     yield make
-    alive = [running for running in started if running.process.poll() is None]
     # Signal every stack before waiting for any: each takes seconds to stop its children.
-    for running in alive:
-        running.process.send_signal(signal.SIGTERM)
-    for running in alive:
+    for running in started:
+        running.terminate()
+    for running in started:
         running.process.wait(timeout=30.0)
 
 
