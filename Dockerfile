@@ -12,7 +12,7 @@ ENV PYTHONUNBUFFERED=1 \
 WORKDIR /app
 # Dependencies first so code changes reuse the cached layer.
 COPY pyproject.toml constraints.txt README.md ./
-RUN mkdir contract dsl workers scheduler api sdk \
+RUN mkdir contract dsl workers scheduler api trainyard \
     && pip install --extra-index-url "${TORCH_INDEX_URL}" -c constraints.txt . \
     && pip uninstall -y trainyard
 COPY contract contract
@@ -20,7 +20,7 @@ COPY dsl dsl
 COPY workers workers
 COPY scheduler scheduler
 COPY api api
-COPY sdk sdk
+COPY trainyard trainyard
 COPY examples examples
 # Editable, so the Alembic migrations (plain files next to the code) are found at start.
 RUN pip install --no-deps -e . \

@@ -35,7 +35,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/submit_latency.py
 	$(BIN)/python bench/api_load.py
 
-# Regenerate the clients' types (sdk/models.py, web/src/types.gen.ts) from the API's schemas.
+# Regenerate the clients' types (trainyard/models.py, web/src/types.gen.ts) from the API's schemas.
 types: $(STAMP)
 	$(BIN)/python scripts/gen_types.py
 

@@ -37,7 +37,7 @@ from api.routes import (
 from api.stream import router as stream_router
 from contract.records import Keys
 from contract.settings import Settings
-from scheduler.db import Database
+from scheduler.store.database import Database
 
 API_PREFIX = "/api/v1"
 WEB_DIST = Path(__file__).resolve().parent.parent / "web" / "dist"

@@ -21,9 +21,11 @@ from sqlalchemy.orm import Session
 from contract.records import Keys
 from contract.settings import Settings
 from dsl.compiler import CompiledJob
-from scheduler import store
-from scheduler.db import Database
-from scheduler.models import Job, User, utcnow
+from scheduler.store import jobs as job_store
+from scheduler.store.database import Database
+from scheduler.store.errors import Expired
+from scheduler.store.models import Job, User, aware, utcnow
+from scheduler.store.users import find_token, hash_token
 
 # Ids and steps are 32-bit integer columns; larger numbers cannot name anything.
 MAX_INT = 2**31 - 1
@@ -77,7 +79,7 @@ class TokenCache:
     def put(self, token_hash: str, user: User, expires_at: datetime | None = None) -> None:
         until = time.monotonic() + self.seconds
         if expires_at is not None:  # never past the token's own expiry
-            left = (store.aware(expires_at) - utcnow()).total_seconds()
+            left = (aware(expires_at) - utcnow()).total_seconds()
             until = min(until, time.monotonic() + left)
         with self._lock:
             if len(self._items) >= self.size:
@@ -193,13 +195,13 @@ def authenticate(
             "missing API token: send the header 'Authorization: Bearer <token>'",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    token_hash = store.hash_token(credentials.credentials)
+    token_hash = hash_token(credentials.credentials)
     user = tokens.get(token_hash)
     if user is not None:
         return user
     try:
-        found = store.find_token(session, credentials.credentials)
-    except store.Expired as error:
+        found = find_token(session, credentials.credentials)
+    except Expired as error:
         raise HTTPException(
             401, str(error), headers={"WWW-Authenticate": 'Bearer error="invalid_token"'}
         ) from None
@@ -223,7 +225,7 @@ async def get_current_user(
     """A token seen in the last seconds is answered from the cache, here on the event loop;
     only a new one is looked up in SQL, in the thread pool."""
     if credentials is not None:
-        user = services.tokens.get(store.hash_token(credentials.credentials))
+        user = services.tokens.get(hash_token(credentials.credentials))
         if user is not None:
             return user
     return await run_in_threadpool(authenticate, session, credentials, services.tokens)
@@ -236,7 +238,7 @@ JobId = Annotated[int, Path(ge=1, le=MAX_INT, description="the job's id")]
 
 def get_job(job_id: JobId, session: SessionDep, user: CurrentUser) -> Job:
     """The job if the caller may see it (their own, or any for an admin); else 404."""
-    return store.get_job(session, user, job_id)
+    return job_store.get_job(session, user, job_id)
 
 
 VisibleJob = Annotated[Job, Depends(get_job)]

@@ -17,11 +17,11 @@ from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException
 
 from dsl.errors import JobSpecError
-from scheduler.datasets import TooLarge, UnsupportedKind
-from scheduler.lifecycle import IllegalTransition
-from scheduler.paths import UnsafePath
-from scheduler.quotas import QuotaExceeded
-from scheduler.store import Conflict, InvalidRequest, NotFound, StoreError
+from scheduler.admission.quotas import QuotaExceeded
+from scheduler.store.artifacts import UnsafePath
+from scheduler.store.datasets import TooLarge, UnsupportedKind
+from scheduler.store.errors import Conflict, InvalidRequest, NotFound, StoreError
+from scheduler.store.lifecycle import IllegalTransition
 
 log = logging.getLogger("trainyard.api")
 

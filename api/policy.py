@@ -1,5 +1,5 @@
 """What a user may submit: priority above the default (admins only), the per-user rate limit
-(429 with Retry-After) and the quotas checked at submission (scheduler/quotas.py).
+(429 with Retry-After) and the quotas checked at submission (scheduler/admission/quotas.py).
 
 Placement enforces the rest of the quotas (running jobs, slots and GPUs held): jobs past them
 wait in the queue.
@@ -20,10 +20,10 @@ from sqlalchemy.orm import Session
 from api.deps import CurrentUser, Services, ServicesDep, SessionDep
 from api.submit import Submission, read_submission
 from contract.records import Keys
-from scheduler.models import User
-from scheduler.placement import PlacementRequest
-from scheduler.quotas import Limits, check_new_job, limits_for
-from scheduler.submission import CheckedJob
+from scheduler.admission.checks import CheckedJob
+from scheduler.admission.quotas import Limits, check_new_job, limits_for
+from scheduler.placement.plan import PlacementRequest
+from scheduler.store.models import User
 
 DEFAULT_PRIORITY = 0
 RATE_WINDOW_SECONDS = 60.0

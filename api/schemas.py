@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from scheduler.models import AllocationState, JobOut, JobState, NodeState, SweepState
+from scheduler.store.models import AllocationState, JobOut, JobState, NodeState, SweepState
 
 PRIORITY_RANGE = 1_000_000
 

@@ -6,7 +6,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from scheduler.tokens import MAX_EXPIRY_DAYS
+from scheduler.store.users import MAX_EXPIRY_DAYS
 
 TOKEN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 _.@:-]{0,99}$"
 USER_NAME_PATTERN = r"^[^/]{1,100}$"

@@ -43,8 +43,8 @@ from contract.records import (
     TimelineRecord,
     decode_record,
 )
-from scheduler import store
-from scheduler.models import Job, JobState, User
+from scheduler.store.jobs import get_job
+from scheduler.store.models import Job, JobState, User
 
 router = APIRouter(tags=["jobs"])
 
@@ -113,7 +113,7 @@ def _authorise(services: Services, credentials: Any, job_id: int) -> Snapshot:
     # A short session of its own: a stream can stay open for hours.
     with services.db.sessions() as session:
         user = authenticate(session, credentials, services.tokens)
-        job = store.get_job(session, user, job_id)
+        job = get_job(session, user, job_id)
         return Snapshot(JobState(job.state), job.step, job.error)
 
 
@@ -147,7 +147,7 @@ def _redeem(services: Services, ticket: str, job_id: int) -> Snapshot:
         user = session.get(User, int(user_id))
         if user is None:  # deleted since
             raise refused
-        job = store.get_job(session, user, job_id)
+        job = get_job(session, user, job_id)
         return Snapshot(JobState(job.state), job.step, job.error)
 
 
@@ -295,5 +295,5 @@ async def stream_job(
 )
 def stream_ticket(job_id: JobId, user: CurrentUser, services: ServicesDep) -> StreamTicket:
     with services.db.sessions() as session:
-        store.get_job(session, user, job_id)  # 404 unless the caller may see it
+        get_job(session, user, job_id)  # 404 unless the caller may see it
     return issue_ticket(services, user, job_id)

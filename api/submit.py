@@ -17,15 +17,15 @@ from api.schemas import PRIORITY_RANGE, AssignmentOut, PlacementOut, SubmitReque
 from contract.settings import Settings
 from dsl.errors import JobSpecError, SpecIssue
 from dsl.topology import Topology
-from scheduler.cluster import node_capacities
-from scheduler.models import Job, JobState, User
-from scheduler.placement import (
+from scheduler.admission.checks import CheckedJob, CheckedSweep, check_job, check_sweep
+from scheduler.placement.cluster import node_capacities
+from scheduler.placement.plan import (
     PlacementRequest,
     fits_empty_cluster,
     plan_placement,
     unreachable_note,
 )
-from scheduler.submission import CheckedJob, CheckedSweep, check_job, check_sweep
+from scheduler.store.models import Job, JobState, User
 
 YAML_TYPES = frozenset(
     {"application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "text/plain"}

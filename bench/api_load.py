@@ -38,9 +38,9 @@ from typing import Any
 import httpx
 
 from api.schemas import JobPage
-from scheduler.db import migrate
-from scheduler.redis_server import RedisServer, free_port
-from scheduler.stack import HEALTH_PATH, ensure_admin_token
+from scheduler.cli.redis_server import RedisServer, free_port
+from scheduler.cli.stack import HEALTH_PATH, ensure_admin_token
+from scheduler.store.database import migrate
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB_TEXT = (ROOT / "examples" / "digits_mlp.yaml").read_text()

@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sqlalchemy import select
 
 from bench.service_cluster import Cluster, start_cluster, stop_cluster, stop_process
-from scheduler.models import JobState, Metric
-from scheduler.redis_server import RedisServer
+from scheduler.cli.redis_server import RedisServer
+from scheduler.store.models import JobState, Metric
 
 STEPS, EVERY = 2000, 50
 AGAIN = re.compile(r"\((\d+) steps to train again\)")

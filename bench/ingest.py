@@ -22,22 +22,23 @@ import redis
 from sqlalchemy import func, select
 
 from contract.records import Keys, MetricRecord, delete_matching, encode_record
-from scheduler import store
-from scheduler.db import Database, migrate
-from scheduler.ingest import GROUP, ingest_once
-from scheduler.models import Metric
-from scheduler.redis_server import RedisServer
+from scheduler.cli.redis_server import RedisServer
+from scheduler.ingest.ingester import GROUP, ingest_once
+from scheduler.store.database import Database, migrate
+from scheduler.store.jobs import NewJob, create_job
+from scheduler.store.models import Metric
+from scheduler.store.users import create_user
 
 NAMES = ("train/loss", "train/accuracy", "samples_per_sec", "lr", "test/loss", "test/accuracy")
 
 
 def make_job(db: Database) -> int:
     with db.session() as session:
-        owner = store.create_user(session, "bench")
-        job = store.create_job(
+        owner = create_user(session, "bench")
+        job = create_job(
             session,
             owner,
-            store.NewJob(
+            NewJob(
                 name="bench-ingest",
                 spec_yaml="name: bench-ingest",
                 overrides={},

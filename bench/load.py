@@ -42,10 +42,10 @@ import httpx
 from sqlalchemy import select
 
 from contract.settings import Settings
-from scheduler.db import Database
-from scheduler.models import Allocation, Job, JobEvent, JobState, Metric, User
-from scheduler.redis_server import free_port
-from scheduler.stack import read_stack_file
+from scheduler.cli.redis_server import free_port
+from scheduler.cli.stack import read_stack_file
+from scheduler.store.database import Database
+from scheduler.store.models import Allocation, Job, JobEvent, JobState, Metric, User
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB_TEXT = (ROOT / "examples" / "digits_mlp.yaml").read_text()

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a pack
 
 from local_cluster import launch_local
 
-from scheduler.redis_server import RedisServer
+from scheduler.cli.redis_server import RedisServer
 from workers.context import worker_dir
 from workers.metrics import read_metrics
 

@@ -41,7 +41,7 @@ from overhead import JOB
 
 from dsl.compiler import compile_job
 from dsl.topology import Topology
-from scheduler.redis_server import RedisServer
+from scheduler.cli.redis_server import RedisServer
 from workers.data import TrainingData
 from workers.distributed.ps.client import PSClient
 from workers.distributed.ps.plan import Connections, PSKeys, PSPlan, clear_ps_keys

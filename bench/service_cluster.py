@@ -1,8 +1,9 @@
 """A cluster of real service processes on this machine: node agents (`trainyard worker`) and
 the scheduler (`trainyard scheduler`) as subprocesses of their own, so that each can be killed
 and started again, over a redis-server and a SQLite file; helpers to submit jobs and wait on
-their states. The fault tests (tests/scheduler/test_faults.py, test_agent.py) and the fault
-campaign (bench/faults.py) use it; tests import it as `bench.service_cluster`."""
+their states. The fault tests (tests/scheduler/test_faults.py and
+tests/scheduler/agent/test_node_agent.py) and the fault campaign (bench/faults.py) use it;
+tests import it as `bench.service_cluster`."""
 
 from __future__ import annotations
 
@@ -24,10 +25,11 @@ from contract.settings import Settings
 from dsl.compiler import compile_job
 from dsl.layers.base import BuildContext
 from dsl.topology import resolve_topology
-from scheduler import store
-from scheduler.cluster import node_capacities
-from scheduler.db import Database, migrate
-from scheduler.models import Allocation, Job, JobEvent, JobState, Metric, Node
+from scheduler.placement.cluster import node_capacities
+from scheduler.store.database import Database, migrate
+from scheduler.store.jobs import NewJob, create_job, request_cancel
+from scheduler.store.models import Allocation, Job, JobEvent, JobState, Metric, Node
+from scheduler.store.users import create_user, get_user
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB_TEXT = (ROOT / "examples" / "digits_mlp.yaml").read_text()
@@ -93,11 +95,11 @@ class Cluster:
     def submit(self, **overrides: object) -> int:
         spec = compile_job(JOB_TEXT, DIGITS, overrides=overrides).spec
         with self.db.session() as session:
-            owner = store.get_user(session, "alice") or store.create_user(session, "alice")
-            job = store.create_job(
+            owner = get_user(session, "alice") or create_user(session, "alice")
+            job = create_job(
                 session,
                 owner,
-                store.NewJob(
+                NewJob(
                     name=spec.name,
                     spec_yaml=JOB_TEXT,
                     overrides=dict(overrides),
@@ -136,7 +138,7 @@ class Cluster:
         with self.db.session() as session:
             job = session.get(Job, job_id)
             assert job is not None
-            store.request_cancel(session, job, self.client, self.keys)
+            request_cancel(session, job, self.client, self.keys)
 
     def wait_for(self, what: str, check: Callable[[], bool], timeout: float = TIMEOUT) -> float:
         started = time.monotonic()

@@ -31,9 +31,9 @@ from pathlib import Path
 import redis
 
 from contract.records import Keys, decode
-from scheduler.redis_server import free_port
-from scheduler.stack import StackFile, read_stack_file
-from sdk.client import Client
+from scheduler.cli.redis_server import free_port
+from scheduler.cli.stack import StackFile, read_stack_file
+from trainyard import Client
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB = ROOT / "examples" / "digits_mlp.yaml"

@@ -1,6 +1,6 @@
 """Sweeps through the service (issue 13), four figures from one run on this machine.
 
-The service is a real stack (scheduler/stack.py, what `trainyard up` starts): an embedded
+The service is a real stack (scheduler/cli/stack.py, what `trainyard up` starts): an embedded
 Redis, the API, the scheduler and one node agent with 2 slots, each a process of its own over
 a SQLite file in a temporary directory. Sweeps are submitted with the SDK (POST /sweeps) and
 measured from the store afterwards. The trials train examples/mnist1d_cnn.yaml (1 torch
@@ -58,11 +58,11 @@ from sweep_ray import run_ray
 from sweep_report import SweepRun, Trial, figures, plot, show
 
 from contract.settings import Settings
-from scheduler.db import Database
-from scheduler.models import Job, JobState, Metric, Sweep
-from scheduler.stack import Stack
-from sdk.client import Client
-from sdk.sweeps import Sweep as SweepHandle
+from scheduler.cli.stack import Stack
+from scheduler.store.database import Database
+from scheduler.store.models import Job, JobState, Metric, Sweep
+from trainyard import Client
+from trainyard.sweeps import Sweep as SweepHandle
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "mnist1d_cnn.yaml"

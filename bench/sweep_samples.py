@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a pack
 from sweep import MIN_STEPS, REDUCTION, SLOTS, run_sweep, service, sweep_document
 from sweep_report import SweepRun
 
-from scheduler.db import Database
-from scheduler.models import Job, JobState, Metric
+from scheduler.store.database import Database
+from scheduler.store.models import Job, JobState, Metric
 
 TARGET = 1 / 3
 

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a pack
 from local_cluster import LaunchError, launch_local
 
 from dsl.compiler import compile_job
-from scheduler.redis_server import RedisServer
+from scheduler.cli.redis_server import RedisServer
 from workers.context import worker_dir
 from workers.data import TrainingData
 from workers.metrics import JsonlSink, read_metrics

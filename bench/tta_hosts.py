@@ -10,7 +10,7 @@ from pathlib import Path
 from time_to_accuracy import EXAMPLES, Case, Result, _curve, _time_to
 
 from scripts.testhosts import running_cluster
-from sdk.client import Client, Job
+from trainyard import Client, Job
 from workers.metrics import read_metrics
 
 NODES = 6  # the largest case (the hybrid: 2 groups x 2 workers + 2 shards) has six processes

@@ -106,7 +106,7 @@ class Keys:
         return f"{self.prefix}:tokens:revoked"
 
     @property
-    def announcements(self) -> str:  # pub/sub: `job <id>`, `sweep <id>` (scheduler.announce)
+    def announcements(self) -> str:  # pub/sub: `job <id>`, `sweep <id>` (contract/announcements.py)
         return f"{self.prefix}:announcements"
 
 

@@ -49,7 +49,7 @@ class Settings(BaseSettings):
     @field_validator("database_url")
     @classmethod
     def _supported_database(cls, url: str | None) -> str | None:
-        # The job list is SQL each backend spells its own way (scheduler/listing.py).
+        # The job list is SQL each backend spells its own way (scheduler/store/job_page.py).
         if url and not url.startswith(SQL_SCHEMES):
             scheme = url.split(":", 1)[0]
             raise ValueError(

@@ -1,5 +1,5 @@
 """`python -m scheduler ...` is the `trainyard` command (the stack starts its children so)."""
 
-from scheduler.cli import main
+from scheduler.cli.main import main
 
 main()

@@ -1,7 +1,7 @@
 """The Celery application: Redis as broker, one queue per node agent, thin tasks of IDs.
 
 The scheduler sends `trainyard.run_allocation(allocation_id)` by name to the queue of the node
-it placed the allocation on; only the node agents register the task (scheduler/agent.py).
+it placed the allocation on; only the node agents register the task (scheduler/agent/node_agent.py).
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with a password as `trainyard up` gives it: every client in the tests must use the URL."""
     import secrets
 
-    from scheduler.redis_server import RedisServer
+    from scheduler.cli.redis_server import RedisServer
 
     password = secrets.token_urlsafe(16)
     server = RedisServer(tmp_path_factory.mktemp("redis"), persist=False, password=password)
@@ -118,8 +118,8 @@ def sql_url(request: pytest.FixtureRequest, tmp_path: Path, postgres_url: str | 
 
 @pytest.fixture
 def db(sql_url: str) -> Iterator[Any]:
-    """A migrated database on each SQL backend (scheduler.db.Database), disposed after."""
-    from scheduler.db import Database, migrate
+    """A migrated database on each SQL backend (scheduler/store/database.py), disposed after."""
+    from scheduler.store.database import Database, migrate
 
     migrate(sql_url)
     database = Database(sql_url)
@@ -132,7 +132,7 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A SQLite store migrated once per session, for tests to copy instead of migrating."""
     import sqlite3
 
-    from scheduler.db import migrate
+    from scheduler.store.database import migrate
 
     path = tmp_path_factory.mktemp("sqlite-template") / "template.db"
     migrate(f"sqlite:///{path}")
@@ -147,7 +147,7 @@ def migrated_sql_url(sql_url: str, sqlite_template: Path) -> str:
     migrations, run once), PostgreSQL migrates its fresh schema."""
     import shutil
 
-    from scheduler.db import migrate
+    from scheduler.store.database import migrate
 
     if sql_url.startswith("sqlite"):
         shutil.copyfile(sqlite_template, sql_url.split("///", 1)[1])
@@ -203,8 +203,8 @@ def start_stack(
 ) -> RunningStack:
     """`trainyard up` on a free port; returns once the stack file says it is up. Without `env`
     it starts its own Redis and SQLite; `env` may point it at others (REDIS_URL, ...)."""
-    from scheduler.redis_server import free_port
-    from scheduler.stack import read_stack_file
+    from scheduler.cli.redis_server import free_port
+    from scheduler.cli.stack import read_stack_file
 
     data_dir.mkdir(parents=True, exist_ok=True)
     output = data_dir.parent / f"{data_dir.name}-up.out"

@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "architecture.md").read_text()
-PACKAGES = ("contract", "dsl", "workers", "scheduler", "api", "sdk")
+PACKAGES = ("contract", "dsl", "workers", "scheduler", "api", "trainyard")
 
 
 def _recipe_steps(tag: str) -> list[tuple[str, str, str]]:
@@ -125,29 +125,30 @@ def test_the_field_recipe_adds_a_field_everywhere(tmp_path: Path) -> None:
         f"""
         import json
         from api.routes.jobs import job_fields
-        from scheduler import store
-        from scheduler.db import Database, migrate
-        from sdk.models import JobOut
+        from scheduler.store.database import Database, migrate
+        from scheduler.store.jobs import NewJob, create_job, list_jobs
+        from scheduler.store.users import create_user
+        from trainyard.models import JobOut
         url = "sqlite:///{tmp_path / "jobs.db"}"
         migrate(url)
         db = Database(url)
         with db.session() as session:
-            owner = store.create_user(session, "ada")
-            new = store.NewJob("j", "", {{}}, {{}}, {{}}, "local", 10)
-            job = store.create_job(session, owner, new)
+            owner = create_user(session, "ada")
+            new = NewJob("j", "", {{}}, {{}}, {{}}, "local", 10)
+            job = create_job(session, owner, new)
             job.pinned = True
         with db.session() as session:
-            page, _ = store.list_jobs(session, owner)
+            page, _ = list_jobs(session, owner)
             job = session.get(type(job), job.id)
             detail = job_fields(job, "ada", None)
         print(json.dumps({{
             "listed": json.loads(page)[0]["pinned"],
             "detail": detail["pinned"],
-            "sdk": "pinned" in JobOut.model_fields,
+            "client": "pinned" in JobOut.model_fields,
         }}))
         """,
     )
-    assert json.loads(out) == {"listed": True, "detail": True, "sdk": True}
+    assert json.loads(out) == {"listed": True, "detail": True, "client": True}
     assert "pinned: boolean" in (tmp_path / "web/src/types.gen.ts").read_text()
 
 

@@ -11,8 +11,8 @@ import typer.main
 import yaml
 
 from contract.settings import Settings
-from scheduler.cli import app
-from scheduler.stack import HEALTH_PATH
+from scheduler.cli.main import app
+from scheduler.cli.stack import HEALTH_PATH
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICES = {"api", "scheduler", "worker", "redis", "redis-ps", "postgres"}
@@ -135,7 +135,7 @@ def test_dockerfile_copies_existing_paths() -> None:
         for line in re.findall(r"^COPY (.+)$", text, flags=re.MULTILINE)
         for part in line.split()[:-1]
     ]
-    assert "sdk" in sources and "scheduler" in sources
+    assert "trainyard" in sources and "scheduler" in sources
     for source in sources:
         assert (ROOT / source).exists(), f"Dockerfile copies missing {source}"
     ignored = (ROOT / ".dockerignore").read_text().split()

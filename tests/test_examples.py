@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from contract.records import MetricRecord
 from dsl.overrides import parse_overrides
-from scheduler.cli import app
+from scheduler.cli.main import app
 from tests.conftest import compile_with_data
 from workers.trainer import Summary, Trainer, TrainOptions
 

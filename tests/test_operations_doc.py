@@ -12,7 +12,7 @@ import typer.main
 from pydantic.fields import FieldInfo
 
 from contract.settings import Settings
-from scheduler.cli import app
+from scheduler.cli.main import app
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "operations.md"

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("contract", "dsl", "workers", "scheduler", "api", "sdk")
+PACKAGES = ("contract", "dsl", "workers", "scheduler", "api", "trainyard")
 # What each package may import of the others (any import, at module level or in a function).
 ALLOWED = {
     "contract": set(),
     "dsl": set(),
     "workers": {"contract", "dsl"},
-    "scheduler": {"contract", "dsl", "workers", "sdk"},
+    "scheduler": {"contract", "dsl", "workers", "trainyard"},
     "api": {"contract", "dsl", "workers", "scheduler"},
-    "sdk": {"contract", "dsl"},
+    "trainyard": {"contract", "dsl"},
 }
 MAX_LINES = 450
 

@@ -1,5 +1,6 @@
-"""The clients' types (sdk/models.py, web/src/types.gen.ts) are what scripts/gen_types.py makes
-of the API's current OpenAPI document: a change to api/schemas.py fails here until regenerated."""
+"""The clients' types (trainyard/models.py, web/src/types.gen.ts) are what scripts/gen_types.py
+makes of the API's current OpenAPI document: a change to api/schemas.py fails here until
+regenerated."""
 
 from __future__ import annotations
 

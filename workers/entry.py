@@ -1,8 +1,8 @@
 """The worker process: trains one allocation of a job (`python -m workers.entry`).
 
-The node agent starts it in its own process group and supervises it. With `--zygote FD` the
+The node agent starts it in its own process group and supervises it. With `--fork-server FD` the
 process imports torch and the trainer once and then forks a process per allocation the agent
-asks for over the socket FD (workers/zygote.py), so a job starts without paying for the
+asks for over the socket FD (workers/fork_server.py), so a job starts without paying for the
 imports (seconds on a small machine).
 
 Exit codes: 0 trained to the end, 1 failed, 2 the job cannot run here, 3 cancelled, 4 drained
@@ -27,8 +27,8 @@ import redis
 
 from contract.records import AllocationInfo, ExitCode, JobStream, Keys, decode, stop_requested
 from contract.settings import Settings
+from workers.fork_server import serve
 from workers.metrics import RedisSink
-from workers.zygote import serve
 
 if TYPE_CHECKING:
     from dsl.schema import JobSpec
@@ -216,7 +216,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--allocation", type=int, help="the allocation id to run")
     which.add_argument(
-        "--zygote",
+        "--fork-server",
         type=int,
         metavar="FD",
         help="import first, then fork a process per allocation asked for over the socket FD",
@@ -246,10 +246,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.zygote is None:
+    if args.fork_server is None:
         return run_allocation(args, args.allocation)
     warm_up()
-    with socket.socket(fileno=args.zygote) as channel:
+    with socket.socket(fileno=args.fork_server) as channel:
         serve(channel, lambda allocation_id: run_allocation(args, allocation_id))
     return ExitCode.OK
 

@@ -277,7 +277,7 @@ class Trainer:
 
     def save_restart_point(self) -> Path:
         """A restart point (the service's, apart from the user's checkpoints). Two are kept: the
-        service may need the older one (scheduler/recovery.py: resume_point)."""
+        service may need the older one (scheduler/recovery/actions.py: resume_point)."""
         path = self._write_checkpoint(self.options.run_dir / RESTART, keep=2)
         self.log(f"step {self.step}: restart point {path.name}")
         return path

@@ -14,10 +14,17 @@ from api.schemas import (
     RunningJob,
     errors,
 )
-from scheduler.cluster import LIVE_JOBS, PLACEMENT_COLUMNS, node_capacities, queue_view
-from scheduler.models import Allocation, AllocationState, Job, JobState, Node, NodeState
-from scheduler.quotas import Limits
-from scheduler.store import aware
+from scheduler.admission.quotas import Limits
+from scheduler.placement.cluster import LIVE_JOBS, PLACEMENT_COLUMNS, node_capacities, queue_view
+from scheduler.store.models import (
+    Allocation,
+    AllocationState,
+    Job,
+    JobState,
+    Node,
+    NodeState,
+    aware,
+)
 
 router = APIRouter(tags=["cluster"])
 

@@ -9,9 +9,9 @@ from fastapi import APIRouter, File, Form, UploadFile
 from api.deps import CurrentUser, ServicesDep, SessionDep
 from api.schemas import DatasetOut, errors
 from dsl.data_config import DATASET_NAME_PATTERN
-from scheduler.datasets import list_datasets, save_dataset
-from scheduler.quotas import check_dataset_storage, limits_for
-from scheduler.store import aware
+from scheduler.admission.quotas import check_dataset_storage, limits_for
+from scheduler.store.datasets import list_datasets, save_dataset
+from scheduler.store.models import aware
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
 

@@ -47,21 +47,14 @@ from api.submit import (
     read_submission,
     refuse_sweep,
 )
+from contract.announcements import JOB, announce
 from dsl.compiler import CompiledJob
 from dsl.graph import SourceRef
 from dsl.schema import JobSpec
-from scheduler import store
-from scheduler.announce import JOB, announce
-from scheduler.models import (
-    JOB_FIELD_KINDS,
-    FieldKind,
-    Job,
-    JobState,
-    User,
-    utcnow,
-)
-from scheduler.store import aware
-from scheduler.submission import check_job
+from scheduler.admission.checks import check_job
+from scheduler.store import jobs as job_store
+from scheduler.store import reports as report_store
+from scheduler.store.models import JOB_FIELD_KINDS, FieldKind, Job, JobState, User, aware, utcnow
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -70,7 +63,7 @@ SubmissionDep = Annotated[Submission, Depends(read_submission)]
 
 def job_fields(job: Job, owner: str, position: int | None) -> dict[str, Any]:
     """The JobOut fields of a job (the spec_yaml of the detail view aside); a listed page has
-    the same fields, computed by the database (scheduler/listing.py)."""
+    the same fields, computed by the database (scheduler/store/job_page.py)."""
     started = aware(job.started_at) if job.started_at else None
     ended = aware(job.ended_at) if job.ended_at else None
     computed = {
@@ -97,8 +90,10 @@ def _as_field(kind: FieldKind, value: Any) -> Any:
 
 
 def detail_of(session: Session, job: Job) -> JobDetail:
-    owner = store.owner_names(session, {job.owner_id})[job.owner_id]
-    position = store.queue_positions(session).get(job.id) if job.state == JobState.QUEUED else None
+    owner = job_store.owner_names(session, {job.owner_id})[job.owner_id]
+    position = (
+        job_store.queue_positions(session).get(job.id) if job.state == JobState.QUEUED else None
+    )
     return JobDetail(**job_fields(job, owner, position), spec_yaml=job.spec_yaml)
 
 
@@ -141,7 +136,7 @@ def submit_job(
     checked = check_submission(session, user, submission, services.settings)
     refuse_sweep(checked)
     check_job_quotas(session, user, limits, checked)
-    job = store.create_job(
+    job = job_store.create_job(
         session,
         user,
         checked.to_new_job(
@@ -208,7 +203,7 @@ def list_jobs(
         str | None, Query(max_length=200, description="next_cursor of the previous page")
     ] = None,
 ) -> Response:
-    items, next_cursor = store.list_jobs(
+    items, next_cursor = job_store.list_jobs(
         session, user, states=state, name=name, limit=limit, cursor=cursor
     )
     # The database wrote the items (JobOut objects; tests hold them to the model and to the
@@ -242,8 +237,8 @@ def cancel_job(
     user: CurrentUser,
     services: ServicesDep,
 ) -> JobDetail:
-    job = store.get_job(session, user, job_id, for_update=True)
-    store.request_cancel(session, job, services.redis, services.keys)
+    job = job_store.get_job(session, user, job_id, for_update=True)
+    job_store.request_cancel(session, job, services.redis, services.keys)
     session.commit()
     return detail_of(session, job)
 
@@ -258,7 +253,7 @@ def cancel_job(
     responses=errors(401, 403, 404, 409, 422),
 )
 def delete_job(job: VisibleJob, session: SessionDep, services: ServicesDep) -> Response:
-    store.delete_job(
+    job_store.delete_job(
         session,
         job,
         artifacts=services.settings.artifacts(),
@@ -289,7 +284,7 @@ def job_metrics(
     group: Annotated[int | None, Query(ge=0, le=MAX_INT, description="worker group")] = None,
     max_points: Annotated[int, Query(ge=1, le=100_000, description="per series")] = 1000,
 ) -> MetricsOut:
-    series = store.metric_series(
+    series = report_store.metric_series(
         session,
         job.id,
         names=name,
@@ -313,7 +308,7 @@ def job_metrics(
     responses=errors(401, 404, 422),
 )
 def job_metric_names(job: VisibleJob, session: SessionDep) -> MetricNames:
-    return MetricNames(names=store.metric_names(session, job.id))
+    return MetricNames(names=report_store.metric_names(session, job.id))
 
 
 @router.get(
@@ -329,7 +324,7 @@ def job_logs(
     after: Annotated[int, Query(ge=0, le=2**63 - 1, description="a line id")] = 0,
     limit: Annotated[int, Query(ge=1, le=5000)] = 500,
 ) -> LogsOut:
-    lines, next_id = store.log_lines(session, job.id, after=after, limit=limit)
+    lines, next_id = report_store.log_lines(session, job.id, after=after, limit=limit)
     return LogsOut(
         lines=[
             LogLineOut(id=ln.id, at=ln.at, group=ln.group, rank=ln.rank, line=ln.line)
@@ -348,7 +343,7 @@ def job_logs(
 def job_events(job: VisibleJob, session: SessionDep) -> list[EventOut]:
     return [
         EventOut(at=aware(event.at), state=JobState(event.state), reason=event.reason)
-        for event in store.job_events(session, job.id)
+        for event in job_store.job_events(session, job.id)
     ]
 
 
@@ -395,7 +390,7 @@ def job_checkpoints(
 ) -> list[CheckpointOut]:
     return [
         CheckpointOut(step=c.step, size=c.size, created_at=aware(c.created_at))
-        for c in store.checkpoints(session, job.id, artifacts=services.settings.artifacts())
+        for c in report_store.checkpoints(session, job.id, artifacts=services.settings.artifacts())
     ]
 
 
@@ -416,7 +411,7 @@ def download_checkpoint(
     step: Annotated[int, Path(ge=0, le=MAX_INT, description="the checkpoint's training step")],
 ) -> FileResponse:
     artifacts = services.settings.artifacts()
-    _, path = store.checkpoint_file(session, job.id, step, artifacts=artifacts)
+    _, path = report_store.checkpoint_file(session, job.id, step, artifacts=artifacts)
     return FileResponse(
         path,
         media_type="application/octet-stream",

@@ -9,8 +9,9 @@ from api.deps import SessionDep, VisibleJob
 from api.schemas import PipelineOut, StageTimelineOut, errors
 from dsl.schema import PipelineConfig
 from dsl.topology import Topology
-from scheduler import store
-from scheduler.models import Job, PipelineTimeline
+from scheduler.store import errors as store_errors
+from scheduler.store.models import Job, PipelineTimeline
+from scheduler.store.reports import pipeline_timelines
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -19,7 +20,7 @@ def pipeline_config(job: Job) -> PipelineConfig:
     """The job's pipeline section; NotFound (404) for a job without one."""
     section = job.spec.get("pipeline")
     if section is None:
-        raise store.NotFound(f"job {job.id} has no pipeline")
+        raise store_errors.NotFound(f"job {job.id} has no pipeline")
     return PipelineConfig.model_validate(section)
 
 
@@ -27,7 +28,7 @@ def stage_lists(job: Job, config: PipelineConfig) -> list[list[str]]:
     """The layers of each stage, as the service stored them: check_job writes a planned count
     out as lists, so every stage's worker runs the same cut and nothing is compiled here."""
     if isinstance(config.stages, int):
-        raise store.NotFound(f"job {job.id} was stored without its planned stages")
+        raise store_errors.NotFound(f"job {job.id} was stored without its planned stages")
     return config.stages
 
 
@@ -56,4 +57,4 @@ def pipeline_view(
 def job_pipeline(job: VisibleJob, session: SessionDep) -> PipelineOut:
     config = pipeline_config(job)
     stages = stage_lists(job, config)
-    return pipeline_view(job, config, stages, store.pipeline_timelines(session, job.id))
+    return pipeline_view(job, config, stages, pipeline_timelines(session, job.id))

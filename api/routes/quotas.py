@@ -13,9 +13,10 @@ from api.policy import admins_only
 from api.schemas import errors
 from api.schemas_access import USER_NAME_PATTERN, QuotaLimits, QuotaOut, QuotaUpdate, QuotaUsage
 from contract.settings import Settings
-from scheduler.models import QUOTA_NAMES, User
-from scheduler.quotas import Limits, overrides, set_quotas, usage_of
-from scheduler.store import NotFound, get_user
+from scheduler.admission.quotas import Limits, overrides, set_quotas, usage_of
+from scheduler.store.errors import NotFound
+from scheduler.store.models import QUOTA_NAMES, User
+from scheduler.store.users import get_user
 
 router = APIRouter(tags=["quotas"])
 

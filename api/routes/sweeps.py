@@ -28,13 +28,11 @@ from api.submit import (
     read_submission,
     submission_base_dir,
 )
+from contract.announcements import SWEEP, announce
 from dsl.search import Objective
-from scheduler import store
-from scheduler.announce import SWEEP, announce
-from scheduler.importance import Evaluator, sweep_importance
-from scheduler.models import Job, JobState, Sweep, SweepState
-from scheduler.store import aware
-from scheduler.sweeps import (
+from scheduler.store.jobs import owner_names
+from scheduler.store.models import Job, JobState, Sweep, SweepState, aware
+from scheduler.store.sweeps import (
     create_sweep,
     get_sweep,
     list_sweeps,
@@ -44,6 +42,7 @@ from scheduler.sweeps import (
     trial_values,
     trials,
 )
+from scheduler.sweeps.importance import Evaluator, sweep_importance
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"])
 
@@ -92,7 +91,7 @@ def trial_of(job: Job, objectives: list[Objective]) -> TrialOut:
 
 
 def detail_of(session: Session, sweep: Sweep) -> SweepDetail:
-    owner = store.owner_names(session, {sweep.owner_id})[sweep.owner_id]
+    owner = owner_names(session, {sweep.owner_id})[sweep.owner_id]
     jobs = trials(session, sweep.id)
     objectives = search_of(sweep).objective_list()
     by_number = {job.trial_number: job for job in jobs}
@@ -163,7 +162,7 @@ def list_all(
 ) -> SweepPage:
     sweeps = list_sweeps(session, user, limit=limit + 1, before_id=before)
     page = sweeps[:limit]
-    owners = store.owner_names(session, {sweep.owner_id for sweep in page})
+    owners = owner_names(session, {sweep.owner_id for sweep in page})
     counts = trial_counts(session, [sweep.id for sweep in page])
     items = [sweep_out(sweep, owners[sweep.owner_id], *counts[sweep.id]) for sweep in page]
     return SweepPage(items=items, next_before=page[-1].id if len(sweeps) > limit else None)

@@ -14,9 +14,9 @@ from sqlalchemy import func, select, text
 from api.deps import CurrentUser, Services, ServicesDep, SessionDep
 from api.schemas import Health, LoopHealth, errors
 from contract.records import decode
-from scheduler.cluster import node_capacities
-from scheduler.models import Job, JobState, NodeState
-from scheduler.store import job_counts
+from scheduler.placement.cluster import node_capacities
+from scheduler.store.jobs import job_counts
+from scheduler.store.models import Job, JobState, NodeState
 
 router = APIRouter(tags=["system"])
 LOOPS = ("schedule", "ingest")
@@ -57,7 +57,7 @@ def healthz(services: ServicesDep, response: Response) -> Health:
 
 
 def loop_health(services: Services) -> dict[str, LoopHealth]:
-    """When the scheduler's loops last completed a pass (scheduler/lease.py records it)."""
+    """When the scheduler's loops last completed a pass (scheduler/daemon/lease.py records it)."""
     raw = decode(services.redis.hgetall(services.keys.liveness))
     limit = services.settings.liveness_timeout_seconds
     out = {}

@@ -11,9 +11,9 @@ from api.deps import MAX_INT, CurrentUser, ServicesDep, SessionDep, announce_rev
 from api.policy import admins_only
 from api.schemas import errors
 from api.schemas_access import TokenCreate, TokenCreated, TokenOut
-from scheduler.models import ApiToken, User
-from scheduler.store import NotFound, aware, get_user
-from scheduler.tokens import find_token_by_id, issue_token, list_tokens, revoke_token
+from scheduler.store.errors import NotFound
+from scheduler.store.models import ApiToken, User, aware
+from scheduler.store.users import find_token_by_id, get_user, issue_token, list_tokens, revoke_token
 
 router = APIRouter(prefix="/tokens", tags=["tokens"])
 

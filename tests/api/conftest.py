@@ -23,10 +23,10 @@ from fastapi import FastAPI
 from api.app import create_app
 from contract.records import Keys
 from contract.settings import Settings
-from scheduler import store
-from scheduler.db import Database
-from scheduler.models import Job
-from scheduler.redis_server import free_port
+from scheduler.cli.redis_server import free_port
+from scheduler.store.database import Database
+from scheduler.store.models import Job
+from scheduler.store.users import create_token, create_user
 
 warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
 
@@ -75,7 +75,7 @@ class Api:
         """Rows that a rejected request must leave alone: jobs, events, datasets."""
         from sqlalchemy import func, select
 
-        from scheduler.models import DatasetRecord, JobEvent
+        from scheduler.store.models import DatasetRecord, JobEvent
 
         with self.db.session() as session:
             return (
@@ -90,8 +90,8 @@ def start_api(settings: Settings) -> tuple[Database, dict[str, str], dict[str, i
     tokens, ids = {}, {}
     with db.session() as session:
         for name, admin in (("admin", True), ("alice", False), ("bob", False)):
-            user = store.create_user(session, name, admin)
-            tokens[name] = store.create_token(session, user, "tests")
+            user = create_user(session, name, admin)
+            tokens[name] = create_token(session, user, "tests")
             ids[name] = user.id
     return db, tokens, ids
 

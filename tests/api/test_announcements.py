@@ -1,4 +1,4 @@
-"""The API announces new jobs and sweeps on Redis (scheduler/announce.py); the scheduler's relay
+"""The API announces new jobs and sweeps on Redis (contract/announcements.py); the scheduler's relay
 wakes the loop that acts on each. A real Redis, a real subscriber thread, real routes."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.announce import JOB, SWEEP, relay
+from contract.announcements import JOB, SWEEP, relay
 from tests.api.conftest import example
 from tests.api.test_sweeps import SWEEP as SWEEP_DOCUMENT
 

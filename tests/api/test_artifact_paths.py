@@ -12,9 +12,9 @@ from sqlalchemy import select
 
 from contract.records import CheckpointRecord as CheckpointPublished
 from contract.records import JobStream
-from scheduler.ingest import Ingester
-from scheduler.models import CheckpointRecord, Job
-from scheduler.store import job_run_dir
+from scheduler.ingest.ingester import Ingester
+from scheduler.store.jobs import job_run_dir
+from scheduler.store.models import CheckpointRecord, Job
 from tests.api.conftest import example
 
 

@@ -136,7 +136,7 @@ def test_datasets_are_private_to_their_owner(api: Any) -> None:
 def test_token_last_use_is_recorded(api: Any) -> None:
     from sqlalchemy import select
 
-    from scheduler.models import ApiToken, User
+    from scheduler.store.models import ApiToken, User
 
     api.client.get("/api/v1/jobs", headers=api.auth("bob"))
     with api.db.session() as session:

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from scheduler.db import pool_limits
+from scheduler.store.database import pool_limits
 
 DIGITS_MLP = Path(__file__).resolve().parents[2] / "examples" / "digits_mlp.yaml"
 

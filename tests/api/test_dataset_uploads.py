@@ -16,9 +16,10 @@ import pytest
 from sqlalchemy import select
 
 from contract.settings import Settings
-from scheduler import store
-from scheduler.datasets import TooLarge, check_npz_sizes, save_dataset
-from scheduler.models import DatasetRecord
+from scheduler.store import errors as store_errors
+from scheduler.store.datasets import TooLarge, check_npz_sizes, save_dataset
+from scheduler.store.models import DatasetRecord
+from scheduler.store.users import get_user
 from tests.api.conftest import make_settings
 
 GB = 1 << 30
@@ -171,8 +172,8 @@ def test_the_unique_index_decides_when_the_first_check_passes(api: Any) -> None:
     before the first committed gets a Conflict at its insert and leaves the file alone."""
     artifacts = api.settings.artifacts()
     with api.db.session() as first, api.db.session() as second:
-        alice = store.get_user(first, "alice")
-        again = store.get_user(second, "alice")
+        alice = get_user(first, "alice")
+        again = get_user(second, "alice")
         assert alice is not None and again is not None
         save_dataset(
             first,
@@ -185,7 +186,7 @@ def test_the_unique_index_decides_when_the_first_check_passes(api: Any) -> None:
         )
         first.commit()
         second.connection()  # its own transaction, as a request that began at the same time
-        with pytest.raises(store.Conflict, match="already have a dataset named 'twice'"):
+        with pytest.raises(store_errors.Conflict, match="already have a dataset named 'twice'"):
             save_dataset(
                 second,
                 again,

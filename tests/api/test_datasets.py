@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select
 
 from dsl.schema import JobSpec
-from scheduler.models import DatasetRecord, Job
+from scheduler.store.models import DatasetRecord, Job
 from workers.data import load_dataset
 
 ROOT = Path(__file__).resolve().parents[2]

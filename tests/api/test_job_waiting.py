@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from scheduler.models import Node, NodeState
+from scheduler.store.models import Node, NodeState
 from tests.api.conftest import example
 
 MLP = example("digits_mlp.yaml")

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from scheduler.lifecycle import transition
-from scheduler.models import (
+from scheduler.store.lifecycle import transition
+from scheduler.store.models import (
     Allocation,
     AllocationState,
     CheckpointRecord,
@@ -164,7 +164,7 @@ def test_list_filters_pages_and_hides_other_users_jobs(api: Any) -> None:
 
 
 def test_listed_jobs_are_their_detail_views(api: Any) -> None:
-    """The database writes the list's items (scheduler/listing.py) and Python the detail view
+    """The database writes the list's items (scheduler/store/job_page.py) and Python the detail view
     (job_fields): on both backends they agree field by field, for jobs in every kind of state."""
     from datetime import UTC, datetime
 

@@ -10,7 +10,7 @@ import yaml
 
 from contract.records import JobStream, TimelineRecord
 from dsl.planner import plan_pipeline
-from scheduler.ingest import ingest_once
+from scheduler.ingest.ingester import ingest_once
 from tests.conftest import compile_with_data
 
 ROOT = Path(__file__).resolve().parents[2]

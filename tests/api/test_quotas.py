@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import func, select
 
 from contract.settings import Settings
-from scheduler.models import CheckpointRecord, UserQuota
+from scheduler.store.models import CheckpointRecord, UserQuota
 
 ROOT = Path(__file__).resolve().parents[2]
 MLP = (ROOT / "examples" / "digits_mlp.yaml").read_text()  # train_steps: 2000, 1 slot

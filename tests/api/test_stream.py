@@ -22,8 +22,9 @@ from contract.records import (
     StateRecord,
     TimelineRecord,
 )
-from scheduler.lifecycle import transition
-from scheduler.models import Job, JobState
+from scheduler.store.lifecycle import transition
+from scheduler.store.models import Job, JobState
+from scheduler.store.users import create_token, create_user
 
 ROOT = Path(__file__).resolve().parents[2]
 MLP = (ROOT / "examples" / "digits_mlp.yaml").read_text()
@@ -182,8 +183,7 @@ def test_stream_against_the_machines_redis(
 
     from api.app import create_app
     from contract.settings import Settings
-    from scheduler import store
-    from scheduler.db import Database, migrate
+    from scheduler.store.database import Database, migrate
 
     prefix = f"trainyard-test-{uuid.uuid4().hex}"
     settings = Settings(
@@ -192,8 +192,8 @@ def test_stream_against_the_machines_redis(
     migrate(sql_url)
     db = Database(sql_url)
     with db.session() as session:
-        user = store.create_user(session, "carol")
-        token = store.create_token(session, user)
+        user = create_user(session, "carol")
+        token = create_token(session, user)
     client = redis.Redis.from_url(machine_redis)
     try:
         with TestClient(create_app(settings, web_dist=None)) as api_client:

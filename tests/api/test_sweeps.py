@@ -8,10 +8,10 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from scheduler.lifecycle import transition
-from scheduler.models import Job, JobState, Sweep
-from scheduler.study import close_storages
-from scheduler.sweep_runner import SweepRunner
+from scheduler.store.lifecycle import transition
+from scheduler.store.models import Job, JobState, Sweep
+from scheduler.sweeps.runner import SweepRunner
+from scheduler.sweeps.study import close_storages
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = (ROOT / "examples" / "digits_mlp.yaml").read_text()

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from api.app import create_app
-from scheduler.models import ApiToken, utcnow
+from scheduler.store.models import ApiToken, utcnow
 
 
 def token_count(api: Any) -> int:
@@ -137,7 +137,7 @@ def test_an_expired_token_gets_401_saying_so(api: Any) -> None:
 
 def test_the_cache_never_outlives_a_token(api: Any) -> None:
     from api.deps import TokenCache
-    from scheduler.models import User
+    from scheduler.store.models import User
 
     cache = TokenCache(seconds=60)
     user = User(id=1, name="x", is_admin=False)

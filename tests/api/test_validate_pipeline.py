@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from scheduler.models import Job
-from sdk.models import ValidationOut as SdkValidation
+from scheduler.store.models import Job
+from trainyard.models import ValidationOut as SdkValidation
 
 ROOT = Path(__file__).resolve().parents[2]
 MLP = (ROOT / "examples" / "digits_mlp.yaml").read_text()

@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.routes.examples import leading_comment
-from scheduler.lifecycle import transition
-from scheduler.models import Job, JobState
+from scheduler.store.lifecycle import transition
+from scheduler.store.models import Job, JobState
 
 ROOT = Path(__file__).resolve().parents[2]
 MLP = (ROOT / "examples" / "digits_mlp.yaml").read_text()

@@ -27,7 +27,7 @@ from contract.records import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCE_PACKAGES = ("api", "bench", "dsl", "scheduler", "scripts", "sdk", "workers")
+SOURCE_PACKAGES = ("api", "bench", "dsl", "scheduler", "scripts", "trainyard", "workers")
 
 ints = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 times = st.floats(allow_nan=False, allow_infinity=False)

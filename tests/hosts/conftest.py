@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from scripts.testhosts import Cluster, running_cluster, unavailable
-from sdk.client import Client, Job
+from trainyard import Client, Job
 
 NODES = ("node-1", "node-2", "node-3")
 

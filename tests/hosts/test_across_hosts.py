@@ -18,9 +18,9 @@ import torch
 
 from bench.local_cluster import launch_local
 from scripts.testhosts import REDIS_PORT, TIMINGS, Cluster
-from sdk.client import Client, Job
 from tests.conftest import compile_with_data
 from tests.hosts.conftest import NODES, alive_nodes, placed_on, run_dir
+from trainyard import Client, Job
 from workers.checkpoint import load_checkpoint, resolve_checkpoint
 from workers.trainer import Trainer, TrainOptions
 

@@ -21,8 +21,8 @@ import pytest
 from sqlalchemy import func, select
 
 from bench.service_cluster import Cluster, start_cluster, stop_cluster, stop_process
-from scheduler.models import AllocationState, JobState, Metric
-from scheduler.redis_server import RedisServer
+from scheduler.cli.redis_server import RedisServer
+from scheduler.store.models import AllocationState, JobState, Metric
 
 pytestmark = pytest.mark.slow
 

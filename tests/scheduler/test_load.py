@@ -5,9 +5,9 @@ Training all 200 would take minutes on 2 cores, so each user then cancels their 
 but their first, as users do: about 10 jobs train to the end (each costs about 4 CPU-seconds).
 bench/load.py runs all 200.
 
-The users are created as `trainyard admin create-user` creates them (store.create_user and
-store.create_token), at once from a thread each, in this process: ten CLI processes would cost
-ten Python start-ups. tests/sdk/test_cli_client.py runs the command itself against a stack.
+The users are created as `trainyard admin create-user` creates them (create_user and
+create_token), at once from a thread each, in this process: ten CLI processes would cost
+ten Python start-ups. tests/trainyard/test_cli_client.py runs the command itself against a stack.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from bench.load import (
     store_of,
     submit_all,
 )
-from scheduler import store
-from scheduler.models import Allocation, AllocationState, JobState
+from scheduler.store.models import Allocation, AllocationState, JobState
+from scheduler.store.users import create_token, create_user
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -51,8 +51,8 @@ def create_users(url: str, data_dir: Path, count: int) -> list[LoadUser]:
 
     def create(name: str) -> LoadUser:
         with db.session() as session:
-            user = store.create_user(session, name)
-            return LoadUser(name, store.create_token(session, user, "created by the test"), url)
+            user = create_user(session, name)
+            return LoadUser(name, create_token(session, user, "created by the test"), url)
 
     try:
         with ThreadPoolExecutor(count) as pool:

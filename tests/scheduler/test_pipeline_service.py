@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 import pytest
 import torch
 
-from sdk.client import Client
 from tests.conftest import compile_with_data
-from tests.sdk.test_cli_client import run, submitted_id
+from tests.trainyard.test_cli_client import run, submitted_id
+from trainyard import Client
 from workers.trainer import Trainer, TrainOptions
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ import redis
 import torch
 
 from dsl.topology import Topology
-from scheduler.redis_server import RedisServer
+from scheduler.cli.redis_server import RedisServer
 from tests.conftest import compile_with_data
 from workers.distributed.ps.client import PSClient
 from workers.distributed.ps.journal import SNAPSHOT_EVERY

@@ -1,0 +1,301 @@
+"""Checking a submitted job: the whole compile pipeline up to built modules, without its data.
+
+`check_job` validates the document with `dsl.compiler.compile_job`, adding the service's rules
+(who may read server files, the step limit), resolves a named dataset to its stored file,
+describes the data and compiles the net from that description on torch's meta device (shapes
+and parameter counts, no weights). Its `execution_spec` is what workers run: the validated job
+with every file given by an absolute path and a pipeline's stages as the planner cut them.
+Every failure is a located `JobSpecError`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from sqlalchemy.orm import Session
+
+from dsl.compiler import CompiledJob, compile_job
+from dsl.data_config import CsvData, DatasetData, DataSourceConfig, NpzData, TextData
+from dsl.errors import DataSourceError, JobSpecError, SpecIssue
+from dsl.layers.base import BuildContext
+from dsl.planner import PipelinePlan, plan_pipeline
+from dsl.schema import JobSpec
+from dsl.search import SearchConfig, base_document
+from dsl.search_checks import space_issues
+from dsl.source import SourceMap
+from dsl.topology import Topology, resolve_topology
+from scheduler.store.datasets import dataset_names, get_dataset
+from scheduler.store.jobs import NewJob
+from scheduler.store.models import User
+from scheduler.store.sweeps import NewSweep
+from scheduler.sweeps.warm_start import warm_start_issues
+from workers.data import DataInfo, describe
+from workers.data.uploaded import as_file_source
+
+# Steps are stored in 32-bit columns.
+MAX_STEPS = 2**31 - 1
+UPLOAD_HINT = (
+    "only admins may read files on the server; upload the data (POST /api/v1/datasets) and "
+    "write data: {source: dataset, name: <its name>}"
+)
+
+
+@dataclass(frozen=True)
+class CheckedJob:
+    compiled: CompiledJob
+    topology: Topology
+    execution_spec: dict[str, Any]
+    plan: PipelinePlan | None  # the stages of a job with a pipeline section
+
+    @property
+    def spec(self) -> JobSpec:
+        return self.compiled.spec
+
+    def to_new_job(
+        self, *, spec_yaml: str, overrides: Mapping[str, Any], priority: int = 0
+    ) -> NewJob:
+        return NewJob(
+            name=self.spec.name,
+            spec_yaml=spec_yaml,
+            overrides=dict(overrides),
+            spec=self.execution_spec,
+            topology=self.topology.to_dict(),
+            framework=self.spec.cluster.framework,
+            train_steps=self.spec.train_steps,
+            priority=priority,
+        )
+
+
+def check_job(
+    job: str | Mapping[str, Any] | JobSpec,
+    *,
+    session: Session,
+    owner: User,
+    cache_dir: Path,
+    base_dir: Path,
+    overrides: Mapping[str, Any] | None = None,
+) -> CheckedJob:
+    """Validate and compile `job` as `owner` would run it: the service's one way in.
+
+    A document (text or mapping) gets the service's rules; a `JobSpec` is a stored execution
+    spec, checked when it was submitted, and is compiled as it is (its files are absolute).
+    Relative file paths (admins only) resolve against `base_dir`.
+    """
+    resolved: list[DataSourceConfig] = []
+
+    def describe_data(spec: JobSpec) -> BuildContext:
+        stored = isinstance(job, JobSpec)
+        try:
+            data = spec.data if stored else _data_to_run(session, owner, spec, base_dir)
+            resolved.append(data)
+            return _describe(data, spec.seed, cache_dir).build_context()
+        except DataSourceError as exc:
+            if isinstance(spec.data, DatasetData):
+                raise _as_dataset_error(exc) from None
+            raise
+
+    # Shapes and parameter counts without memory: on torch's meta device a net of a billion
+    # parameters compiles in a millisecond and allocates nothing, so no document can exhaust
+    # the API. (The mode is thread-local; concurrent requests do not see it.)
+    with torch.device("meta"):
+        compiled = compile_job(
+            job,
+            describe_data,
+            overrides=overrides,
+            rules=functools.partial(_service_rules, owner),
+        )
+    spec = compiled.spec
+    plan = plan_pipeline(compiled) if spec.pipeline is not None else None
+    return CheckedJob(
+        compiled,
+        resolve_topology(spec.cluster, spec.pipeline),
+        _execution_spec(spec, resolved[0], base_dir, plan),
+        plan,
+    )
+
+
+@dataclass(frozen=True)
+class CheckedSweep:
+    """A sweep document checked: its base job compiled, every value of its space too."""
+
+    checked: CheckedJob  # the whole document: the base job's net, the search validated
+    search: SearchConfig
+    base_job: dict[str, Any]  # the document without `search`, the overrides applied
+
+    def to_new_sweep(
+        self,
+        *,
+        spec_yaml: str,
+        overrides: Mapping[str, Any],
+        base_dir: Path,
+        priority: int = 0,
+    ) -> NewSweep:
+        return NewSweep(
+            name=self.checked.spec.name,
+            spec_yaml=spec_yaml,
+            overrides=dict(overrides),
+            base_job=self.base_job,
+            search=self.search.model_dump(mode="json", exclude_unset=True),
+            base_dir=str(base_dir),
+            priority=priority,
+        )
+
+
+def check_sweep(
+    document: str | Mapping[str, Any],
+    *,
+    session: Session,
+    owner: User,
+    cache_dir: Path,
+    base_dir: Path,
+    overrides: Mapping[str, Any] | None = None,
+) -> CheckedSweep:
+    """`check_job` for a document with a `search:` section, then the base job compiled with the
+    values each space entry can produce (dsl.search_checks.space_issues): a value that gives
+    an invalid job is a located error at its entry. A document without one is refused."""
+    checked = check_job(
+        document,
+        session=session,
+        owner=owner,
+        cache_dir=cache_dir,
+        base_dir=base_dir,
+        overrides=overrides,
+    )
+    search = checked.spec.search
+    if search is None:
+        raise JobSpecError(
+            checked.compiled.source.issue(
+                (),
+                "the document has no search section, so it is a job, not a sweep",
+                "submit it as a job (POST /jobs), or add search: to sweep it",
+            )
+        )
+    base = base_document(document, overrides)
+
+    def compile_trial(values: Mapping[str, Any]) -> object:
+        return check_job(
+            base,
+            session=session,
+            owner=owner,
+            cache_dir=cache_dir,
+            base_dir=base_dir,
+            overrides=values,
+        )
+
+    issues = space_issues(search, checked.compiled.source, compile_trial)
+    issues += warm_start_issues(session, owner, search, checked.compiled.source)
+    if issues:
+        raise JobSpecError(issues)
+    return CheckedSweep(checked, search, base)
+
+
+def _service_rules(owner: User, spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
+    issues = [] if owner.is_admin else _server_file_issues(spec, source)
+    if spec.train_steps > MAX_STEPS:
+        issues.append(
+            source.issue(
+                ("train_steps",),
+                f"train_steps {spec.train_steps} is more than the service's limit of {MAX_STEPS}",
+            )
+        )
+    return issues
+
+
+def _server_file_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
+    issues = []
+    data = spec.data
+    if isinstance(data, NpzData | CsvData) or (isinstance(data, TextData) and data.path):
+        issues.append(
+            source.issue(
+                ("data", "path"), f"data source '{data.source}' reads a server file", UPLOAD_HINT
+            )
+        )
+    if spec.checkpoint.init_from is not None:
+        issues.append(
+            source.issue(
+                ("checkpoint", "init_from"),
+                "init_from reads a file on the server, which only admins may do",
+                "start from scratch, or ask an admin to submit the job",
+            )
+        )
+    return issues
+
+
+def _data_to_run(session: Session, owner: User, spec: JobSpec, base_dir: Path) -> DataSourceConfig:
+    """The data config workers get: a named dataset becomes its stored file, and relative
+    paths become absolute (workers run elsewhere)."""
+    data = spec.data
+    if isinstance(data, DatasetData):
+        record = get_dataset(session, owner.id, data.name)
+        if record is None:
+            yours = dataset_names(session, owner.id)
+            raise DataSourceError(
+                f"you have no dataset named '{data.name}'",
+                f"your datasets: {', '.join(yours)}"
+                if yours
+                else "upload it first: POST /api/v1/datasets",
+                field="name",
+            )
+        return as_file_source(data, "npz" if record.kind == "npz" else "csv", Path(record.path))
+    if isinstance(data, NpzData | CsvData | TextData) and data.path:
+        absolute = str((base_dir / data.path).expanduser().resolve())
+        return data.model_copy(update={"path": absolute})
+    return data
+
+
+def _as_dataset_error(exc: DataSourceError) -> DataSourceError:
+    """The stored file's own keys (its path) are not the user's to fix: point at the name."""
+    field = exc.field or "source"
+    if field not in DatasetData.model_fields:
+        field = "name"
+    return DataSourceError(exc.message, exc.hint, field=field)
+
+
+def _execution_spec(
+    spec: JobSpec, data: DataSourceConfig, base_dir: Path, plan: PipelinePlan | None
+) -> dict[str, Any]:
+    # exclude_unset: validators that look at which keys were written (synthetic's task keys,
+    # npz's optional test keys) must see the same document when a worker loads it again.
+    out = spec.model_dump(mode="json", exclude_unset=True)
+    out["data"] = data.model_dump(mode="json", exclude_unset=True)
+    init_from = spec.checkpoint.init_from
+    if init_from is not None:
+        out["checkpoint"]["init_from"] = str((base_dir / init_from).expanduser().resolve())
+    if plan is not None:
+        # The planned cut, written out: every stage's worker runs the same one, whatever the
+        # costs it would estimate or measure where it runs.
+        out["pipeline"]["stages"] = plan.layer_lists()
+    return out
+
+
+def _describe(data: DataSourceConfig, seed: int, cache_dir: Path) -> DataInfo:
+    path = getattr(data, "path", None)
+    stamp = None
+    if path:
+        try:
+            stat = Path(path).stat()
+            stamp = (stat.st_mtime_ns, stat.st_size)
+        except OSError:
+            stamp = None  # describe reports the missing file
+    return _describe_cached(
+        data.model_dump_json(exclude_unset=True), type(data), seed, str(cache_dir), stamp
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _describe_cached(
+    config_json: str,
+    config_type: type[DataSourceConfig],
+    seed: int,
+    cache_dir: str,
+    stamp: tuple[int, int] | None,
+) -> DataInfo:
+    """Describing the built-in text corpus or a file reads it; a warm API answers from memory.
+    The file's mtime and size are in the key, so a changed file is read again."""
+    config = config_type.model_validate_json(config_json)
+    return describe(config, seed=seed, cache_dir=Path(cache_dir), base_dir=Path(cache_dir))

@@ -1,0 +1,380 @@
+"""The node agent (`trainyard worker`): a Celery worker on its node's own queue, plus heartbeats.
+
+It needs only Redis and the shared artifact directory. It registers the node in Redis
+(Keys.node(name): slots, GPUs, queue, heartbeat, the parameter-server Redis servers it cannot
+reach) and refreshes that every heartbeat_seconds; the scheduler turns it into a SQL Node row
+and marks it lost when the heartbeats stop.
+
+The task `trainyard.run_allocation(allocation_id)` is thin and idempotent: it claims the
+allocation once, reports RUNNING, hands the allocation to a worker process, supervises it
+(cancel -> kill its process group) and reports how it ended, all on the job's stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+from celery import Celery
+from celery.signals import worker_shutting_down
+
+from contract.records import (
+    CLAIMED,
+    DRAINING,
+    FINISHED,
+    FINISHED_TTL_SECONDS,
+    SEEN,
+    AllocationInfo,
+    ExitCode,
+    JobStream,
+    Keys,
+    StateRecord,
+    decode,
+    stop_requested,
+)
+from contract.settings import Settings
+from scheduler.agent.processes import ForkServer, FreshProcesses, Launcher, WorkerProcess
+from scheduler.agent.ps_reach import PS_CHECK_SECONDS, PS_UNREACHABLE, encode, unreachable_ps
+from scheduler.celery_app import RUN_ALLOCATION, create_celery, node_queue
+from scheduler.store.models import AllocationState
+
+log = logging.getLogger("trainyard.agent")
+
+SUPERVISE_SECONDS = 0.25
+# A stopped job's worker process sees the stop itself (workers.entry.StopPoll, every 0.1 s)
+# and exits, freeing its slot at once; its group is killed if it has not within this time.
+STOP_GRACE_SECONDS = 1.0
+# How long a draining worker may take to save its restart point and exit (within the
+# 10 seconds `docker compose stop` waits before it kills).
+DRAIN_SECONDS = 8.0
+
+
+def exit_cause(code: int) -> str:
+    """Why a process exited with `code`, in words (a negative code is the signal)."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name}" + (", perhaps out of memory" if -code == 9 else "")
+    if code == ExitCode.DIVERGED:
+        return "the loss diverged; not restarted, as it would diverge again"
+    return "failed" if code == ExitCode.FAILED else f"exit code {code}"
+
+
+def stop_orphan(pid: int) -> bool:
+    """SIGKILL the process group of `pid` if it is a worker process; whether one was."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    if b"workers.entry" not in cmdline:
+        return False  # the pid was reused by another program
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    return True
+
+
+def detect_gpus(settings: Settings) -> int:
+    if settings.node_gpus is not None:
+        return settings.node_gpus
+    import torch  # only when the operator did not say; importing it takes seconds
+
+    return int(torch.cuda.device_count())
+
+
+def entry_command(settings: Settings) -> list[str]:
+    """The worker's command line. The Redis URLs (with their passwords) reach it in the
+    environment it inherits (REDIS_URL, REDIS_PS_URLS), never here: any local user can read
+    a process's command line."""
+    assert settings.redis_url is not None
+    return [
+        sys.executable,
+        "-m",
+        "workers.entry",
+        "--prefix",
+        settings.redis_prefix,
+        "--cache-dir",
+        str(settings.cache_dir()),
+    ]
+
+
+def create_launcher(settings: Settings) -> Launcher:
+    if settings.fork_workers:
+        return ForkServer(entry_command(settings))
+    return FreshProcesses(entry_command(settings))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    state: AllocationState
+    reason: str
+    exit_code: int | None
+
+
+@dataclass
+class Agent:
+    settings: Settings
+    client: redis.Redis
+    gpus: int
+    launcher: Launcher
+    shutdown: threading.Event = field(default_factory=threading.Event)
+    # The parameter-server Redis servers the last check could not reach, "host:port: error".
+    ps_unreachable: list[str] = field(default_factory=list)
+
+    @property
+    def keys(self) -> Keys:
+        return Keys(self.settings.redis_prefix)
+
+    @property
+    def name(self) -> str:
+        return self.settings.node_name
+
+    @property
+    def queue(self) -> str:
+        return node_queue(self.settings, self.name)
+
+    # -- registration ---------------------------------------------------------------------------
+    def heartbeat(self) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hset(
+            self.keys.node(self.name),
+            mapping={
+                "slots": str(self.settings.node_slots),
+                "gpus": str(self.gpus),
+                "queue": self.queue,
+                "heartbeat": repr(time.time()),
+                "host": socket.gethostname(),
+                "pid": str(os.getpid()),
+                PS_UNREACHABLE: encode(self.ps_unreachable),
+            },
+        )
+        # A node that dies unannounced drops out of Redis too, so a scheduler started later
+        # does not take it for alive.
+        pipe.expire(self.keys.node(self.name), self.registration_ttl)
+        pipe.sadd(self.keys.nodes, self.name)
+        pipe.execute()
+
+    @property
+    def registration_ttl(self) -> int:
+        s = self.settings
+        return math.ceil(2 * max(s.node_timeout_seconds, 3 * s.heartbeat_seconds))
+
+    def heartbeat_loop(self, stop: threading.Event) -> None:
+        while not stop.wait(self.settings.heartbeat_seconds):
+            try:
+                self.heartbeat()
+            except redis.RedisError as exc:  # keep trying: Redis may come back
+                log.warning("heartbeat failed: %s", exc)
+
+    def check_ps(self) -> list[str]:
+        """PING every parameter-server Redis this node's processes would use (REDIS_PS_URLS);
+        the next heartbeat tells the scheduler which did not answer."""
+        found = unreachable_ps(self.settings.ps_urls())
+        if found and found != self.ps_unreachable:
+            log.warning("cannot reach parameter-server Redis %s", "; ".join(found))
+        elif self.ps_unreachable and not found:
+            log.info("every parameter-server Redis answers again")
+        self.ps_unreachable = found
+        return found
+
+    def ps_check_loop(self, stop: threading.Event) -> None:
+        # Apart from the heartbeats: a server that does not answer takes the check seconds.
+        while not stop.wait(PS_CHECK_SECONDS):
+            self.check_ps()
+
+    def deregister(self) -> None:
+        """A clean exit: the scheduler sees the node gone at its next sync."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.delete(self.keys.node(self.name))
+        pipe.srem(self.keys.nodes, self.name)
+        pipe.execute()
+
+    # -- the task -------------------------------------------------------------------------------
+    def run_allocation(self, allocation_id: int) -> str:
+        key = self.keys.allocation(allocation_id)
+        fields = decode(self.client.hgetall(key))
+        if not fields:
+            log.warning("allocation %s is not in Redis; ignored", allocation_id)
+            return "missing"
+        if not self.client.hsetnx(key, CLAIMED, f"{self.name} {time.time():.3f}"):
+            return "already claimed"
+        # Remembered until its end is reported: an agent that starts again reconciles these.
+        self.client.sadd(self.keys.node_claims(self.name), str(allocation_id))
+        info = AllocationInfo.from_hash(allocation_id, fields)
+        stream = JobStream(self.client, self.keys, info.job_id, info.attempt)
+        if stop_requested(self.client, self.keys, info.job_id, allocation_id):
+            outcome = Outcome(AllocationState.CANCELLED, self._stop_reason(info), None)
+        else:
+            stream.publish(
+                StateRecord(allocation_id, AllocationState.RUNNING, reason=f"on {self.name}")
+            )
+            outcome = self._run(info)
+        self._report(info, outcome)
+        return str(outcome.state)
+
+    def _report(self, info: AllocationInfo, outcome: Outcome) -> None:
+        key = self.keys.allocation(info.allocation_id)
+        stream = JobStream(self.client, self.keys, info.job_id, info.attempt)
+        stream.publish(
+            StateRecord(info.allocation_id, outcome.state, outcome.reason, outcome.exit_code)
+        )
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hset(key, FINISHED, outcome.state)
+        pipe.expire(key, FINISHED_TTL_SECONDS)
+        pipe.srem(self.keys.node_claims(self.name), str(info.allocation_id))
+        pipe.execute()
+
+    def reconcile(self) -> list[int]:
+        """At start: the allocations an earlier run of this agent claimed and never reported
+        ended (it was killed, or its machine restarted). A process of theirs still running
+        is an orphan nobody supervises: it is stopped. Each is reported failed, so its job
+        restarts from its restart point instead of holding its slots forever."""
+        claims_key = self.keys.node_claims(self.name)
+        members: set[bytes] = self.client.smembers(claims_key)  # type: ignore[assignment]
+        reported = []
+        for raw in sorted(members, key=int):
+            allocation_id = int(raw)
+            fields = decode(self.client.hgetall(self.keys.allocation(allocation_id)))
+            if not fields or FINISHED in fields:
+                self.client.srem(claims_key, raw)
+                continue
+            info = AllocationInfo.from_hash(allocation_id, fields)
+            pid = int(fields.get("pid", "0") or 0)
+            stopped = pid > 0 and stop_orphan(pid)
+            what = f"its process {pid} was stopped" if stopped else "its process was gone"
+            reason = f"the node agent on {self.name} restarted; {what}"
+            self._report(info, Outcome(AllocationState.FAILED, reason, None))
+            log.warning("allocation %s (job %s): %s", allocation_id, info.job_id, reason)
+            reported.append(allocation_id)
+        return reported
+
+    def _run(self, info: AllocationInfo) -> Outcome:
+        try:
+            process = self.launcher.run(info.allocation_id)
+        except OSError as exc:
+            return Outcome(AllocationState.FAILED, f"the worker process did not start: {exc}", None)
+        self.client.hset(self.keys.allocation(info.allocation_id), "pid", str(process.pid))
+        try:
+            return self._supervise(info, process)
+        finally:
+            if process.alive():
+                process.kill_group()
+
+    def _supervise(self, info: AllocationInfo, process: WorkerProcess) -> Outcome:
+        seen = -float("inf")
+        while True:
+            code = process.wait(SUPERVISE_SECONDS)
+            if code is not None:
+                return self._outcome(info, process, code)
+            process.sample_memory()
+            now = time.monotonic()
+            if now - seen >= self.settings.heartbeat_seconds:
+                # The scheduler writes off a process whose agent stops saying it supervises
+                # it (a stuck agent, or Redis restarted empty and the records with it).
+                self.client.hset(self.keys.allocation(info.allocation_id), SEEN, repr(time.time()))
+                seen = now
+            if self.shutdown.is_set():
+                # A drain: the worker saves a restart point on SIGTERM and the job is placed
+                # again (here later, or on another node), not failed.
+                code = process.drain(DRAIN_SECONDS)
+                return Outcome(
+                    AllocationState.DRAINED, f"the node agent on {self.name} stopped", code
+                )
+            if stop_requested(self.client, self.keys, info.job_id, info.allocation_id):
+                code = process.wait(STOP_GRACE_SECONDS)
+                if code is None:
+                    code = process.kill_group()
+                return Outcome(AllocationState.CANCELLED, self._stop_reason(info), code)
+
+    def _outcome(self, info: AllocationInfo, process: WorkerProcess, code: int) -> Outcome:
+        if code == ExitCode.OK:
+            return Outcome(AllocationState.DONE, "finished", code)
+        if code == ExitCode.CANCELLED:
+            return Outcome(AllocationState.CANCELLED, self._stop_reason(info), code)
+        output = process.output_tail()
+        how = f"exited {code} ({exit_cause(code)}; peak memory {process.peak_memory()})"
+        return Outcome(AllocationState.FAILED, f"{how}\n{output}" if output else how, code)
+
+    def _stop_reason(self, info: AllocationInfo) -> str:
+        if self.client.exists(self.keys.cancel(info.job_id)):
+            return "cancelled"
+        return "stopped by the scheduler"
+
+
+def register_tasks(app: Celery, agent: Agent) -> None:
+    @app.task(name=RUN_ALLOCATION, acks_late=True, ignore_result=True)
+    def run_allocation(allocation_id: int) -> str:
+        return agent.run_allocation(int(allocation_id))
+
+
+def create_agent(settings: Settings) -> Agent:
+    if not settings.redis_url:
+        raise RuntimeError(
+            "a node agent needs the stack's Redis: set REDIS_URL (or TRAINYARD_REDIS_URL)"
+        )
+    return Agent(
+        settings=settings,
+        client=redis.Redis.from_url(settings.redis_url),
+        gpus=detect_gpus(settings),
+        launcher=create_launcher(settings),
+    )
+
+
+def run_agent(settings: Settings) -> None:
+    """Run a node agent in the foreground until SIGTERM/SIGINT."""
+    agent = create_agent(settings)
+    app = create_celery(settings)
+    register_tasks(app, agent)
+
+    def on_shutdown(**_: object) -> None:
+        # Celery's warm shutdown waits for running tasks; make them drain their processes,
+        # and tell the scheduler to place nothing new here meanwhile.
+        agent.shutdown.set()
+        with contextlib.suppress(redis.RedisError):
+            agent.client.hset(agent.keys.node(agent.name), DRAINING, "1")
+
+    worker_shutting_down.connect(on_shutdown, weak=False)
+    settings.cache_dir().mkdir(parents=True, exist_ok=True)
+    agent.launcher.start()
+    agent.reconcile()
+    agent.check_ps()
+    agent.heartbeat()
+    stop = threading.Event()
+    for loop in (agent.heartbeat_loop, agent.ps_check_loop):
+        threading.Thread(target=loop, args=(stop,), daemon=True).start()
+    log.info(
+        "node %s: %d slot(s), %d GPU(s), queue %s",
+        agent.name,
+        settings.node_slots,
+        agent.gpus,
+        agent.queue,
+    )
+    try:
+        app.worker_main(
+            [
+                "worker",
+                "--pool=threads",
+                f"--concurrency={settings.node_slots}",
+                f"--queues={agent.queue}",
+                f"--hostname={agent.name}@trainyard",
+                "--loglevel=INFO",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ]
+        )
+    finally:
+        stop.set()
+        agent.launcher.close()
+        agent.deregister()

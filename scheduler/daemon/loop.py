@@ -1,0 +1,443 @@
+"""The scheduler process: node sync, gang placement and dispatch, and the ingester.
+
+Every pass: sync the nodes the agents registered in Redis into SQL (marking the silent ones
+lost, their jobs placed again once), then place queued jobs whole in (-priority, id) order,
+write each allocation's record to Redis and send its Celery task to the node's queue. The
+ingester (job streams into SQL rows and job states) and the sweeps (trials asked of each
+sweep's study, results told) run beside it in threads of their own. A sweep's next trial does
+not wait for their periods: the ingester wakes the sweep thread when a trial ends, and the
+sweep thread wakes placement when it has created trials.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import redis
+from celery import Celery
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from contract import records
+from contract.announcements import JOB, SWEEP, relay
+from contract.records import AllocationInfo, Keys, decode, delete_matching
+from contract.settings import Settings
+from scheduler.admission.quotas import Limits, owner_shares
+from scheduler.celery_app import RUN_ALLOCATION, create_celery
+from scheduler.daemon.lease import SchedulerLease, record_pass
+from scheduler.daemon.nodes import (
+    NodeTracker,
+    read_nodes,
+    silent_allocations,
+    sync_nodes,
+    write_off_silent,
+)
+from scheduler.ingest.ingester import Ingester
+from scheduler.placement.cluster import (
+    ACTIVE_ALLOCATIONS,
+    LIVE_JOBS,
+    job_topology,
+    node_capacities,
+    placement_request,
+    queued_jobs,
+)
+from scheduler.placement.plan import plan_queue
+from scheduler.recovery.actions import ASYNCHRONOUS, prune_restart_points, worker_step
+from scheduler.store.database import Database
+from scheduler.store.jobs import job_run_dir
+from scheduler.store.lifecycle import transition
+from scheduler.store.models import (
+    Allocation,
+    AllocationState,
+    Job,
+    JobState,
+    Node,
+    NodeState,
+    utcnow,
+)
+from scheduler.sweeps.runner import TrialPruning, run_sweeps
+
+log = logging.getLogger("trainyard.scheduler")
+
+# Ended jobs' parameter-server keys are deleted by the scheduler that saw them end; one started
+# later also sweeps the jobs that ended in this window before it.
+KEY_SWEEP_WINDOW = timedelta(hours=24)
+KEY_SWEEP_SECONDS = 5.0
+
+
+# -- placement and dispatch ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Dispatch:
+    allocation_id: int
+    queue: str
+    info: AllocationInfo
+
+
+def allocation_info(
+    settings: Settings, job: Job, alloc: Allocation, node: Node, *, start_step: int = 0
+) -> AllocationInfo:
+    topology = job_topology(job)
+    return AllocationInfo(
+        allocation_id=alloc.id,
+        job_id=job.id,
+        role=alloc.role,
+        group=alloc.group,
+        rank=alloc.rank,
+        world=int(topology.get("nworkers_per_group", 1)),
+        slots=alloc.slots,
+        gpus=alloc.gpus,
+        node=node.name,
+        framework=job.framework,
+        topology=topology,
+        spec=job.spec,  # the execution spec: files absolute, datasets resolved at submission
+        run_dir=job_run_dir(settings.artifacts(), job.id),
+        attempt=job.attempt,
+        resume_from=job.restart_from or "",
+        restart_seconds=settings.restart_point_seconds,
+        start_step=start_step,
+    )
+
+
+def schedule_once(session: Session, settings: Settings) -> list[Dispatch]:
+    """One placement pass; returns what to dispatch once the session is committed."""
+    jobs = {}
+    for job in queued_jobs(session, for_update=True):
+        if job.cancel_requested:
+            transition(session, job, JobState.CANCELLED, "cancelled by the user before it ran")
+        else:
+            jobs[job.id] = job
+    if not jobs:
+        return []
+    shares = owner_shares(
+        session, Limits.defaults(settings), {job.owner_id for job in jobs.values()}
+    )
+    decision = plan_queue(
+        [placement_request(job) for job in jobs.values()], node_capacities(session), shares
+    )
+    for job_id, reason in decision.waiting.items():
+        if jobs[job_id].pending_reason != reason:  # written when it changes, not every pass
+            jobs[job_id].pending_reason = reason
+    nodes = {
+        node.name: node
+        for node in session.scalars(select(Node).where(Node.state == NodeState.ALIVE))
+    }
+    dispatches: list[Dispatch] = []
+    for request, plan in decision.placed:
+        job = jobs[request.job_id]
+        allocs = [
+            Allocation(
+                job_id=job.id,
+                node_id=nodes[a.node].id,
+                role=a.role,
+                group=a.group,
+                rank=a.rank,
+                slots=a.slots,
+                gpus=a.gpus,
+                state=AllocationState.PENDING,
+            )
+            for a in plan.assignments
+        ]
+        session.add_all(allocs)
+        session.flush()
+        job.pending_reason = None
+        transition(session, job, JobState.SCHEDULED, f"placed on {plan.describe()}")
+        for alloc, a in zip(allocs, plan.assignments, strict=True):
+            info = allocation_info(settings, job, alloc, nodes[a.node])
+            dispatches.append(Dispatch(alloc.id, nodes[a.node].queue, info))
+    return dispatches
+
+
+def replace_processes(session: Session, settings: Settings) -> list[Dispatch]:
+    """Processes of live jobs whose newest process failed and that the ingester let run on are
+    placed again: server shards (see stream_rows.MAX_SHARD_REPLACEMENTS), whose new process
+    reads the shard's parameters, version and updater state from Redis, and the workers of
+    asynchronous jobs (recovery.restart_alone), whose new process goes on from the worker's last
+    reported step with the shards' parameters. Each goes on its node when it is alive and has
+    room, else on the alive node with the most free slots, or waits for the next pass. Every
+    one of them uses the parameter-server Redis: nodes that cannot reach it take none."""
+    newest: dict[tuple[int, str, int, int], Allocation] = {}
+    for alloc in session.scalars(
+        select(Allocation)
+        .join(Job, Job.id == Allocation.job_id)
+        .where(
+            Job.state.in_(LIVE_JOBS),
+            Job.cancel_requested.is_(False),
+            (Allocation.role == "server")
+            | ((Allocation.role == "worker") & Job.framework.in_(ASYNCHRONOUS)),
+        )
+        .order_by(Allocation.id)
+    ):
+        newest[(alloc.job_id, alloc.role, alloc.group, alloc.rank)] = alloc
+    dead = [alloc for alloc in newest.values() if alloc.state == AllocationState.FAILED]
+    if not dead:
+        return []
+    free = {
+        node.name: [node.slots - node.slots_used, node.gpus - node.gpus_used]
+        for node in node_capacities(session)
+        if node.alive and not node.ps_unreachable
+    }
+    alive = {
+        node.id: node
+        for node in session.scalars(select(Node).where(Node.state == NodeState.ALIVE))
+        if node.name in free
+    }
+    dispatches: list[Dispatch] = []
+    for old in dead:
+
+        def fits(node: Node, old: Allocation = old) -> bool:
+            room = free.get(node.name, [0, 0])
+            return room[0] >= old.slots and room[1] >= old.gpus
+
+        same = alive.get(old.node_id)
+        others = sorted(alive.values(), key=lambda node: (-free.get(node.name, [0])[0], node.name))
+        node = same if same is not None and fits(same) else next(filter(fits, others), None)
+        if node is None:
+            continue
+        job = session.get(Job, old.job_id)
+        assert job is not None  # the join above found it
+        alloc = Allocation(
+            job_id=old.job_id,
+            node_id=node.id,
+            role=old.role,
+            group=old.group,
+            rank=old.rank,
+            slots=old.slots,
+            gpus=old.gpus,
+            state=AllocationState.PENDING,
+        )
+        session.add(alloc)
+        session.flush()
+        free[node.name][0] -= old.slots
+        free[node.name][1] -= old.gpus
+        start = worker_step(session, job.id, old.group, old.rank) if old.role == "worker" else 0
+        info = allocation_info(settings, job, alloc, node, start_step=start)
+        dispatches.append(Dispatch(alloc.id, node.queue, info))
+    return dispatches
+
+
+@dataclass
+class KeySweeper:
+    """Deletes the parameter-server keys of ended jobs whose processes have all stopped, from
+    the main Redis and every REDIS_PS_URLS server, and their restart points, once per job (per
+    scheduler process)."""
+
+    clients: list[redis.Redis]
+    keys: Keys
+    artifacts: Path | None = None  # ended jobs' restart points are deleted there
+    swept: set[int] = field(default_factory=set)
+    last: float = 0.0
+
+    def due(self, now: float) -> bool:
+        return now - self.last >= KEY_SWEEP_SECONDS
+
+    def ended_jobs(self, session: Session) -> list[int]:
+        still_running = select(Allocation.job_id).where(Allocation.state.in_(ACTIVE_ALLOCATIONS))
+        ended = session.scalars(
+            select(Job.id).where(
+                Job.state.in_([state for state in JobState if state.terminal]),
+                Job.ended_at >= utcnow() - KEY_SWEEP_WINDOW,
+                Job.id.not_in(still_running),
+            )
+        ).all()
+        self.swept &= set(ended)  # jobs that left the window are not asked about again
+        return [job_id for job_id in ended if job_id not in self.swept]
+
+    def sweep(self, job_ids: list[int]) -> int:
+        removed = 0
+        for job_id in job_ids:
+            for client in self.clients:
+                removed += delete_matching(client, self.keys.ps_pattern(job_id))
+            if self.artifacts is not None:
+                prune_restart_points(self.artifacts, job_id)
+            self.swept.add(job_id)
+        return removed
+
+
+def dispatch(celery: Celery, client: redis.Redis, keys: Keys, items: list[Dispatch]) -> None:
+    """Write each allocation's record, then send its task (IDs only) to its node's queue."""
+    for item in items:
+        key = keys.allocation(item.allocation_id)
+        pipe = client.pipeline(transaction=True)
+        pipe.delete(key)  # an id reused after a deleted job must not look claimed
+        fields: dict[Any, Any] = item.info.to_hash()
+        pipe.hset(key, mapping=fields)
+        pipe.execute()
+        celery.send_task(RUN_ALLOCATION, args=[item.allocation_id], queue=item.queue)
+        client.hset(key, records.DISPATCHED, repr(time.time()))
+
+
+def undispatched(
+    session: Session, settings: Settings, client: redis.Redis, now: float | None = None
+) -> list[Dispatch]:
+    """Pending allocations whose task may not have been sent (the scheduler stopped between
+    its commit and the dispatch), or was sent and not claimed within the node timeout (the
+    message was lost with Redis, or with an agent that died holding it): sent again; the
+    agent's claim makes that safe."""
+    keys = Keys(settings.redis_prefix)
+    now = time.time() if now is None else now
+    items = []
+    pending = session.scalars(
+        select(Allocation).where(Allocation.state == AllocationState.PENDING)
+    ).all()
+    for alloc in pending:
+        fields = decode(client.hgetall(keys.allocation(alloc.id)))
+        same_job = fields.get("job_id") == str(alloc.job_id)
+        if same_job and records.CLAIMED in fields:
+            continue
+        sent = fields.get(records.DISPATCHED, "")
+        waited = now - float(sent) if sent.replace(".", "", 1).isdigit() else 0.0
+        if same_job and sent and waited <= settings.node_timeout_seconds:
+            continue
+        job, node = session.get(Job, alloc.job_id), session.get(Node, alloc.node_id)
+        if job is None or node is None or JobState(job.state).terminal:
+            continue
+        items.append(Dispatch(alloc.id, node.queue, allocation_info(settings, job, alloc, node)))
+    return items
+
+
+def stop_allocations(client: redis.Redis, keys: Keys, allocation_ids: list[int]) -> None:
+    if not allocation_ids:
+        return
+    pipe = client.pipeline(transaction=False)
+    for alloc_id in allocation_ids:
+        pipe.hset(keys.allocation(alloc_id), records.STOP, "1")
+    pipe.execute()
+
+
+# -- the process -----------------------------------------------------------------------------
+def run_scheduler(settings: Settings, stop: threading.Event) -> None:
+    """Place jobs, track nodes and ingest job streams until `stop` is set, while this
+    scheduler holds the lease (scheduler/daemon/lease.py); a second one waits for it.
+
+    The database must be migrated already (`trainyard scheduler` and `trainyard up` do it).
+    """
+    if not settings.redis_url:
+        raise RuntimeError("the scheduler needs Redis: set REDIS_URL (or TRAINYARD_REDIS_URL)")
+    # RESP2: redis-py parses its replies about twice as fast as RESP3's (ingest throughput).
+    client = redis.Redis.from_url(settings.redis_url, protocol=2)
+    keys = Keys(settings.redis_prefix)
+    lease = SchedulerLease(client, keys, settings.scheduler_lease_seconds)
+    try:
+        while lease.wait(stop):
+            act(settings, client, keys, lease, stop)
+    finally:
+        lease.release()
+        client.close()
+
+
+def act(
+    settings: Settings,
+    client: redis.Redis,
+    keys: Keys,
+    lease: SchedulerLease,
+    stop: threading.Event,
+) -> None:
+    """The scheduler's work, until `stop` is set or the lease is lost (a pause longer than
+    the lease let another scheduler take over: this one goes back to waiting)."""
+    db = Database(settings.sql_url())
+    celery = create_celery(settings)
+    settings.artifacts().mkdir(parents=True, exist_ok=True)
+    pruning = TrialPruning(db, settings.sql_url())  # sweeps' trials: metrics to their pruners
+    # The sweep thread's wake-up: the ingester saw a trial end, or the API announced a sweep.
+    trial_ended = threading.Event()
+    # The sweep thread's word to this loop (trials to place), the ingester's (slots freed) and
+    # the API's (a job submitted).
+    placement_due = threading.Event()
+    ingester = Ingester(
+        db,
+        client,
+        keys,
+        pruning=pruning,
+        artifacts=settings.artifacts(),
+        trial_ended=trial_ended,
+        slots_freed=placement_due,
+    )
+    halt = threading.Event()
+    sweeps_args = (db, settings, client, keys, halt, trial_ended, placement_due)
+    threads = [
+        threading.Thread(target=ingester.run_until, args=(halt,), name="ingest"),
+        threading.Thread(target=run_sweeps, args=sweeps_args, name="sweeps"),
+        threading.Thread(
+            target=relay,
+            args=(client, keys, halt, {JOB: placement_due, SWEEP: trial_ended}),
+            name="announcements",
+        ),
+    ]
+    for thread in threads:
+        thread.start()
+    tracker = NodeTracker()
+    ps_clients = [
+        redis.Redis.from_url(url) for url in settings.ps_urls() if url != settings.redis_url
+    ]
+    sweeper = KeySweeper([client, *ps_clients], keys, artifacts=settings.artifacts())
+    try:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                if not lease.hold():
+                    log.error("lost the scheduler lease to %s; waiting again", lease.holder_now())
+                    return
+                scheduling_pass(db, client, keys, celery, settings, tracker, sweeper)
+                record_pass(client, keys, "schedule")
+            except Exception:
+                log.exception("scheduling pass failed; retrying")
+            # `stop` is seen within a period; new trials and freed slots are used at once.
+            placement_due.wait(max(settings.schedule_seconds - (time.monotonic() - started), 0))
+            placement_due.clear()
+    finally:
+        halt.set()
+        trial_ended.set()  # the sweep thread's wait ends too
+        for thread in threads:
+            thread.join()
+        db.dispose()
+        for ps_client in ps_clients:
+            ps_client.close()
+
+
+def scheduling_pass(
+    db: Database,
+    client: redis.Redis,
+    keys: Keys,
+    celery: Celery,
+    settings: Settings,
+    tracker: NodeTracker,
+    sweeper: KeySweeper | None = None,
+) -> list[int]:
+    """Node sync, then placement and dispatch; returns the ids of the allocations sent."""
+    reported = read_nodes(client, keys)
+    with db.session() as session:
+        stops = sync_nodes(
+            session,
+            reported,
+            tracker,
+            settings.node_timeout_seconds,
+            artifacts=settings.artifacts(),
+        )
+    stop_allocations(client, keys, stops)
+    with db.session() as session:
+        items = replace_processes(session, settings) + schedule_once(session, settings)
+    dispatch(celery, client, keys, items)
+    if sweeper is not None and sweeper.due(time.monotonic()):
+        sweeper.last = time.monotonic()
+        with db.session() as session:
+            # Records or task messages lost (Redis restarted empty) are sent again; processes
+            # nobody reports on any more are written off and their jobs placed again.
+            dispatch(celery, client, keys, undispatched(session, settings, client))
+            timeout = settings.node_timeout_seconds
+            silent = silent_allocations(session, client, keys, tracker, timeout)
+            stop_allocations(
+                client,
+                keys,
+                write_off_silent(session, silent, timeout, settings.artifacts()),
+            )
+            ended = sweeper.ended_jobs(session)
+        if ended:
+            removed = sweeper.sweep(ended)
+            log.info("deleted %d parameter-server key(s) of ended job(s) %s", removed, ended)
+    return [item.allocation_id for item in items]

@@ -1,0 +1,202 @@
+"""Nodes as the scheduler sees them: the agents' registrations in Redis synced into SQL rows,
+and what a lost node means for the jobs that ran on it.
+
+A node whose heartbeat value stops changing (on the scheduler's own clock) for the timeout, or
+whose registration is gone, is lost: its processes are written off and their jobs placed again
+from their restart points.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import redis
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from contract.records import DRAINING, SEEN, Keys, decode
+from scheduler.agent.ps_reach import PS_UNREACHABLE
+from scheduler.agent.ps_reach import decode as decode_unreachable
+from scheduler.placement.cluster import ACTIVE_ALLOCATIONS
+from scheduler.recovery.actions import max_restarts, restart_or_fail, write_off
+from scheduler.store.models import Allocation, AllocationState, Job, JobState, Node, NodeState
+
+log = logging.getLogger("trainyard.scheduler")
+
+NODE_LOST = "node lost"
+
+
+@dataclass
+class NodeTracker:
+    """When each node's heartbeat value last changed, on the scheduler's own clock (so node
+    clocks may be skewed)."""
+
+    seen: dict[str, tuple[str, float]] = field(default_factory=dict)
+
+    def age(self, name: str, beat: str, now: float) -> float:
+        last = self.seen.get(name)
+        if last is None or last[0] != beat:
+            self.seen[name] = (beat, now)
+            return 0.0
+        return now - last[1]
+
+
+def read_nodes(client: redis.Redis, keys: Keys) -> dict[str, dict[str, str]]:
+    """The registration hash of every node agent in Redis (a node that left has none)."""
+    members: set[bytes] = client.smembers(keys.nodes)  # type: ignore[assignment]
+    names = sorted(m.decode() for m in members)
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.hgetall(keys.node(name))
+    return {name: decode(raw) for name, raw in zip(names, pipe.execute(), strict=True) if raw}
+
+
+def sync_nodes(
+    session: Session,
+    reported: dict[str, dict[str, str]],
+    tracker: NodeTracker,
+    timeout: float,
+    now: float | None = None,
+    artifacts: Path | None = None,
+) -> list[int]:
+    """Bring Node rows up to date; returns the allocation ids to stop (their node is lost)."""
+    now = time.monotonic() if now is None else now
+    rows = {node.name: node for node in session.scalars(select(Node))}
+    lost: list[tuple[Node, str]] = []
+    for name, info in reported.items():
+        fresh = tracker.age(name, info.get("heartbeat", ""), now) <= timeout
+        row = rows.get(name)
+        if row is None:
+            if not fresh:
+                continue
+            row = Node(name=name, queue=info["queue"], slots=int(info["slots"]))
+            session.add(row)
+            log.info("node %s joined", name)
+        row.queue, row.slots, row.gpus = info["queue"], int(info["slots"]), int(info["gpus"])
+        row.last_heartbeat = datetime.fromtimestamp(float(info["heartbeat"]), UTC)
+        sync_reach(row, decode_unreachable(info.get(PS_UNREACHABLE)))
+        if info.get(DRAINING) and row.state != NodeState.DRAINING:
+            # Its agent is stopping: no new work goes there; its jobs drain on their own.
+            row.state = NodeState.DRAINING
+            log.info("node %s is draining", name)
+        elif fresh and not info.get(DRAINING) and row.state != NodeState.ALIVE:
+            row.state = NodeState.ALIVE
+            log.info("node %s is alive", name)
+        elif not fresh and row.state in (NodeState.ALIVE, NodeState.DRAINING):
+            lost.append((row, f"{NODE_LOST}: {name} sent no heartbeat for {timeout:g}s"))
+    for name, row in rows.items():
+        # A registration can vanish with its Redis (restarted empty) while the agent lives on
+        # and registers again at its next heartbeat: lost only after the timeout, as silence.
+        gone_for = tracker.age(name, "", now) if name not in reported else 0.0
+        if name not in reported and row.state == NodeState.ALIVE and gone_for > timeout:
+            lost.append((row, f"{NODE_LOST}: {name} is no longer registered"))
+        elif name not in reported and row.state == NodeState.DRAINING:
+            # A clean leave: what still ran there is placed again, not counted as a failure.
+            lost.append((row, f"node {name} left (its agent stopped)"))
+    stops: list[int] = []
+    for row, reason in lost:
+        counted = row.state != NodeState.DRAINING
+        stops += mark_lost(session, row, reason, artifacts, counted=counted)
+    return stops
+
+
+def sync_reach(row: Node, unreachable: list[str]) -> None:
+    """Keep what the node's agent last said it cannot reach (written when it changes)."""
+    if (row.ps_unreachable or []) == unreachable:
+        return
+    if unreachable:
+        log.warning(
+            "node %s cannot reach parameter-server Redis %s", row.name, "; ".join(unreachable)
+        )
+    else:
+        log.info("node %s reaches every parameter-server Redis", row.name)
+    row.ps_unreachable = unreachable or None
+
+
+def mark_lost(
+    session: Session,
+    node: Node,
+    reason: str,
+    artifacts: Path | None = None,
+    *,
+    counted: bool = True,
+) -> list[int]:
+    """The node's processes are written off; each job they belonged to is placed again from its
+    latest restart point (scheduler/recovery/actions.py), a restart counted against
+    cluster.max_restarts, or fails. Returns the allocations to stop."""
+    log.warning("%s", reason)
+    node.state = NodeState.LOST
+    session.flush()
+    on_node = session.scalars(
+        select(Allocation).where(
+            Allocation.node_id == node.id, Allocation.state.in_(ACTIVE_ALLOCATIONS)
+        )
+    ).all()
+    stops: list[int] = []
+    for job_id in sorted({a.job_id for a in on_node}):
+        job = session.get(Job, job_id, with_for_update=True)
+        if job is None or JobState(job.state).terminal:
+            stops += write_off(session, job) if job is not None else []
+            continue
+        # A gang is all or nothing: the job's processes on other nodes go too.
+        error = f"{reason} (no restarts left: cluster.max_restarts is {max_restarts(job)})"
+        stops += restart_or_fail(
+            session, job, reason, error=error, artifacts=artifacts, counted=counted
+        )
+    return stops
+
+
+def silent_allocations(
+    session: Session,
+    client: redis.Redis,
+    keys: Keys,
+    tracker: NodeTracker,
+    timeout: float,
+    now: float | None = None,
+) -> list[Allocation]:
+    """Running processes whose agent has not said it supervises them (Keys.allocation's SEEN,
+    refreshed every heartbeat) for `timeout` seconds on the scheduler's clock: the agent is
+    stuck, or Redis restarted empty and lost the records. A node that is lost is handled by
+    `mark_lost`; this catches the processes of nodes that are still heard from."""
+    now = time.monotonic() if now is None else now
+    running = session.scalars(
+        select(Allocation).where(Allocation.state == AllocationState.RUNNING)
+    ).all()
+    if not running:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for alloc in running:
+        pipe.hget(keys.allocation(alloc.id), SEEN)
+    silent = []
+    for alloc, seen in zip(running, pipe.execute(), strict=True):
+        value = seen.decode() if isinstance(seen, bytes) else ""
+        if tracker.age(f"allocation {alloc.id}", value, now) > timeout:
+            silent.append(alloc)
+    return silent
+
+
+def write_off_silent(
+    session: Session, silent: list[Allocation], timeout: float, artifacts: Path | None
+) -> list[int]:
+    """Place the jobs of silent processes again (a counted restart) or fail them."""
+    stops: list[int] = []
+    for job_id in sorted({alloc.job_id for alloc in silent}):
+        job = session.get(Job, job_id, with_for_update=True)
+        if job is None:
+            continue
+        alloc = next(a for a in silent if a.job_id == job_id)
+        node = session.get(Node, alloc.node_id)
+        where = f" on {node.name}" if node is not None else ""
+        reason = (
+            f"{alloc.role} {alloc.group}/{alloc.rank}{where}: no word from its node agent for "
+            f"{timeout:g}s (the agent is stuck, or Redis restarted and lost its records)"
+        )
+        if JobState(job.state).terminal or job.cancel_requested:
+            stops += write_off(session, job)
+            continue
+        stops += restart_or_fail(session, job, reason, error=reason, artifacts=artifacts)
+    return stops

@@ -1,0 +1,148 @@
+"""The cluster as placement sees it, read from SQL: node capacities, queued jobs, the queue.
+
+The scheduler loop and the API (GET /cluster, POST /jobs/validate) share these, so the queue
+the API shows and the reasons it gives are the ones the scheduler acts on. Queued jobs are read
+by (-priority, id); placement orders them fairly between users (scheduler/placement/plan.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Row, func, select
+from sqlalchemy.orm import Session, load_only
+
+from scheduler.admission.quotas import Limits, owner_shares
+from scheduler.placement.plan import NodeCapacity, PlacementRequest, plan_queue
+from scheduler.store.models import (
+    QUEUE_ORDER,
+    Allocation,
+    AllocationState,
+    Job,
+    JobState,
+    Node,
+    NodeState,
+)
+
+ACTIVE_ALLOCATIONS = (AllocationState.PENDING, AllocationState.RUNNING)
+LIVE_JOBS = (JobState.SCHEDULED, JobState.RUNNING)  # placed: their processes run or start
+
+
+def node_capacities(session: Session) -> list[NodeCapacity]:
+    """Every known node with what its live allocations use (lost nodes come back not alive)."""
+    used = {
+        node_id: (int(slots or 0), int(gpus or 0))
+        for node_id, slots, gpus in session.execute(
+            select(Allocation.node_id, func.sum(Allocation.slots), func.sum(Allocation.gpus))
+            .where(Allocation.state.in_(ACTIVE_ALLOCATIONS))
+            .group_by(Allocation.node_id)
+        )
+    }
+    return [
+        NodeCapacity(
+            name=node.name,
+            queue=node.queue,
+            slots=node.slots,
+            gpus=node.gpus,
+            slots_used=used.get(node.id, (0, 0))[0],
+            gpus_used=used.get(node.id, (0, 0))[1],
+            alive=node.state == NodeState.ALIVE,
+            ps_unreachable=tuple(node.ps_unreachable or ()),
+        )
+        for node in session.scalars(select(Node).order_by(Node.name))
+    ]
+
+
+def job_topology(job: Job | Row[Any]) -> dict[str, Any]:
+    """The job's resolved topology (Topology.to_dict() form)."""
+    if job.topology:
+        return job.topology
+    from dsl.schema import JobSpec  # the job language imports torch; only for old rows
+    from dsl.topology import resolve_topology
+
+    spec = JobSpec.model_validate(job.spec)
+    return resolve_topology(spec.cluster, spec.pipeline).to_dict()
+
+
+def placement_request(job: Job | Row[Any]) -> PlacementRequest:
+    """What `job` asks of the cluster; a plain row must carry id, owner_id, priority and a
+    topology."""
+    return PlacementRequest.from_topology(
+        job.id, job_topology(job), priority=job.priority, owner_id=job.owner_id
+    )
+
+
+# What placing a job reads of it. The documents (spec, spec_yaml) are its heavy part: loaded
+# only when used (a placed job's spec, an old row without a topology), not for every queued job
+# at every scheduling pass or GET /cluster.
+PLACEMENT_COLUMNS = load_only(
+    Job.id, Job.owner_id, Job.name, Job.state, Job.priority, Job.topology, Job.cancel_requested
+)
+
+
+def queued_jobs(session: Session, *, for_update: bool = False) -> list[Job]:
+    query = (
+        select(Job)
+        .options(PLACEMENT_COLUMNS)
+        .where(Job.state == JobState.QUEUED)
+        .order_by(*QUEUE_ORDER)
+    )
+    if for_update:
+        query = query.with_for_update()
+    return list(session.scalars(query))
+
+
+@dataclass(frozen=True)
+class QueueEntry:
+    job_id: int
+    owner_id: int
+    name: str
+    priority: int
+    position: int  # 1-based, in placement order
+    slots: int
+    gpus: int
+    reason: str
+
+
+# The queue as shown (GET /cluster, which the dashboard polls, and POST /jobs/validate): plain
+# rows, not ORM objects, in placement order.
+_QUEUED_ROWS = (
+    select(Job.id, Job.owner_id, Job.name, Job.priority, Job.topology)
+    .where(Job.state == JobState.QUEUED)
+    .order_by(*QUEUE_ORDER)
+)
+
+
+def queue_view(
+    session: Session,
+    capacities: list[NodeCapacity] | None = None,
+    *,
+    quotas: Limits | None = None,
+) -> list[QueueEntry]:
+    """The queue in placement order, each job with why it is waiting (`capacities`: the nodes'
+    as node_capacities gives them, when the caller has them already; `quotas`: the default
+    quotas, Limits.defaults(settings), none if not given)."""
+    jobs = {row.id: row for row in session.connection().execute(_QUEUED_ROWS)}
+    requests = {
+        # an old row without a topology: the whole job, to resolve it from its spec
+        job_id: placement_request(row if row.topology else session.get_one(Job, job_id))
+        for job_id, row in jobs.items()
+    }
+    if capacities is None:
+        capacities = node_capacities(session)
+    shares = owner_shares(session, quotas or Limits(), {row.owner_id for row in jobs.values()})
+    decision = plan_queue(requests.values(), capacities, shares)
+    return [
+        QueueEntry(
+            job_id=job_id,
+            owner_id=jobs[job_id].owner_id,
+            name=jobs[job_id].name,
+            priority=jobs[job_id].priority,
+            position=position,
+            slots=requests[job_id].slots,
+            gpus=requests[job_id].gpus,
+            reason=decision.waiting.get(job_id, "fits now; placed at the next scheduling pass"),
+        )
+        for position, job_id in enumerate(decision.order, start=1)
+    ]

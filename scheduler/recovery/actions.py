@@ -1,0 +1,199 @@
+"""Restarts: a job that lost a process or a node is placed again from its latest restart point.
+
+Every placement of a job is an attempt (`Job.attempt`); its processes mark their stream records
+with it, and the ingester drops the metrics of attempts the job has moved past. Placing a job
+again (`requeue`):
+
+1. writes off the job's live processes (the caller stops them through Redis);
+2. takes the newest checkpoint or restart point in its run directory and links it under the
+   next attempt's name, so the old processes cannot prune it while they stop;
+3. deletes the metrics past that step: the new attempt reports them again, so no step is
+   counted twice on a chart or in the best metric;
+4. moves the job back to QUEUED with the cause, the restart count and the step, as an event.
+
+A failure (a process that died, a lost node) counts against cluster.max_restarts; a drain (the
+node agent stopped cleanly) does not. Restart points are deleted when the job ends.
+
+In the asynchronous frameworks (downpour, hogwild) a worker that died restarts alone
+(`restart_alone`): the others train on, the server shards keep the parameters, and the
+scheduler places a new process for it (loop.replace_processes) that continues from the last step
+it reported, pulling the shards' current parameters.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
+
+from contract.runs import RESTART, attempt_point, latest_restart_point
+from scheduler.placement.cluster import ACTIVE_ALLOCATIONS
+from scheduler.store.jobs import job_run_dir
+from scheduler.store.lifecycle import can_transition, transition
+from scheduler.store.models import (
+    Allocation,
+    AllocationState,
+    Job,
+    JobEvent,
+    JobState,
+    Metric,
+    utcnow,
+)
+
+log = logging.getLogger("trainyard.recovery")
+
+DEFAULT_MAX_RESTARTS = 3
+ASYNCHRONOUS = ("downpour", "hogwild")  # frameworks whose workers restart alone
+SUMMARY_METRIC = "test/accuracy"  # the job list's best metric (scheduler/ingest/ingester.py)
+
+
+def max_restarts(job: Job) -> int:
+    cluster = (job.spec or {}).get("cluster") or {}
+    return int(cluster.get("max_restarts", DEFAULT_MAX_RESTARTS))
+
+
+def write_off(session: Session, job: Job) -> list[int]:
+    """Mark the job's live processes failed; their ids, for the caller to stop."""
+    live = session.scalars(
+        select(Allocation).where(
+            Allocation.job_id == job.id, Allocation.state.in_(ACTIVE_ALLOCATIONS)
+        )
+    ).all()
+    for alloc in live:
+        alloc.state, alloc.ended_at = AllocationState.FAILED, utcnow()
+    return [alloc.id for alloc in live]
+
+
+def requeue(
+    session: Session, job: Job, cause: str, *, artifacts: Path | None, counted: bool = True
+) -> list[int] | None:
+    """Place `job` again from its latest restart point (see the module's steps). Returns the
+    allocations to stop, or None when a counted restart is past cluster.max_restarts (the
+    caller fails the job with `cause`)."""
+    if not can_transition(job.state, JobState.QUEUED):
+        return None
+    limit = max_restarts(job)
+    if counted and job.restarts >= limit:
+        return None
+    stops = write_off(session, job)
+    job.attempt += 1
+    if counted:
+        job.restarts += 1
+    step = resume_point(job, artifacts)
+    lost = max(job.step - step, 0)
+    truncate_metrics(session, job, step)
+    where = f"from step {step}" + (f" ({lost} steps to train again)" if lost else "")
+    if counted:
+        reason = f"{cause}; restart {job.restarts} of {limit} {where}"
+    else:
+        reason = f"{cause}; placed again {where}"
+    transition(session, job, JobState.QUEUED, reason)
+    log.warning("job %s: %s", job.id, reason)
+    return stops
+
+
+def restart_or_fail(
+    session: Session,
+    job: Job,
+    reason: str,
+    *,
+    error: str,
+    artifacts: Path | None,
+    counted: bool = True,
+) -> list[int]:
+    """Place `job` again (`requeue`), unless it is being cancelled or has no restarts left:
+    then write off its processes and fail it with `error`. The allocations to stop."""
+    if not job.cancel_requested:
+        again = requeue(session, job, reason, artifacts=artifacts, counted=counted)
+        if again is not None:
+            return again
+    stops = write_off(session, job)
+    if can_transition(job.state, JobState.FAILED):
+        job.error = error
+        transition(session, job, JobState.FAILED, error)
+    return stops
+
+
+def resume_point(job: Job, artifacts: Path | None) -> int:
+    """Link the job's newest checkpoint or restart point as its next attempt's; its step."""
+    job.restart_from = None
+    if artifacts is None:
+        return 0
+    run_dir = job_run_dir(artifacts, job.id)
+    # Metrics every disp_freq steps: those after job.step (the last one stored) may have been
+    # lost (Redis restarted empty before they were ingested). A point at or past the next
+    # report would leave that report missing for good; the new attempt reports it again from
+    # an earlier point.
+    every = int((job.spec or {}).get("disp_freq", 100) or 100)
+    found = latest_restart_point(run_dir, below=(job.step // every + 1) * every)
+    if found is None:
+        return 0
+    step, path = found
+    target = attempt_point(run_dir, job.attempt)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.unlink(missing_ok=True)
+        try:
+            os.link(path, target)
+        except OSError:  # a file system without hard links: a copy
+            shutil.copyfile(path, target)
+    except OSError as exc:  # pruned by the stopping process just now, or the disk is full
+        log.warning("job %s: cannot keep restart point %s: %s", job.id, path, exc)
+        return 0
+    job.restart_from = str(target)
+    return step
+
+
+def truncate_metrics(session: Session, job: Job, step: int) -> None:
+    """Forget the metrics past `step` (the next attempt reports them again)."""
+    session.execute(delete(Metric).where(Metric.job_id == job.id, Metric.step > step))
+    job.step = step
+    job.best_metric = session.scalar(
+        select(func.max(Metric.value)).where(
+            Metric.job_id == job.id,
+            Metric.name == SUMMARY_METRIC,
+            Metric.group == 0,
+            Metric.rank == 0,
+        )
+    )
+
+
+def prune_restart_points(artifacts: Path, job_id: int) -> bool:
+    """Delete an ended job's restart points (its user checkpoints stay); whether any were."""
+    directory = job_run_dir(artifacts, job_id) / RESTART
+    if not directory.is_dir():
+        return False
+    shutil.rmtree(directory, ignore_errors=True)
+    return True
+
+
+def restart_alone(session: Session, job: Job, alloc: Allocation, cause: str) -> bool:
+    """A worker of an asynchronous job restarts alone (its new process is placed by the
+    scheduler): counted against cluster.max_restarts, an event, the job's state unchanged.
+    False when the job is not asynchronous or has no restarts left."""
+    pipelined = int((job.topology or {}).get("stages", 1) or 1) > 1
+    if job.framework not in ASYNCHRONOUS or pipelined or job.restarts >= max_restarts(job):
+        return False
+    job.restarts += 1
+    step = worker_step(session, job.id, alloc.group, alloc.rank)
+    reason = (
+        f"{cause}; restart {job.restarts} of {max_restarts(job)}: this worker alone, from its "
+        f"step {step} (the server shards keep the parameters)"
+    )
+    session.add(JobEvent(job_id=job.id, at=utcnow(), state=job.state, reason=reason))
+    log.warning("job %s: %s", job.id, reason)
+    return True
+
+
+def worker_step(session: Session, job_id: int, group: int, rank: int) -> int:
+    """The last step worker (group, rank) of a job reported (0: none)."""
+    step = session.scalar(
+        select(func.max(Metric.step)).where(
+            Metric.job_id == job_id, Metric.group == group, Metric.rank == rank
+        )
+    )
+    return int(step or 0)

@@ -1,0 +1,366 @@
+"""The SQL schema of the job store (SQLAlchemy 2 declarative models).
+
+Changes to these models go through an Alembic migration in scheduler/store/migrations/versions.
+"""
+
+from __future__ import annotations
+
+import enum
+import types
+import typing
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def aware(moment: datetime) -> datetime:
+    """SQLite hands back naive datetimes; every time we store is UTC."""
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class JobState(enum.StrEnum):
+    QUEUED = "QUEUED"
+    SCHEDULED = "SCHEDULED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    PRUNED = "PRUNED"  # a sweep's trial stopped early by the sweep's pruner
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PRUNED)
+
+
+class SweepState(enum.StrEnum):
+    RUNNING = "RUNNING"  # asking for trials, or waiting for them to end
+    SUCCEEDED = "SUCCEEDED"  # every trial ended, and at least one completed
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def terminal(self) -> bool:
+        return self != SweepState.RUNNING
+
+
+class AllocationState(enum.StrEnum):
+    PENDING = "PENDING"  # dispatched, its process not started yet
+    RUNNING = "RUNNING"
+    DONE = "DONE"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    DRAINED = "DRAINED"  # stopped by its node agent leaving; the job is placed again
+
+    @property
+    def active(self) -> bool:
+        return self in (AllocationState.PENDING, AllocationState.RUNNING)
+
+
+class NodeState(enum.StrEnum):
+    ALIVE = "ALIVE"
+    DRAINING = "DRAINING"  # its agent is stopping: takes no new work
+    LOST = "LOST"
+
+
+class User(Base):
+    __tablename__ = "users"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ApiToken(Base):
+    __tablename__ = "api_tokens"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    label: Mapped[str] = mapped_column(String(100), default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+# The quotas a user has: each is the operator's default (contract/settings.py, `quota_<name>`)
+# unless an admin set the user's own (a UserQuota column); None means no limit.
+QUOTA_NAMES = (
+    "running_jobs",
+    "slots",
+    "gpus",
+    "train_steps",
+    "dataset_bytes",
+    "artifact_bytes",
+    "submissions_per_minute",
+)
+
+
+class UserQuota(Base):
+    """One user's quotas where an admin changed them; a null column is the default."""
+
+    __tablename__ = "user_quotas"
+    user_id: Mapped[int] = mapped_column(
+        ForeignKey("users.id", ondelete="CASCADE"), primary_key=True
+    )
+    running_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    slots: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    gpus: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    train_steps: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    dataset_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    artifact_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    submissions_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Sweep(Base):
+    """A hyperparameter search: trials of a base job (the document without `search`), each an
+    ordinary job with `sweep_id` and `trial_number` set. Optuna's study (named `study_name`)
+    holds the sampler's history beside these tables (scheduler/sweeps/study.py)."""
+
+    __tablename__ = "sweeps"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    name: Mapped[str] = mapped_column(String(100), index=True)
+    state: Mapped[str] = mapped_column(String(16), index=True, default=SweepState.RUNNING)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    spec_yaml: Mapped[str] = mapped_column(Text)  # the document as submitted
+    overrides: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    base_job: Mapped[dict[str, Any]] = mapped_column(JSON)  # overrides applied, no search
+    search: Mapped[dict[str, Any]] = mapped_column(JSON)  # the validated search section
+    base_dir: Mapped[str | None] = mapped_column(Text, nullable=True)  # relative files' folder
+    study_name: Mapped[str] = mapped_column(String(100), unique=True)
+    best_trial: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    best_value: Mapped[float | None] = mapped_column(Float, nullable=True)
+    pareto_trials: Mapped[list[int]] = mapped_column(JSON, default=list)  # several objectives
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)  # no new trials
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    name: Mapped[str] = mapped_column(String(100), index=True)
+    state: Mapped[str] = mapped_column(String(16), index=True, default=JobState.QUEUED)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    spec_yaml: Mapped[str] = mapped_column(Text)
+    overrides: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # validated, overrides applied
+    topology: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # resolved cluster
+    framework: Mapped[str] = mapped_column(String(32), default="local")
+    train_steps: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer, default=0)
+    summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # final metrics
+    best_metric: Mapped[float | None] = mapped_column(Float, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    scheduled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id"), nullable=True, index=True)
+    trial_number: Mapped[int | None] = mapped_column(Integer, nullable=True)  # Optuna's
+    pruned_step: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the rung
+    # Placements before the current one (restarts, drains, lost nodes); its records carry it.
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    restarts: Mapped[int] = mapped_column(Integer, default=0)  # failures restarted from
+    restart_from: Mapped[str | None] = mapped_column(Text, nullable=True)  # this attempt's point
+    pending_reason: Mapped[str | None] = mapped_column(Text, nullable=True)  # why not placed
+    # Population-based training: [{"step", "params", "from_trial"}] (scheduler/sweeps/pbt.py).
+    pbt_schedule: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
+    __table_args__ = (UniqueConstraint("sweep_id", "trial_number", name="uq_jobs_sweep_trial"),)
+
+
+# What clients see of a job: the API's JobOut (api/schemas.py serves it, the SDK and the
+# dashboard get it generated), defined here because the job list's SQL is built from its fields
+# (scheduler/store/job_page.py): a field that is a Job column of the same name needs no other
+# change.
+class JobOut(BaseModel):
+    id: int
+    name: str
+    owner: str = Field(description="the submitting user's name")
+    state: JobState
+    priority: int
+    framework: str = Field(description="cluster.framework of the job")
+    train_steps: int
+    step: int = Field(description="the last training step reported")
+    progress: float = Field(description="step / train_steps, 0..1")
+    created_at: datetime
+    scheduled_at: datetime | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    duration_seconds: float | None = Field(
+        description="running time so far (from start to end, or to now)"
+    )
+    summary: dict[str, Any] = Field(description="final metrics once the job ends")
+    best_metric: float | None = Field(description="the highest test/accuracy reported, if any")
+    error: str | None = Field(description="why the job failed")
+    cancel_requested: bool
+    overrides: dict[str, Any]
+    topology: dict[str, Any] = Field(description="the resolved cluster: worker and server groups")
+    queue_position: int | None = Field(description="1-based place in the queue while QUEUED")
+    sweep_id: int | None = Field(description="the sweep the job is a trial of, if any")
+    trial_number: int | None = Field(description="its number in the sweep, from 0")
+    pruned_step: int | None = Field(description="PRUNED: the step (rung) its sweep stopped it at")
+    restarts: int = Field(description="times it was restarted after a process or node failed")
+    pending_reason: str | None = Field(
+        description="QUEUED: why the cluster cannot place it now (e.g. not enough free slots)"
+    )
+
+
+# JobOut's fields that are not the Job column of their name: computed for one job by the API
+# (api/routes/jobs.py) and for a page by the database (scheduler/store/job_page.py). Every other
+# field of JobOut is the Job column of the same name, written as its type says (`JOB_FIELD_KINDS`).
+JOB_COMPUTED_FIELDS = ("owner", "progress", "duration_seconds", "queue_position")
+FieldKind = Literal["time", "float", "flag", "document", "plain"]
+
+
+def field_kind(annotation: Any) -> FieldKind:
+    """How a JobOut field's value is written, by its type (optional or not)."""
+    kinds = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else ()
+    kind = next((k for k in kinds if k is not type(None)), annotation)
+    if kind is datetime:
+        return "time"
+    if kind is float:
+        return "float"
+    if kind is bool:
+        return "flag"
+    if typing.get_origin(kind) is dict:
+        return "document"
+    return "plain"  # integers, strings and states: as stored
+
+
+JOB_FIELD_KINDS: dict[str, FieldKind] = {
+    name: field_kind(field.annotation) for name, field in JobOut.model_fields.items()
+}
+
+
+# The order queued jobs are read in: higher priority first, then submission order. Placement
+# then shares the cluster fairly between their owners (scheduler/placement/plan.py order_queue).
+QUEUE_ORDER = (Job.priority.desc(), Job.id)
+
+
+class JobEvent(Base):
+    __tablename__ = "job_events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text, default="")
+
+
+class Metric(Base):
+    __tablename__ = "metrics"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(64))
+    step: Mapped[int] = mapped_column(Integer)
+    value: Mapped[float] = mapped_column(Float)
+    group: Mapped[int] = mapped_column("grp", Integer, default=0)
+    rank: Mapped[int] = mapped_column(Integer, default=0)
+    at: Mapped[float] = mapped_column(Float)  # unix time from the worker
+    __table_args__ = (Index("ix_metrics_job_name_step", "job_id", "name", "step"),)
+
+
+class LogLine(Base):
+    __tablename__ = "logs"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    at: Mapped[float] = mapped_column(Float)
+    group: Mapped[int] = mapped_column("grp", Integer, default=0)
+    rank: Mapped[int] = mapped_column(Integer, default=0)
+    line: Mapped[str] = mapped_column(Text)
+
+
+class CheckpointRecord(Base):
+    __tablename__ = "checkpoints"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    step: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(Text)
+    size: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    __table_args__ = (UniqueConstraint("job_id", "step"),)
+
+
+class PipelineTimeline(Base):
+    """The latest timeline of one stage of a pipelined job (contract.records.TimelineRecord):
+    only the newest is kept, what the dashboard draws."""
+
+    __tablename__ = "pipeline_timelines"
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    group: Mapped[int] = mapped_column("grp", Integer, primary_key=True)  # the pipeline replica
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)  # the stage
+    step: Mapped[int] = mapped_column(Integer)
+    # [kind, micro-batch, start, end] lists, seconds from the start of the step
+    events: Mapped[list[list[Any]]] = mapped_column(JSON)
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    queue: Mapped[str] = mapped_column(String(250))
+    slots: Mapped[int] = mapped_column(Integer)
+    gpus: Mapped[int] = mapped_column(Integer, default=0)
+    state: Mapped[str] = mapped_column(String(16), default=NodeState.ALIVE)
+    last_heartbeat: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    registered_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # The parameter-server Redis servers its agent could not reach ("host:port: error"), as
+    # its registration says (scheduler/agent/ps_reach.py); null: none, or an agent that does not
+    # check.
+    ps_unreachable: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+
+
+class Allocation(Base):
+    """One process of a job placed on a node: a worker (group, rank) or a server shard."""
+
+    __tablename__ = "allocations"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id"), index=True)
+    role: Mapped[str] = mapped_column(String(16))  # worker | server
+    group: Mapped[int] = mapped_column("grp", Integer, default=0)
+    rank: Mapped[int] = mapped_column(Integer, default=0)
+    slots: Mapped[int] = mapped_column(Integer, default=1)
+    gpus: Mapped[int] = mapped_column(Integer, default=0)
+    state: Mapped[str] = mapped_column(String(16), default=AllocationState.PENDING, index=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class DatasetRecord(Base):
+    __tablename__ = "datasets"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    name: Mapped[str] = mapped_column(String(100))
+    kind: Mapped[str] = mapped_column(String(8))  # npz | csv
+    path: Mapped[str] = mapped_column(Text)
+    size: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    __table_args__ = (UniqueConstraint("owner_id", "name"),)

@@ -1,0 +1,94 @@
+"""The node agent's check of the parameter-server Redis servers, against the session's real
+redis-server (with a password), a port nothing listens on and a socket that never answers."""
+
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from contract.records import Keys, decode
+from contract.settings import Settings
+from scheduler.agent.node_agent import Agent, create_agent
+from scheduler.agent.ps_reach import PS_UNREACHABLE, unreachable_ps
+from scheduler.cli.redis_server import free_port
+
+
+def closed_url(password: str = "s3cret-ps") -> tuple[str, str]:
+    """A Redis URL (with a password) of a port nothing listens on, and its host:port."""
+    port = free_port()
+    return f"redis://:{password}@127.0.0.1:{port}/0", f"127.0.0.1:{port}"
+
+
+def address(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port}"
+
+
+@pytest.fixture
+def silent_socket() -> Iterator[str]:
+    """A listening socket that accepts connections and never answers: a hung server."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(4)
+        yield f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_a_closed_port_is_reported_with_its_address_and_never_the_password(
+    redis_url: str,
+) -> None:
+    url, where = closed_url()
+    started = time.monotonic()
+    found = unreachable_ps([redis_url, url, redis_url])
+    assert found == [f"{where}: connection refused"]
+    assert time.monotonic() - started < 2.0
+    assert unreachable_ps([redis_url]) == []
+
+
+def test_a_wrong_password_and_a_hung_server_are_unreachable_too(
+    redis_url: str, silent_socket: str
+) -> None:
+    wrong = redis_url.replace(urlsplit(redis_url).password or "", "not-the-password")
+    started = time.monotonic()
+    found = unreachable_ps([wrong, f"redis://:pw@{silent_socket}/0"], timeout=0.5)
+    assert time.monotonic() - started < 3.0  # the timeout bounds each server's check
+    assert len(found) == 2 and "not-the-password" not in "".join(found)
+    assert found[0].startswith(f"{address(redis_url)}: ") and "password" in found[0]
+    assert found[1].startswith(f"{silent_socket}: timeout"), found[1]
+
+
+@pytest.fixture
+def agent(tmp_path: Path, redis_url: str) -> Iterator[Agent]:
+    url, _ = closed_url()
+    settings = Settings(
+        data_dir=tmp_path,
+        redis_url=redis_url,
+        redis_ps_urls=f"{redis_url},{url}",
+        redis_prefix=f"t{uuid.uuid4().hex[:8]}",
+        node_name="node-2",
+        node_gpus=0,
+    )
+    made = create_agent(settings)
+    yield made
+    made.client.close()
+
+
+def test_the_agent_registers_what_it_cannot_reach(agent: Agent, redis_url: str) -> None:
+    closed = agent.settings.ps_urls()[1]
+    key = Keys(agent.settings.redis_prefix).node("node-2")
+    assert agent.check_ps() == [f"{address(closed)}: connection refused"]
+    agent.heartbeat()
+    registration = decode(agent.client.hgetall(key))
+    assert registration[PS_UNREACHABLE] == f"{address(closed)}: connection refused"
+    password = urlsplit(closed).password
+    assert password and not any(password in value for value in registration.values())
+    # Every server answers again: the next check and heartbeat say so.
+    agent.settings = agent.settings.model_copy(update={"redis_ps_urls": redis_url})
+    assert agent.check_ps() == []
+    agent.heartbeat()
+    assert decode(agent.client.hgetall(key))[PS_UNREACHABLE] == ""

@@ -1,0 +1,44 @@
+"""The embedded Redis: a password from a private file, reused, and required of every client."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+
+from scheduler.cli.redis_server import RedisServer, redis_password
+
+
+def test_the_password_is_generated_once_private_and_reused(tmp_path: Path) -> None:
+    path = tmp_path / "data" / "redis.password"
+    first = redis_password(path)
+    assert len(first) >= 32
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert redis_password(path) == first  # a restart reuses it
+    os.chmod(path, 0o644)  # loosened by hand: tightened again
+    assert redis_password(path) == first and path.stat().st_mode & 0o777 == 0o600
+
+
+def test_the_embedded_redis_refuses_clients_without_the_password(tmp_path: Path) -> None:
+    password = redis_password(tmp_path / "redis.password")
+    server = RedisServer(tmp_path / "redis", persist=False, password=password)
+    url = server.start()
+    try:
+        assert url == f"redis://:{password}@127.0.0.1:{server.port}/0"
+        with redis.Redis.from_url(url) as client:
+            assert client.ping() and client.set("k", "v")
+        bare = f"redis://127.0.0.1:{server.port}/0"
+        with redis.Redis.from_url(bare) as anonymous, pytest.raises(redis.AuthenticationError):
+            anonymous.get("k")
+        wrong = f"redis://:not-{password}@127.0.0.1:{server.port}/0"
+        with redis.Redis.from_url(wrong) as guesser, pytest.raises(redis.AuthenticationError):
+            guesser.get("k")
+        # The password reaches the server in a private file, not on its command line.
+        assert server.process is not None
+        assert password not in " ".join(psutil.Process(server.process.pid).cmdline())
+        assert (tmp_path / "redis" / "redis.conf").stat().st_mode & 0o777 == 0o600
+    finally:
+        server.stop()

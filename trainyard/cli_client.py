@@ -1,0 +1,331 @@
+"""Client commands of the `trainyard` CLI: talk to a server through the SDK.
+
+submit, jobs, show, logs, metrics, cancel, download and login (and `validate --server`);
+trainyard/cli_sweeps.py adds `sweep list|show|best|cancel`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from itertools import islice
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from contract.settings import Settings
+from trainyard.client import Client, Job
+from trainyard.connection import client_file, write_private_json
+from trainyard.console import (
+    describe_pipeline,
+    describe_topology,
+    layer_table,
+    pipeline_table,
+    placement_table,
+    print_issues,
+)
+from trainyard.errors import JobSpecRejected, TrainyardError, Unreachable
+from trainyard.sweeps import Sweep, format_value
+
+console = Console()
+err_console = Console(stderr=True)
+
+JobId = Annotated[int, typer.Argument(help="the job's id", show_default=False)]
+AsJson = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+
+
+@contextmanager
+def reporting(filename: str = "<job>") -> Iterator[None]:
+    """Print SDK errors for humans and exit non-zero (2 when the server is unreachable)."""
+    try:
+        yield
+    except JobSpecRejected as exc:
+        print_issues(err_console, exc.errors, filename)
+        err_console.print(f"[red]{len(exc.errors)} problem(s); the server rejected the job.[/]")
+        raise typer.Exit(1) from None
+    except TrainyardError as exc:
+        err_console.print(f"[bold red]error[/] {exc.message}")
+        raise typer.Exit(2 if isinstance(exc, Unreachable) else 1) from None
+
+
+def connect() -> Client:
+    with reporting():
+        return Client()
+
+
+def _final_line(job: Job) -> str:
+    tests = "  ".join(
+        f"{key} {value:.4f}"
+        for key, value in sorted(job.summary.items())
+        if key.startswith("test/") and isinstance(value, int | float)
+    )
+    error = f"   error: {job.error}" if job.error else ""
+    return f"job {job.id} [bold]{job.state}[/] at step {job.step}   {tests}{error}"
+
+
+def submit(
+    job_file: Annotated[Path, typer.Argument(help="the job's YAML file", show_default=False)],
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="override a key: key.path=value (repeatable)"),
+    ] = None,
+    priority: Annotated[int, typer.Option(help="higher runs first")] = 0,
+    follow: Annotated[bool, typer.Option(help="show progress until the job ends")] = False,
+) -> None:
+    """Submit a job to the server (a sweep, when the document has a search section)."""
+    text, overrides = _job_and_overrides(job_file, set_)
+    client = connect()
+    with reporting(str(job_file)):
+        job = client.submit(text, overrides=overrides, priority=priority)
+        if isinstance(job, Sweep):
+            follow_submitted_sweep(job, follow)
+            return
+        console.print(f"submitted job [bold]{job.id}[/] ({job.name}): {job.state}")
+        waiting = job.info.pending_reason
+        if waiting:
+            colour = "red" if waiting.startswith("can never") else "yellow"
+            err_console.print(f"[{colour}]warning[/] {waiting}")
+        if follow:
+            job.wait(progress=True)
+            console.print(_final_line(job))
+            if job.state != "SUCCEEDED":
+                raise typer.Exit(1)
+
+
+def follow_submitted_sweep(sweep: Sweep, follow: bool) -> None:
+    info = sweep.info
+    console.print(
+        f"submitted sweep [bold]{sweep.id}[/] ({sweep.name}): {sweep.state}, "
+        f"{info.trial_count} trials, {info.max_parallel} at a time"
+    )
+    if not follow:
+        return
+    sweep.wait(progress=True)
+    console.print(best_line(sweep))
+    if sweep.state != "SUCCEEDED":
+        raise typer.Exit(1)
+
+
+def best_line(sweep: Sweep) -> str:
+    """The sweep's result in one line: its best trial, or its Pareto front."""
+    detail = sweep.detail()
+    if detail.pareto_front:
+        numbers = ", ".join(str(trial.number) for trial in detail.pareto_front)
+        return f"sweep {sweep.id}: Pareto front of trials {numbers}"
+    best = detail.best
+    if best is None:
+        return f"sweep {sweep.id} {sweep.state}: no trial completed" + (
+            f" ({detail.error})" if detail.error else ""
+        )
+    params = "  ".join(f"{path}={format_value(value)}" for path, value in best.params.items())
+    metric = f"{detail.objectives[0].metric} {format_value(best.value)}"
+    return f"best: trial {best.number} (job {best.job_id}) {metric}   {params}"
+
+
+def _job_and_overrides(job_file: Path, set_: list[str] | None) -> tuple[str, dict[str, Any]]:
+    """The job's text and its --set overrides, or a message and exit (2: unreadable file,
+    1: a malformed override)."""
+    from dsl.errors import JobSpecError
+    from dsl.overrides import parse_overrides
+
+    try:
+        text = job_file.read_text()
+    except OSError as exc:
+        err_console.print(f"[bold red]error[/] cannot read {job_file}: {exc.strerror}")
+        raise typer.Exit(2) from None
+    try:
+        return text, parse_overrides(set_ or [])
+    except JobSpecError as exc:
+        print_issues(err_console, exc.issues, "--set")
+        raise typer.Exit(1) from None
+
+
+def validate_on_server(job_file: Path, set_: list[str] | None) -> None:
+    """`trainyard validate --server`: POST /jobs/validate, printed like the local check plus
+    the placement the scheduler would make on the cluster now."""
+    text, overrides = _job_and_overrides(job_file, set_)
+    client = connect()
+    with reporting(str(job_file)):
+        result = client.validate(text, overrides=overrides)
+    layers = result["layers"]
+    console.print(layer_table(layers, f"{result['name']}: {len(layers)} layers"))
+    console.print(f"total parameters: [bold]{result['total_params']:,}[/]")
+    console.print(describe_topology(result["topology"]))
+    if result.get("pipeline"):
+        console.print(pipeline_table(result["pipeline"]))
+        console.print(describe_pipeline(result["pipeline"]))
+    placement = result["placement"]
+    if placement["assignments"]:
+        console.print(placement_table(placement["assignments"], "placement now"))
+    colour = "green" if placement["feasible"] else "yellow"
+    console.print(f"placement: [{colour}]{placement['reason']}[/]")
+
+
+def jobs(
+    state: Annotated[str | None, typer.Option(help="only jobs in this state")] = None,
+    name: Annotated[str | None, typer.Option(help="only jobs with this name")] = None,
+    limit: Annotated[int, typer.Option(help="show at most this many")] = 50,
+    as_json: AsJson = False,
+) -> None:
+    """List jobs, newest first."""
+    client = connect()
+    with reporting():
+        found = list(islice(client.jobs(state=state.upper() if state else None, name=name), limit))
+    if as_json:
+        sys.stdout.write(json.dumps([j.info.model_dump(mode="json") for j in found]) + "\n")
+        return
+    table = Table(title=f"{len(found)} job(s)", title_justify="left")
+    for column in ("id", "name", "state", "step", "best", "created", "duration"):
+        table.add_column(column, justify="right" if column in ("id", "step") else "left")
+    for job in found:
+        info = job.info
+        table.add_row(
+            str(info.id),
+            info.name,
+            info.state,
+            f"{info.step}/{info.train_steps}",
+            f"{info.best_metric:.4f}" if info.best_metric is not None else "-",
+            info.created_at.strftime("%Y-%m-%d %H:%M:%S") if info.created_at else "-",
+            f"{info.duration_seconds:.1f}s" if info.duration_seconds is not None else "-",
+        )
+    console.print(table)
+
+
+def show(job_id: JobId, as_json: AsJson = False) -> None:
+    """Show one job: state, progress, times, final metrics and its state history."""
+    client = connect()
+    with reporting():
+        job = client.job(job_id)
+        events = job.events()
+    if as_json:
+        data = job.info.model_dump(mode="json")
+        data["events"] = [e.model_dump(mode="json") for e in events]
+        sys.stdout.write(json.dumps(data) + "\n")
+        return
+    info = job.info
+    console.print(
+        f"[bold]job {info.id}[/] {info.name}   owner {info.owner}   priority {info.priority}"
+    )
+    console.print(f"state [bold]{info.state}[/]   step {info.step}/{info.train_steps}")
+    if info.queue_position is not None:
+        console.print(f"queue position {info.queue_position}")
+    if info.pending_reason and info.state == "QUEUED":
+        console.print(f"[yellow]waiting[/] {info.pending_reason}")
+    if info.restarts:
+        console.print(f"restarts {info.restarts} (see the events below)")
+    console.print(f"framework {info.framework}   topology {json.dumps(info.topology)}")
+    for label, at in (
+        ("created", info.created_at),
+        ("scheduled", info.scheduled_at),
+        ("started", info.started_at),
+        ("ended", info.ended_at),
+    ):
+        if at is not None:
+            console.print(f"{label:>9} {at.isoformat(timespec='seconds')}")
+    if info.error:
+        console.print(f"[red]error[/] {info.error}")
+    for key, value in sorted(info.summary.items()):
+        console.print(f"  {key} = {value}")
+    for event in events:
+        console.print(f"  {event.at.isoformat(timespec='seconds')} {event.state} {event.reason}")
+
+
+def logs(
+    job_id: JobId,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing new lines")] = False,
+    poll: Annotated[float, typer.Option(help="seconds between polls with --follow")] = 1.0,
+) -> None:
+    """Print a job's log lines."""
+    client = connect()
+    with reporting():
+        job = client.job(job_id)
+        after: int | None = None
+        while True:
+            lines, after = job.log_lines(after)
+            for line in lines:
+                sys.stdout.write(line.line + "\n")
+            sys.stdout.flush()
+            if lines:
+                continue
+            if not follow or job.done:
+                return
+            time.sleep(poll)
+            job.refresh()
+
+
+def metrics(
+    job_id: JobId,
+    name: Annotated[
+        list[str] | None, typer.Option("--name", help="print this metric's points (repeatable)")
+    ] = None,
+    max_points: Annotated[int, typer.Option(help="downsample each series to this many")] = 50,
+) -> None:
+    """Without --name: each metric's latest value. With --name: the points of those metrics."""
+    client = connect()
+    with reporting():
+        job = client.job(job_id)
+        if not name:
+            names = job.metric_names()
+            latest = job.latest_metrics(tuple(names)) if names else {}
+            table = Table(title=f"job {job.id} metrics", title_justify="left")
+            table.add_column("metric")
+            table.add_column("latest", justify="right")
+            for metric in names:
+                value = latest.get(metric)
+                table.add_row(metric, f"{value:.6g}" if value is not None else "-")
+            console.print(table)
+            return
+        for metric in name:
+            points = job.metrics(metric, max_points=max_points)
+            table = Table(title=f"job {job.id} {metric}", title_justify="left")
+            table.add_column("step", justify="right")
+            table.add_column("value", justify="right")
+            for step, value in points:
+                table.add_row(str(step), f"{value:.6g}")
+            console.print(table)
+
+
+def cancel(job_id: JobId) -> None:
+    """Cancel a job (queued jobs at once; running ones within seconds)."""
+    client = connect()
+    with reporting():
+        job = client.job(job_id).cancel()
+    console.print(f"job {job.id}: {job.state}" + (" (cancel requested)" if not job.done else ""))
+
+
+def download(
+    job_id: JobId,
+    step: Annotated[int | None, typer.Option(help="this checkpoint's step; default newest")] = None,
+    output: Annotated[Path, typer.Option(help="directory to save it in")] = Path("."),
+) -> None:
+    """Download a checkpoint (safetensors)."""
+    client = connect()
+    with reporting():
+        path = client.job(job_id).download_checkpoint(output, step=step)
+    console.print(f"saved {path}")
+
+
+def login(
+    url: Annotated[str, typer.Argument(help="the server, e.g. http://host:8000")],
+    token: Annotated[str | None, typer.Option(help="API token (asked for when not given)")] = None,
+) -> None:
+    """Check a server address and token, and remember them for the CLI and SDK."""
+    if token is None:
+        token = typer.prompt("API token", hide_input=True)
+    with reporting(), Client(url, token) as client:
+        client.get_json("/jobs", limit=1)
+    settings = Settings()
+    path = client_file(settings)
+    write_private_json(path, {"url": url.rstrip("/"), "token": token})
+    console.print(f"logged in to {url}; saved in {path}")
+
+
+def register(app: typer.Typer) -> None:
+    for command in (submit, jobs, show, logs, metrics, cancel, download, login):
+        app.command()(command)

@@ -1,0 +1,362 @@
+"""The Python client: a thin, typed client of the REST API (httpx).
+
+    from trainyard import Client
+    client = Client()                      # TRAINYARD_URL/TOKEN, else `trainyard login`, else
+    job = client.submit("job.yaml")        # the local stack started by `trainyard up`
+    job.wait(progress=True)
+    job.metrics("test/accuracy")           # [(step, value), ...]
+    sweep = client.submit("sweep.yaml")    # a document with `search:`: a Sweep
+
+Every HTTP failure becomes a typed exception; a rejected job carries the language's located
+errors (`JobSpecRejected.errors`, the same `SpecIssue`s the local CLI prints).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from contract.settings import Settings
+from trainyard.connection import resolve_connection
+from trainyard.errors import NotFound, TrainyardError, Unreachable, WaitTimeout, raise_for_response
+from trainyard.models import (
+    CheckpointOut,
+    ClusterOut,
+    DatasetOut,
+    EventOut,
+    JobDetail,
+    JobOut,
+    LogLineOut,
+    SweepDetail,
+    SweepOut,
+)
+from trainyard.sweeps import Sweep
+
+API_PREFIX = "/api/v1"
+MAX_POINTS = 100_000  # the most points per series the server returns in one answer
+TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "PRUNED"})
+# What the progress bar shows next to the step counter (see trainyard.console.format_stats).
+PROGRESS_METRICS = (
+    "train/loss",
+    "train/accuracy",
+    "train/recon_error",
+    "test/accuracy",
+    "samples_per_sec",
+)
+
+
+# -- the client ---------------------------------------------------------------------------------
+class Client:
+    """A connection to one Trainyard server (thread-safe for concurrent requests, like httpx)."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        settings: Settings | None = None,
+    ) -> None:
+        if url is None or token is None:
+            found = resolve_connection(settings or Settings())
+            url = url or found.url
+            token = token or found.token
+        if not url:
+            raise TrainyardError(
+                "no server address: pass url=, set TRAINYARD_URL, run `trainyard login URL`, "
+                "or start a local stack with `trainyard up`"
+            )
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=self.url + API_PREFIX, headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise Unreachable(
+                f"cannot reach {self.url} ({exc.__class__.__name__}: {exc}); is the server "
+                "running (`trainyard up`)?"
+            ) from None
+        raise_for_response(response)
+        return response
+
+    def get_json(self, path: str, **params: Any) -> Any:
+        clean = {k: v for k, v in params.items() if v is not None}
+        return self.request("GET", path, params=clean).json()
+
+    # -- jobs ------------------------------------------------------------------------------------
+    def submit(
+        self,
+        job: str | Path | Mapping[str, Any],
+        overrides: Mapping[str, Any] | None = None,
+        priority: int = 0,
+    ) -> Job | Sweep:
+        """Submit a job: a YAML file path, YAML text, or an already-parsed mapping. A document
+        with a `search:` section is a sweep, and its Sweep is returned."""
+        document = _job_document(job)
+        body = {"spec": document, "overrides": dict(overrides or {}), "priority": priority}
+        if _is_sweep(document):
+            data = self.request("POST", "/sweeps", json=body).json()
+            return Sweep(self, SweepDetail.model_validate(data))
+        data = self.request("POST", "/jobs", json=body).json()
+        return Job(self, JobDetail.model_validate(data))
+
+    def validate(
+        self, job: str | Path | Mapping[str, Any], overrides: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Dry run: the layer table, parameter count, topology and placement preview."""
+        body = {"spec": _job_document(job), "overrides": dict(overrides or {})}
+        result: dict[str, Any] = self.request("POST", "/jobs/validate", json=body).json()
+        return result
+
+    def job(self, job_id: int) -> Job:
+        return Job(self, JobDetail.model_validate(self.get_json(f"/jobs/{job_id}")))
+
+    def jobs(
+        self, state: str | None = None, name: str | None = None, page_size: int = 50
+    ) -> Iterator[Job]:
+        """Every visible job, newest first, fetched page by page as the caller iterates."""
+        cursor: str | None = None
+        while True:
+            page = self.get_json("/jobs", state=state, name=name, limit=page_size, cursor=cursor)
+            for item in page["items"]:
+                yield Job(self, JobOut.model_validate(item))
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return
+
+    def sweep(self, sweep_id: int) -> Sweep:
+        return Sweep(self, SweepDetail.model_validate(self.get_json(f"/sweeps/{sweep_id}")))
+
+    def sweeps(self, page_size: int = 50) -> Iterator[Sweep]:
+        """Every visible sweep, newest first, fetched page by page as the caller iterates."""
+        before: int | None = None
+        while True:
+            page = self.get_json("/sweeps", limit=page_size, before=before)
+            for item in page["items"]:
+                yield Sweep(self, SweepOut.model_validate(item))
+            before = page.get("next_before")
+            if not before:
+                return
+
+    # -- cluster and datasets --------------------------------------------------------------------
+    def cluster(self) -> ClusterOut:
+        return ClusterOut.model_validate(self.get_json("/cluster"))
+
+    def upload_dataset(self, path: str | Path, name: str) -> DatasetOut:
+        """Upload an .npz or .csv file; jobs then use `data: {source: dataset, name: NAME}`."""
+        path = Path(path)
+        with path.open("rb") as handle:
+            response = self.request(
+                "POST",
+                "/datasets",
+                data={"name": name},
+                files={"file": (path.name, handle, "application/octet-stream")},
+            )
+        return DatasetOut.model_validate(response.json())
+
+    def datasets(self) -> list[DatasetOut]:
+        return [DatasetOut.model_validate(d) for d in self.get_json("/datasets")]
+
+
+def _value(raw: float | None) -> float:
+    """The API sends NaN and infinities as null."""
+    return math.nan if raw is None else float(raw)
+
+
+def _job_document(job: str | Path | Mapping[str, Any]) -> str | dict[str, Any]:
+    if isinstance(job, Mapping):
+        return dict(job)
+    if isinstance(job, Path):
+        return job.read_text()
+    # A one-line string ending in .yaml/.yml is a file name; anything else is YAML text.
+    if "\n" not in job and job.strip().endswith((".yaml", ".yml")):
+        path = Path(job.strip()).expanduser()
+        if not path.exists():
+            raise TrainyardError(f"no such job file: {path}")
+        return path.read_text()
+    return job
+
+
+def _is_sweep(document: str | dict[str, Any]) -> bool:
+    """Whether the document has a `search:` section (a malformed one is the server's to
+    locate, as a job)."""
+    if isinstance(document, str):
+        try:
+            document = yaml.safe_load(document)
+        except yaml.YAMLError:
+            return False
+    return isinstance(document, dict) and "search" in document
+
+
+class Job:
+    """A submitted job; `info` is its last fetched state (call `refresh()` for a newer one): a
+    JobOut as listed, a JobDetail (with the submitted document) when fetched by id."""
+
+    def __init__(self, client: Client, info: JobOut) -> None:
+        self.client = client
+        self.info = info
+
+    def __repr__(self) -> str:
+        return f"Job(id={self.id}, name={self.name!r}, state={self.state}, step={self.step})"
+
+    @property
+    def id(self) -> int:
+        return self.info.id
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def state(self) -> str:
+        return self.info.state
+
+    @property
+    def step(self) -> int:
+        return self.info.step
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return self.info.summary
+
+    @property
+    def error(self) -> str | None:
+        return self.info.error
+
+    @property
+    def done(self) -> bool:
+        return self.info.state in TERMINAL_STATES
+
+    def refresh(self) -> Job:
+        self.info = JobDetail.model_validate(self.client.get_json(f"/jobs/{self.id}"))
+        return self
+
+    def cancel(self) -> Job:
+        data = self.client.request("POST", f"/jobs/{self.id}/cancel").json()
+        self.info = JobDetail.model_validate(data)
+        return self
+
+    def delete(self) -> None:
+        self.client.request("DELETE", f"/jobs/{self.id}")
+
+    def wait(self, progress: bool = False, timeout: float | None = None, poll: float = 1.0) -> Job:
+        """Block until the job ends (SUCCEEDED, FAILED, CANCELLED, PRUNED); return it refreshed."""
+        if progress:
+            from trainyard.progress import follow_with_progress
+
+            return follow_with_progress(self, timeout=timeout, poll=poll)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.refresh().done:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"job {self.id} is still {self.state} after {timeout}s")
+            time.sleep(poll)
+        return self
+
+    def latest_metrics(self, names: tuple[str, ...] = PROGRESS_METRICS) -> dict[str, float]:
+        """The newest value of each named metric (rank 0 of group 0 when several report)."""
+        data = self.client.get_json(
+            f"/jobs/{self.id}/metrics",
+            name=list(names),
+            start_step=max(self.step - 1, 0),
+            max_points=10,
+        )
+        out: dict[str, float] = {}
+        for series in data["series"]:
+            if series["points"] and series.get("group", 0) == 0 and series.get("rank", 0) == 0:
+                out[series["name"]] = _value(series["points"][-1][1])
+        return out
+
+    def metrics(
+        self,
+        name: str,
+        *,
+        start_step: int | None = None,
+        end_step: int | None = None,
+        max_points: int = MAX_POINTS,
+        group: int = 0,
+        rank: int = 0,
+    ) -> list[tuple[int, float]]:
+        """The points of one metric series as (step, value); every point up to `max_points`,
+        beyond that evenly spaced buckets of steps, each keeping its last point."""
+        data = self.client.get_json(
+            f"/jobs/{self.id}/metrics",
+            name=name,
+            start_step=start_step,
+            end_step=end_step,
+            max_points=max_points,
+            group=group,
+        )
+        for series in data["series"]:
+            if series["name"] == name and series.get("rank", 0) == rank:
+                return [(int(step), _value(value)) for step, value in series["points"]]
+        return []
+
+    def metric_names(self) -> list[str]:
+        names: list[str] = self.client.get_json(f"/jobs/{self.id}/metrics/names")["names"]
+        return names
+
+    def log_lines(self, after: int | None = None, limit: int = 500) -> tuple[list[LogLineOut], int]:
+        """One page of log lines after the line id `after`; returns (lines, next cursor)."""
+        data = self.client.get_json(f"/jobs/{self.id}/logs", after=after, limit=limit)
+        lines = [LogLineOut.model_validate(line) for line in data["lines"]]
+        cursor = data.get("next")
+        return lines, int(cursor) if cursor is not None else (after or 0)
+
+    def logs(self) -> list[str]:
+        """Every log line of the job so far."""
+        out: list[str] = []
+        after: int | None = None
+        while True:
+            lines, after = self.log_lines(after)
+            out.extend(line.line for line in lines)
+            if not lines:
+                return out
+
+    def events(self) -> list[EventOut]:
+        return [EventOut.model_validate(e) for e in self.client.get_json(f"/jobs/{self.id}/events")]
+
+    def checkpoints(self) -> list[CheckpointOut]:
+        data = self.client.get_json(f"/jobs/{self.id}/checkpoints")
+        return [CheckpointOut.model_validate(c) for c in data]
+
+    def download_checkpoint(self, directory: str | Path, step: int | None = None) -> Path:
+        """Save a checkpoint (default: the newest) as <dir>/step-NNNNNNNN.safetensors."""
+        if step is None:
+            known = self.checkpoints()
+            if not known:
+                raise NotFound(f"job {self.id} has no checkpoints yet", 404)
+            step = max(c.step for c in known)
+        target_dir = Path(directory).expanduser()
+        target_dir.mkdir(parents=True, exist_ok=True)
+        target = target_dir / f"step-{step:08d}.safetensors"
+        partial = target.with_suffix(".part")
+        try:
+            with self.client.http.stream("GET", f"/jobs/{self.id}/checkpoints/{step}") as response:
+                if not response.is_success:
+                    response.read()
+                    raise_for_response(response)
+                with partial.open("wb") as handle:
+                    for chunk in response.iter_bytes():
+                        handle.write(chunk)
+        except httpx.TransportError as exc:
+            partial.unlink(missing_ok=True)
+            raise Unreachable(f"cannot reach {self.client.url} ({exc})") from None
+        partial.replace(target)
+        return target
