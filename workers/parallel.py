@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from dsl.compiler import CompiledJob
+from dsl.frameworks import FRAMEWORK_SPECS
 from dsl.planner import plan_pipeline
 from dsl.registry import Registry
 from dsl.schema import JobSpec
@@ -239,9 +240,9 @@ def group_trainer(
 
 
 def group_pushers(topology: Topology) -> int | None:
-    """Workers per group that push gradients to the shards: allreduce groups push once, as one
-    replica; None leaves the parameter server's default (every worker pushes)."""
-    return 1 if topology.framework == "allreduce" else None
+    """Workers per group that push gradients to the shards (the framework's descriptor);
+    None leaves the parameter server's default (every worker pushes)."""
+    return FRAMEWORK_SPECS.get(topology.framework).pushers_per_group
 
 
 def check_topology(topology: Topology) -> None:
