@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 from contract import records
 from contract.records import AllocationInfo, Keys, decode, delete_matching
 from contract.settings import Settings
+from dsl.frameworks import restarting_alone
 from scheduler.announce import JOB, SWEEP, relay
 from scheduler.celery_app import RUN_ALLOCATION, create_celery
 from scheduler.cluster import (
@@ -59,7 +60,7 @@ from scheduler.nodes import (
 )
 from scheduler.placement import plan_queue
 from scheduler.quotas import Limits, owner_shares
-from scheduler.recovery import ASYNCHRONOUS, prune_restart_points, worker_step
+from scheduler.recovery import prune_restart_points, worker_step
 from scheduler.store import job_run_dir
 from scheduler.sweep_runner import TrialPruning, run_sweeps
 
@@ -169,7 +170,7 @@ def replace_processes(session: Session, settings: Settings) -> list[Dispatch]:
             Job.state.in_(LIVE_JOBS),
             Job.cancel_requested.is_(False),
             (Allocation.role == "server")
-            | ((Allocation.role == "worker") & Job.framework.in_(ASYNCHRONOUS)),
+            | ((Allocation.role == "worker") & Job.framework.in_(restarting_alone())),
         )
         .order_by(Allocation.id)
     ):
