@@ -53,6 +53,11 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         return sorted(self._items)
 
+    def names_as_registered(self) -> list[str]:
+        """The names in the order they were registered: where users see an order of their own
+        (a schema's choices and the errors that list them)."""
+        return list(self._items)
+
     def __contains__(self, name: object) -> bool:
         return name in self._items
 

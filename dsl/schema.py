@@ -13,6 +13,7 @@ from pydantic import Field
 import dsl.layers  # noqa: F401  (registers every layer type)
 from dsl.config import StrictModel
 from dsl.data_config import DataConfig
+from dsl.frameworks import FRAMEWORK_SPECS
 from dsl.layers.base import LAYERS, LayerConfig
 from dsl.search import SearchConfig
 from dsl.updater_config import UpdaterConfig
@@ -23,10 +24,16 @@ def _layer_union() -> Any:
     return Annotated[Union[tuple(classes)], Field(discriminator="type")]  # noqa: UP007
 
 
+def _framework_names() -> Any:
+    return Literal[tuple(FRAMEWORK_SPECS.names_as_registered())]
+
+
 if TYPE_CHECKING:
     AnyLayer = LayerConfig
+    Framework = str
 else:
     AnyLayer = _layer_union()
+    Framework = _framework_names()
 
 
 class NeuralNetConfig(StrictModel):
@@ -112,7 +119,6 @@ class PipelineConfig(StrictModel):
 
 
 Precision = Literal["fp32", "bf16", "fp16"]
-Framework = Literal["local", "sandblaster", "allreduce", "downpour", "hogwild"]
 
 
 class ResourcesConfig(StrictModel):

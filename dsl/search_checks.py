@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from dsl.errors import JobSpecError, Path, SpecIssue
+from dsl.frameworks import FRAMEWORK_SPECS
 from dsl.registry import did_you_mean
 from dsl.search import MAX_PROBES, MAX_TRIALS, MULTI_OBJECTIVE, SearchConfig, SpaceEntry
 from dsl.source import SourceMap
@@ -211,7 +212,7 @@ def _pbt_issues(search: SearchConfig, spec: JobSpec, source: SourceMap) -> list[
                 "use algorithm random or tpe",
             )
         )
-    if spec.cluster.framework != "local":
+    if not FRAMEWORK_SPECS.get(spec.cluster.framework).in_one_process:
         issues.append(
             source.issue(
                 ("cluster", "framework"),

@@ -1,14 +1,16 @@
 """Resolve a job's cluster section into a concrete topology (SINGA's worker and server groups).
 
-The four named frameworks are presets of one topology; explicit fields override them.
+Each framework's descriptor (dsl/frameworks.py) gives its preset; explicit fields override it,
+and its way of syncing the replicas says which topologies make sense.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from dsl.frameworks import FRAMEWORK_SPECS, Sync
 from dsl.schema import ClusterConfig, PipelineConfig
 
 
@@ -46,63 +48,56 @@ class Topology:
         return cls(**{f.name: raw[f.name] for f in fields(cls) if f.name in raw})
 
 
-# framework -> (worker groups, workers per group, server groups, servers per group, separate)
-PRESETS: dict[str, tuple[int, int, int, int, bool]] = {
-    "local": (1, 1, 0, 0, False),
-    "sandblaster": (1, 2, 1, 1, True),
-    "allreduce": (1, 2, 0, 0, False),
-    "downpour": (2, 1, 1, 1, True),
-    "hogwild": (2, 1, 2, 1, True),
-}
-
-
 def resolve_topology(cluster: ClusterConfig, pipeline: PipelineConfig | None = None) -> Topology:
     """The job's topology; with a `pipeline`, each worker group is one pipeline of its stages."""
-    groups, per_group, sgroups, per_sgroup, separate = PRESETS[cluster.framework]
+    framework = FRAMEWORK_SPECS.get(cluster.framework)
+    preset = framework.preset
     stages = pipeline.count if pipeline is not None else 1
     if pipeline is not None:
+        preset = replace(preset, nworker_groups=1, nworkers_per_group=stages)
         # Replicas of a pipeline exchange updates by all-reduce between their stages, never
         # through shards unless the framework is a parameter-server one.
-        groups, per_group = (1, stages)
-        if cluster.framework == "allreduce":
-            sgroups, per_sgroup, separate = 0, 0, False
+        if not framework.needs_servers:
+            preset = replace(
+                preset, nserver_groups=0, nservers_per_group=0, server_worker_separate=False
+            )
 
     def pick(value: int | bool | None, default: int | bool) -> int | bool:
         return default if value is None else value
 
     return Topology(
         framework=cluster.framework,
-        nworker_groups=int(pick(cluster.nworker_groups, groups)),
-        nworkers_per_group=int(pick(cluster.nworkers_per_group, per_group)),
-        nserver_groups=int(pick(cluster.nserver_groups, sgroups)),
-        nservers_per_group=int(pick(cluster.nservers_per_group, per_sgroup)),
-        server_worker_separate=bool(pick(cluster.server_worker_separate, separate)),
+        nworker_groups=int(pick(cluster.nworker_groups, preset.nworker_groups)),
+        nworkers_per_group=int(pick(cluster.nworkers_per_group, preset.nworkers_per_group)),
+        nserver_groups=int(pick(cluster.nserver_groups, preset.nserver_groups)),
+        nservers_per_group=int(pick(cluster.nservers_per_group, preset.nservers_per_group)),
+        server_worker_separate=bool(
+            pick(cluster.server_worker_separate, preset.server_worker_separate)
+        ),
         slots_per_worker=cluster.resources.slots_per_worker,
         gpus_per_worker=cluster.resources.gpus_per_worker,
         stages=stages,
     )
 
 
-PS_FRAMEWORKS = ("sandblaster", "downpour", "hogwild")
-
-
 def topology_problems(topology: Topology) -> list[tuple[str, str, str]]:
     """Why a resolved topology cannot run, as (cluster key, message, hint): checked when a job
     is validated, so that a job that could never run is refused at submission."""
     t = topology
+    sync = FRAMEWORK_SPECS.get(t.framework).sync
     if t.stages > 1:
-        return _pipeline_problems(t)
+        return _pipeline_problems(t, sync)
     problems: list[tuple[str, str, str]] = []
-    if t.framework == "local" and (t.workers != 1 or t.servers):
+    if sync is Sync.NONE and (t.workers != 1 or t.servers):
         problems.append(
             (
                 "framework",
-                f"framework local trains in one process, and the cluster section asks for "
+                f"framework {t.framework} trains in one process, and the cluster section asks for "
                 f"{t.workers} worker(s) and {t.servers} server shard(s)",
                 "use framework sandblaster or allreduce for several workers, or drop the counts",
             )
         )
-    if t.framework in PS_FRAMEWORKS:
+    if sync is Sync.SERVERS:
         if not t.server_worker_separate:
             problems.append(
                 (
@@ -132,13 +127,13 @@ def topology_problems(topology: Topology) -> list[tuple[str, str, str]]:
                     f"set nworker_groups to {t.nserver_groups} or more",
                 )
             )
-    if t.framework == "allreduce":
+    if sync is Sync.GROUP_THEN_SERVERS:
         if t.nworker_groups > 1 and t.servers < 1:
             problems.append(
                 (
                     "nserver_groups",
-                    f"allreduce with {t.nworker_groups} worker groups exchanges updates between "
-                    "the groups through parameter-server shards, and it has none",
+                    f"{t.framework} with {t.nworker_groups} worker groups exchanges updates "
+                    "between the groups through parameter-server shards, and it has none",
                     "set nserver_groups >= 1, nservers_per_group >= 1 and "
                     "server_worker_separate: true",
                 )
@@ -147,7 +142,7 @@ def topology_problems(topology: Topology) -> list[tuple[str, str, str]]:
             problems.append(
                 (
                     "nserver_groups",
-                    "allreduce with one worker group keeps the parameters in the workers and "
+                    f"{t.framework} with one worker group keeps the parameters in the workers and "
                     "has no use for server shards",
                     "set nserver_groups: 0, or use framework sandblaster",
                 )
@@ -155,7 +150,7 @@ def topology_problems(topology: Topology) -> list[tuple[str, str, str]]:
     return problems
 
 
-def _pipeline_problems(t: Topology) -> list[tuple[str, str, str]]:
+def _pipeline_problems(t: Topology, sync: Sync) -> list[tuple[str, str, str]]:
     """The rules for a pipelined job's topology: groups are pipelines, workers are stages."""
     problems: list[tuple[str, str, str]] = []
     if t.nworkers_per_group != t.stages:
@@ -168,16 +163,16 @@ def _pipeline_problems(t: Topology) -> list[tuple[str, str, str]]:
                 f"drop nworkers_per_group, or set it to {t.stages}",
             )
         )
-    if t.framework == "local" and t.nworker_groups != 1:
+    if sync is Sync.NONE and t.nworker_groups != 1:
         problems.append(
             (
                 "nworker_groups",
-                f"framework local runs one pipeline, and the cluster section asks for "
+                f"framework {t.framework} runs one pipeline, and the cluster section asks for "
                 f"{t.nworker_groups} worker groups (replicas)",
                 "use framework allreduce for replicas of the pipeline",
             )
         )
-    if t.framework in ("local", "allreduce") and t.servers:
+    if sync is not Sync.SERVERS and t.servers:
         problems.append(
             (
                 "nserver_groups",
@@ -186,7 +181,7 @@ def _pipeline_problems(t: Topology) -> list[tuple[str, str, str]]:
                 "drop the server counts",
             )
         )
-    if t.framework in PS_FRAMEWORKS:
+    if sync is Sync.SERVERS:
         problems.append(
             (
                 "framework",

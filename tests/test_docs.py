@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from dsl.compiler import compile_job
 from dsl.data_config import DataConfig, DataSourceConfig
+from dsl.frameworks import FRAMEWORK_SPECS
 from dsl.init import ParamSpec
 from dsl.layers.base import LAYERS, BuildContext, LayerConfig
 from dsl.schema import (
@@ -293,6 +294,20 @@ def test_every_schedule_has_a_section_with_its_formula(name: str) -> None:
 
 def test_schedules_of_the_language_are_the_registered_ones() -> None:
     assert sorted(typing.get_args(ScheduleName)) == SCHEDULES.names()
+
+
+def test_the_frameworks_table_is_the_registered_frameworks() -> None:
+    """docs/distributed.md's table of the frameworks: each descriptor's preset groups and its
+    line, so a new framework fails here until it is documented."""
+    text = (DOCS / "distributed.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| (\w+) \| (\d+) x (\d+) \| [^|]+ \| ([^|]+) \|$", text, re.M)
+    documented = {
+        name: (int(groups), int(workers), doc.strip()) for name, groups, workers, doc in rows
+    }
+    assert documented == {
+        name: (spec.preset.nworker_groups, spec.preset.nworkers_per_group, spec.doc)
+        for name, spec in FRAMEWORK_SPECS.items()
+    }
 
 
 def test_every_top_level_key_is_in_the_top_level_table() -> None:

@@ -2,7 +2,8 @@
 generator states and the step.
 
 Writes are atomic (a temporary file, synced, renamed into place), so a crash never leaves a
-torn checkpoint; only the newest `keep` files stay. Nothing is pickled.
+torn checkpoint; only the newest `keep` files stay. Nothing is pickled. `RestartClock` says when
+the writer saves the service's restart points.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import contextlib
 import json
 import os
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -151,3 +154,34 @@ def write_json_atomic(path: Path, payload: object) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
+
+
+class RestartClock:
+    """When the writer saves a restart point: every `seconds` of training. The answer for a
+    step is computed once; with `sync` (a collective that hands every worker rank 0's answer)
+    it is asked every `every` steps, so the workers that save together agree on the step."""
+
+    def __init__(
+        self,
+        seconds: float,
+        *,
+        every: int = 1,
+        sync: Callable[[bool], bool] | None = None,
+    ) -> None:
+        self.seconds, self.every, self.sync = seconds, every, sync
+        self.last = time.monotonic()
+        self._memo = (-1, False)
+
+    def due(self, step: int) -> bool:
+        if self._memo[0] == step:
+            return self._memo[1]
+        answer = False
+        if self.seconds > 0 and step % self.every == 0:
+            now = time.monotonic()
+            answer = now - self.last >= self.seconds
+            if self.sync is not None:
+                answer = self.sync(answer)
+            if answer:
+                self.last = now
+        self._memo = (step, answer)
+        return answer

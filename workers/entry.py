@@ -180,6 +180,7 @@ def _train(context: RunContext, stream: JobStream) -> Summary:
     """Train this allocation's worker: rank 0 of group 0 writes the job's run directory, the
     other workers of a distributed topology their own."""
     from contract.runs import CHECKPOINTS, list_checkpoints
+    from dsl.frameworks import FRAMEWORK_SPECS
     from workers.context import worker_dir
     from workers.metrics import JsonlSink
     from workers.parallel import train
@@ -189,7 +190,8 @@ def _train(context: RunContext, stream: JobStream) -> Summary:
     # A local job whose run directory already holds a checkpoint continues from it (a sweep's
     # population-based training hands a member the checkpoint it goes on from this way); a
     # restart point named by the service (context.resume_from) comes first.
-    local = context.topology.framework == "local" and context.resume_from is None
+    framework = FRAMEWORK_SPECS.get(context.topology.framework)
+    local = framework.in_one_process and context.resume_from is None
     resume = local and bool(list_checkpoints(context.run_dir / CHECKPOINTS))
     jsonl = JsonlSink(run_dir)
     sinks: list[MetricSink] = [

@@ -1,19 +1,21 @@
-"""Parallelism, applied by plain functions to a trainer built without knowledge of it.
+"""Parallelism, applied by plain functions before the trainer, which is built without knowledge
+of it and takes what they add to a step as one `StepHooks` (workers/trainer.py).
 
 Every framework applies its pieces in this one order:
 
-1. partition the net over the worker's group, by feature or by batch (`partition`; before the
-   trainer exists, so the updater is built over this worker's slices);
-   or cut it into pipeline stages, one per worker of the group (`pipeline_trainer`, in
-   workers/distributed/pipeline.py, which applies steps 2 to 5 its own way for a stage);
-2. build the trainer on that net (workers/trainer.py, which knows nothing of the rest);
-3. synchronise the replicas before each update: all-reduce of the gradients inside a group
-   (`sync_in_group`), the parameter-server client between workers (`sync_through_servers`),
-   or both for a hybrid (the group's mean is pushed, once per group);
-4. gradient compression: the exchanges of step 3 send gradients in the wire type
+1. partition the net over the worker's group, by feature or by batch (`partition`), or cut it
+   into pipeline stages, one per worker of the group (`pipeline_stage`, in
+   workers/distributed/pipeline.py, which builds steps 2 to 4 its own way for a stage); then
+   place it on the worker's device (`on_device`), since what follows holds its tensors;
+2. synchronise the replicas: the parameter-server client takes the place of the local update
+   (`sync_through_servers`), the all-reduce of the gradients inside a group comes before the
+   update (`sync_in_group`); a hybrid has both, so the group's mean is pushed once per group;
+3. gradient compression: the exchanges of step 2 send gradients in the wire type
    `compression=` names (the job's cluster.compression);
-5. whole-model checkpoints for a net split by feature (`whole_checkpoints`).
+4. whole-model checkpoints for a net split by feature (`whole_checkpoints`);
+5. build the trainer on that net with the hooks.
 
+Steps 2 to 4 each take the hooks built so far and return them with their part added.
 The framework is chosen in one place, `FRAMEWORKS` (framework -> how it is applied); `train`
 and `serve` are what one process of a job runs.
 """
@@ -29,6 +31,8 @@ import torch
 import torch.distributed as dist
 
 from dsl.compiler import CompiledJob
+from dsl.frameworks import FRAMEWORK_SPECS
+from dsl.net import NeuralNet
 from dsl.planner import plan_pipeline
 from dsl.registry import Registry
 from dsl.schema import JobSpec
@@ -44,7 +48,7 @@ from workers.distributed.allreduce import (
 )
 from workers.distributed.comm import ProcessGroup
 from workers.distributed.partition import PartitionedNet, partition_net, sharded_params
-from workers.distributed.pipeline import PipelineGroups, pipeline_trainer
+from workers.distributed.pipeline import PipelineGroups, pipeline_stage
 from workers.distributed.ps.client import PSClient
 from workers.distributed.ps.plan import Connections, PSKeys, PSPlan
 from workers.distributed.ps.shard import ShardReport, run_shard
@@ -56,7 +60,8 @@ from workers.distributed.rendezvous import (
     redis_store,
 )
 from workers.metrics import MetricRecord, MetricSink
-from workers.trainer import RestartClock, Summary, Trainer, TrainOptions
+from workers.precision import precision_for
+from workers.trainer import StepHooks, Summary, Trainer, TrainOptions
 
 
 class TopologyError(ValueError):
@@ -75,52 +80,39 @@ def partition(
     return replace(job, net=net)
 
 
-def sync_in_group(
-    trainer: Trainer,
-    *,
-    compression: str,
-    group: ProcessGroup = None,
-    bucket_mb: float = 25.0,
-) -> GradientSync:
-    """3 and 4. Average the gradients over the group before each local update.
-
-    Every worker of the group calls it, after `partition` and before `run()`.
-    """
-    sync = gradient_sync(trainer, group, compression=compression, bucket_mb=bucket_mb)
-    update = trainer.updater.step
-
-    def apply_update(step: int) -> None:
-        sync.finish()
-        update(step)
-
-    trainer.apply_update = apply_update
-    return sync
+def on_device(job: CompiledJob, *, device: str) -> CompiledJob:
+    """1. The job with its net moved to the worker's device (in place, as nn.Module.to does),
+    before the gradient buckets or the server client hold its tensors."""
+    job.net.to(torch.device(device))
+    return job
 
 
 def sync_through_servers(
-    trainer: Trainer, *, client: PSClient, group_sync: GradientSync | None = None
-) -> None:
-    """3. Route the updates through the parameter-server shards.
+    hooks: StepHooks,
+    *,
+    client: PSClient,
+    job: CompiledJob,
+    device: str,
+    replicas: Sequence[torch.Tensor] = (),
+) -> StepHooks:
+    """2. Route the updates through the parameter-server shards, in place of the update that
+    `hooks` apply (so it comes first of the pieces that change the update).
 
     The client connects (stores the initial parameters, pulls the shards' values) after the
     trainer restored its checkpoint and before its first step; each step then pushes the
-    gradients and pulls the new parameters instead of applying the local updater.
-    With `group_sync` (a hybrid) the group's mean gradient is what goes to the shards, and rank
-    0's values are broadcast after each pull, so the replicas of a group stay identical even
-    when another group's update lands between two pulls.
+    gradients and pulls the new parameters. With `replicas` (a hybrid's group, whose mean
+    gradient is pushed) rank 0's values are broadcast after each pull, so the replicas of a
+    group stay identical even when another group's update lands between two pulls.
     `ps/version` and `ps/staleness` are reported every disp_freq steps.
     """
-    if trainer.updater.scaler is not None:
+    if precision_for(job.spec.precision, torch.device(device)).scaler is not None:
         raise TopologyError(
             "precision fp16 with parameter-server shards: the shards apply the updates and do "
             "not undo fp16's loss scale; use precision bf16, or one worker group of allreduce"
         )
-    every = trainer.spec.disp_freq
-    replicas = replicated_tensors(trainer) if group_sync is not None else []
+    every = job.spec.disp_freq
 
-    def apply_update(step: int) -> None:
-        if group_sync is not None:
-            group_sync.finish()  # the group's mean gradient, on every worker
+    def apply_update(trainer: Trainer, step: int) -> None:
         client.step(step)
         if (step + 1) % every == 0:
             values = {
@@ -132,13 +124,29 @@ def sync_through_servers(
             )
             for sink in trainer.sinks:
                 sink.emit(record)
-        if group_sync is not None:
+        if replicas:
             broadcast_replicas(replicas)
 
-    trainer.start_hooks.append(client.connect)
-    if group_sync is not None:
-        trainer.start_hooks.append(lambda: broadcast_replicas(replicas))
-    trainer.apply_update = apply_update
+    def connect(trainer: Trainer) -> None:
+        client.connect()
+
+    def equal_replicas(trainer: Trainer) -> None:
+        broadcast_replicas(replicas)
+
+    starts = (connect, equal_replicas) if replicas else (connect,)
+    return replace(hooks, apply_update=apply_update, at_start=(*hooks.at_start, *starts))
+
+
+def sync_in_group(hooks: StepHooks, *, sync: GradientSync) -> StepHooks:
+    """2 and 3. Average the gradients over the group (`sync`, from `gradient_sync`, which
+    compresses them on the wire) before the update that `hooks` apply."""
+    update = hooks.apply_update
+
+    def apply_update(trainer: Trainer, step: int) -> None:
+        sync.finish(trainer.updater.scaler)
+        update(trainer, step)
+
+    return replace(hooks, apply_update=apply_update)
 
 
 def checkpoint_due(spec: JobSpec, done: int) -> bool:
@@ -156,16 +164,16 @@ class WholeCheckpoints:
     then writes the joined tensors. Loading takes each worker's slices of the whole tensors.
     """
 
-    def __init__(self, trainer: Trainer, net: PartitionedNet) -> None:
-        self.trainer, self.net = trainer, net
+    def __init__(self, net: PartitionedNet) -> None:
+        self.net = net
         self.step = -1
         self.params: dict[str, torch.Tensor] = {}
         self.updater: dict[str, torch.Tensor] = {}
 
-    def after_update(self, step: int) -> None:
-        if checkpoint_due(self.trainer.spec, step + 1) or self.trainer.restart_clock.due(step + 1):
+    def after_update(self, trainer: Trainer, step: int) -> None:
+        if checkpoint_due(trainer.spec, step + 1) or trainer.restart_clock.due(step + 1):
             self.params = self.net.gather_full(dict(self.net.named_params()))
-            self.updater = self.net.gather_full(self.trainer.updater.state_tensors())
+            self.updater = self.net.gather_full(trainer.updater.state_tensors())
             self.step = step + 1
 
     def to_whole(self, ckpt: Checkpoint) -> Checkpoint:
@@ -182,39 +190,40 @@ class WholeCheckpoints:
         )
 
 
-def synced_restart_points(trainer: Trainer, *, group: ProcessGroup = None) -> None:
+def synced_restart_points(
+    hooks: StepHooks, *, device: str, group: ProcessGroup = None
+) -> StepHooks:
     """Restart points of a trainer whose checkpoint is a collective (its parts are joined
     first): rank 0 of `group` decides when, every disp_freq steps, and tells the others."""
     source = 0 if group is None else dist.get_global_rank(group, 0)
 
     def sync(flag: bool) -> bool:
-        tensor = torch.tensor([int(flag)], dtype=torch.int32, device=trainer.device)
+        tensor = torch.tensor([int(flag)], dtype=torch.int32, device=torch.device(device))
         dist.broadcast(tensor, src=source, group=group)
         return bool(tensor.item())
 
-    trainer.saves_alone = False
-    trainer.restart_clock = RestartClock(
-        trainer.options.restart_seconds, every=trainer.spec.disp_freq, sync=sync
-    )
+    return replace(hooks, restart_sync=sync)
 
 
-def whole_checkpoints(trainer: Trainer) -> WholeCheckpoints | None:
-    """5. Make a trainer whose net is split by feature save and load whole-model checkpoints."""
-    net = trainer.net
+def whole_checkpoints(hooks: StepHooks, *, net: NeuralNet, device: str) -> StepHooks:
+    """4. Make a worker whose net is split by feature save and load whole-model checkpoints;
+    the hooks of any other net as they are."""
     if not isinstance(net, PartitionedNet) or not net.shard_axes:
-        return None
-    whole = WholeCheckpoints(trainer, net)
-    synced_restart_points(trainer, group=net.group)
-    update = trainer.apply_update
+        return hooks
+    whole = WholeCheckpoints(net)
+    update = hooks.apply_update
 
-    def apply_update(step: int) -> None:
-        update(step)
-        whole.after_update(step)
+    def apply_update(trainer: Trainer, step: int) -> None:
+        update(trainer, step)
+        whole.after_update(trainer, step)
 
-    trainer.apply_update = apply_update
-    trainer.checkpoint_out = whole.to_whole
-    trainer.checkpoint_in = whole.to_local
-    return whole
+    hooks = replace(
+        hooks,
+        apply_update=apply_update,
+        checkpoint_out=whole.to_whole,
+        checkpoint_in=whole.to_local,
+    )
+    return synced_restart_points(hooks, device=device, group=net.group)
 
 
 def group_trainer(
@@ -230,18 +239,17 @@ def group_trainer(
     `options.world` that has joined its process group (steps 1 to 5). `compression` defaults
     to the job's cluster.compression."""
     part = partition(job, rank=options.rank, world=options.world, group=group)
-    trainer = Trainer(part, dataset, options, sinks)
-    sync = sync_in_group(
-        trainer, compression=compression or job.spec.cluster.compression, group=group
-    )
-    whole_checkpoints(trainer)
-    return trainer, sync
+    part = on_device(part, device=options.device)
+    sync = gradient_sync(part, group, compression=compression or job.spec.cluster.compression)
+    hooks = sync_in_group(StepHooks(), sync=sync)
+    hooks = whole_checkpoints(hooks, net=part.net, device=options.device)
+    return Trainer(part, dataset, options, sinks, hooks=hooks), sync
 
 
 def group_pushers(topology: Topology) -> int | None:
-    """Workers per group that push gradients to the shards: allreduce groups push once, as one
-    replica; None leaves the parameter server's default (every worker pushes)."""
-    return 1 if topology.framework == "allreduce" else None
+    """Workers per group that push gradients to the shards (the framework's descriptor);
+    None leaves the parameter server's default (every worker pushes)."""
+    return FRAMEWORK_SPECS.get(topology.framework).pushers_per_group
 
 
 def check_topology(topology: Topology) -> None:
@@ -298,9 +306,10 @@ def _parameter_server(ctx: RunContext, cleanup: ExitStack) -> Worker:
         )
     plan = PSPlan.from_topology(ctx.topology)
     options = ctx.train_options(rank=plan.worker_id(ctx.group, ctx.rank), world=plan.nworkers)
-    trainer = Trainer(ctx.job, ctx.dataset, options, ctx.sinks)
-    client = _ps_client(ctx, trainer, plan, cleanup)
-    sync_through_servers(trainer, client=client)
+    job = on_device(ctx.job, device=ctx.device)
+    client = _ps_client(ctx, job.net, plan, cleanup)
+    hooks = sync_through_servers(StepHooks(), client=client, job=job, device=ctx.device)
+    trainer = Trainer(job, ctx.dataset, options, ctx.sinks, hooks=hooks)
     return Worker(trainer, after_run=[client.finish])
 
 
@@ -325,18 +334,25 @@ def _allreduce(ctx: RunContext, cleanup: ExitStack) -> Worker:
     # Every worker of the job reads its own rows of each global batch, as in the other
     # parameter-server frameworks; the rows of a group are consecutive.
     options = ctx.train_options(rank=plan.worker_id(ctx.group, ctx.rank), world=plan.nworkers)
-    trainer = Trainer(
-        partition(ctx.job, rank=member.rank, world=member.world), ctx.dataset, options, ctx.sinks
-    )
-    if sharded_params(trainer.net):
+    part = partition(ctx.job, rank=member.rank, world=member.world)
+    if sharded_params(part.net):
         raise TopologyError(
             "splitting layers by feature (partition_dim 1) inside worker groups that exchange "
             "updates through server shards is not supported: the shards hold whole parameters; "
             "use one worker group (nworker_groups: 1) or partition_dim 0 / -1"
         )
-    sync = gradient_sync(trainer, compression=ctx.spec.cluster.compression)
-    client = _ps_client(ctx, trainer, plan, cleanup)
-    sync_through_servers(trainer, client=client, group_sync=sync)
+    part = on_device(part, device=ctx.device)
+    sync = gradient_sync(part, compression=ctx.spec.cluster.compression)
+    client = _ps_client(ctx, part.net, plan, cleanup)
+    hooks = sync_through_servers(
+        StepHooks(),
+        client=client,
+        job=part,
+        device=ctx.device,
+        replicas=replicated_tensors(part.net),
+    )
+    hooks = sync_in_group(hooks, sync=sync)  # so the group's mean is what is pushed
+    trainer = Trainer(part, ctx.dataset, options, ctx.sinks, hooks=hooks)
     return Worker(trainer, after_run=[client.finish, *done])
 
 
@@ -353,15 +369,17 @@ def _pipeline(ctx: RunContext, cleanup: ExitStack) -> Worker:
     options = replace(
         ctx.train_options(rank=groups.replica, world=groups.replicas), writes=member.rank == 0
     )
-    trainer = pipeline_trainer(
+    stage, hooks = pipeline_stage(
         ctx.job,
-        lambda job: Trainer(job, ctx.dataset, options, ctx.sinks),
         plan=plan_pipeline(ctx.job),
         groups=groups,
+        device=ctx.device,
         compression=ctx.spec.cluster.compression,
         due=lambda done: checkpoint_due(ctx.spec, done),
     )
-    synced_restart_points(trainer)  # the whole job's world: its stages save together
+    # The whole job's world: its stages save together.
+    hooks = synced_restart_points(hooks, device=ctx.device)
+    trainer = Trainer(stage, ctx.dataset, options, ctx.sinks, hooks=hooks)
     return Worker(trainer, after_run=[dist.barrier])
 
 
@@ -384,12 +402,12 @@ def join_worker_group(
     return member
 
 
-def _ps_client(ctx: RunContext, trainer: Trainer, plan: PSPlan, cleanup: ExitStack) -> PSClient:
+def _ps_client(ctx: RunContext, net: NeuralNet, plan: PSPlan, cleanup: ExitStack) -> PSClient:
     connections = Connections(ctx.redis_url, ctx.ps_urls)
     cleanup.callback(connections.close)
     clip = ctx.spec.updater.clip
     client = PSClient(
-        trainer.net,
+        net,
         plan=plan,
         connections=connections,
         keys=PSKeys(ctx.scope),

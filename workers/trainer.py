@@ -1,13 +1,15 @@
 """The training loop: one readable piece shared by the local trainer and distributed workers.
 
-A run is `train_one_batch` (the job's algorithm computes gradients) followed by the update,
-repeated `train_steps` times, with `evaluate` every test.freq steps and `save_checkpoint` every
-checkpoint.freq steps (and the service's restart points every few minutes). The loop does not
-assume it runs alone: a worker passes its rank and world size (it then trains on its part of
-each global batch) and may replace how the update is applied (`apply_update`), e.g. by pushing
-gradients to parameter-server shards. Every forward pass runs in the job's `precision`
-(workers/precision.py), through the compiled forward when the job asks for `compile`
-(workers/compiled.py).
+A run restores where it stands and then repeats a step `train_steps` times: `train_one_batch`
+(the job's algorithm: loss and gradients), `apply_update`, `report` every disp_freq steps,
+`evaluate` every test.freq steps and `checkpoint` (the user's every checkpoint.freq steps, the
+service's restart points every few minutes). The loop does not assume it runs alone: a worker
+passes its rank and world size (it then trains on its part of each global batch), and what its
+framework changes in a step (how the update is applied, what runs at the start, how
+checkpoints map to its tensors, how the test split is evaluated) comes in through `StepHooks`,
+built by workers/parallel.py before the trainer. Every forward pass runs in the job's
+`precision` (workers/precision.py), through the compiled forward when the job asks for
+`compile` (workers/compiled.py).
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ import torch
 from contract.records import MetricRecord
 from contract.runs import RESTART
 from dsl.compiler import CompiledJob
-from workers.algorithms import ALGORITHMS, BatchResult, rbm_input
+from workers.algorithms import ALGORITHMS, BatchResult
 from workers.checkpoint import (
     Checkpoint,
     CheckpointError,
+    RestartClock,
     load_checkpoint,
     load_matching_params,
     resolve_checkpoint,
@@ -34,7 +37,8 @@ from workers.checkpoint import (
     write_json_atomic,
 )
 from workers.compiled import CompiledForward
-from workers.data import Dataset, TrainBatches, eval_batches
+from workers.data import Dataset, TrainBatches
+from workers.evaluation import evaluate_whole
 from workers.metrics import MetricSink
 from workers.precision import precision_for
 from workers.updaters import ParamEntry, Updater
@@ -95,6 +99,43 @@ class Summary:
         }
 
 
+def _job_algorithm(trainer: Trainer, x: torch.Tensor, y: torch.Tensor) -> BatchResult:
+    return trainer.algorithm(trainer.net, x, y, trainer.spec, trainer.generator, trainer.precision)
+
+
+def _local_update(trainer: Trainer, step: int) -> None:
+    trainer.updater.step(step)
+
+
+def _as_it_is(ckpt: Checkpoint) -> Checkpoint:
+    return ckpt
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepHooks:
+    """What a framework changes in a step, built before the trainer (workers/parallel.py); the
+    defaults are the local trainer's own. Each hook is handed the trainer when it runs."""
+
+    # The batch's loss and gradients: a pipeline's stage runs its part of the schedule instead.
+    train_one_batch: Callable[[Trainer, torch.Tensor, torch.Tensor], BatchResult] = _job_algorithm
+    # From gradients to new parameters: replicas exchange gradients first (all-reduce), or
+    # hand them to parameter-server shards and take the parameters back.
+    apply_update: Callable[[Trainer, int], None] = _local_update
+    # After `restore`, before the first step: replicas take the shards' or rank 0's values so
+    # that every one starts from the same parameters.
+    at_start: tuple[Callable[[Trainer], None], ...] = ()
+    # A pipeline's stages pass the test split through all of them.
+    evaluate: Callable[[Trainer], dict[str, float]] = evaluate_whole
+    # A worker holding parts of the net maps between its tensors and the whole-net checkpoint,
+    # whose format is the same whatever the framework.
+    checkpoint_out: Callable[[Checkpoint], Checkpoint] = _as_it_is
+    checkpoint_in: Callable[[Checkpoint], Checkpoint] = _as_it_is
+    # Set where saving is a collective (parts of the net joined first): hands every worker rank
+    # 0's answer, so that the workers agree on the steps they save restart points at. None: the
+    # writer saves on its own, also when it is drained.
+    restart_sync: Callable[[bool], bool] | None = None
+
+
 class _Window:
     """Running sums of one display window, kept on the device until reported."""
 
@@ -119,46 +160,19 @@ class _Window:
         return out
 
 
-class RestartClock:
-    """When the writer saves a restart point: every `seconds` of training. The answer for a
-    step is computed once; with `sync` (a collective that hands every worker rank 0's answer)
-    it is asked every `every` steps, so the workers that save together agree on the step."""
-
-    def __init__(
-        self,
-        seconds: float,
-        *,
-        every: int = 1,
-        sync: Callable[[bool], bool] | None = None,
-    ) -> None:
-        self.seconds, self.every, self.sync = seconds, every, sync
-        self.last = time.monotonic()
-        self._memo = (-1, False)
-
-    def due(self, step: int) -> bool:
-        if self._memo[0] == step:
-            return self._memo[1]
-        answer = False
-        if self.seconds > 0 and step % self.every == 0:
-            now = time.monotonic()
-            answer = now - self.last >= self.seconds
-            if self.sync is not None:
-                answer = self.sync(answer)
-            if answer:
-                self.last = now
-        self._memo = (step, answer)
-        return answer
-
-
 class Trainer:
+    """One worker's training: its net, its part of every batch, its framework's hooks."""
+
     def __init__(
         self,
         job: CompiledJob,
         dataset: Dataset,
         options: TrainOptions,
         sinks: Sequence[MetricSink] = (),
+        *,
+        hooks: StepHooks = StepHooks(),
     ) -> None:
-        self.job, self.spec, self.options = job, job.spec, options
+        self.job, self.spec, self.options, self.hooks = job, job.spec, options, hooks
         self.sinks = list(sinks)
         torch.manual_seed(self.spec.seed)  # layers that draw from the global stream (dropout)
         self.device = torch.device(options.device)
@@ -189,88 +203,130 @@ class Trainer:
         )
         self.algorithm = ALGORITHMS.get(self.spec.train_one_batch.alg)
         self.generator = torch.Generator(device=self.device).manual_seed(self.spec.seed + 7)
-        self.apply_update: Callable[[int], None] = self.updater.step
-        # A worker holding slices of the parameters maps between its tensors and the whole-model
-        # checkpoint here (workers/parallel.py); a whole net saves and loads as it is.
-        self.checkpoint_out: Callable[[Checkpoint], Checkpoint] = lambda ckpt: ckpt
-        self.checkpoint_in: Callable[[Checkpoint], Checkpoint] = lambda ckpt: ckpt
-        # Whether the writer can save on its own (a net split by feature or into stages joins
-        # its parts in a collective first, only at steps every worker knows of).
-        self.saves_alone = True
-        self.restart_clock = RestartClock(options.restart_seconds)
-        # Run after `restore` and before the first step: a worker fetches the shared parameters
-        # (workers/distributed/ps/client.py) so every replica starts from the same values.
-        self.start_hooks: list[Callable[[], None]] = []
-        # How the test split is evaluated: a pipeline's stages replace it with a pass through
-        # all of them (workers/distributed/pipeline.py).
-        self.evaluate: Callable[[], dict[str, float]] = self.evaluate_whole
+        # Asked every disp_freq steps when synced: each answer is a collective.
+        self.restart_clock = (
+            RestartClock(options.restart_seconds)
+            if hooks.restart_sync is None
+            else RestartClock(
+                options.restart_seconds, every=self.spec.disp_freq, sync=hooks.restart_sync
+            )
+        )
         self.step = 0
         self.last_test: dict[str, float] = {}
         self.last_train: dict[str, float] = {}
+        self.saved: tuple[int, Path] | None = None  # the latest checkpoint: its step, its file
         self.checkpoint_dir = options.run_dir / "checkpoints"
         self.compiled = CompiledForward(self.net, enabled=self.spec.compile, log=self.log)
 
-    # -- reporting -------------------------------------------------------------------------
-    def emit(self, values: dict[str, float]) -> None:
-        record = MetricRecord(
-            self.step, values, group=self.options.group, rank=self.options.metric_rank
+    # -- a run -----------------------------------------------------------------------------
+    def run(self, on_step: Callable[[int], None] | None = None) -> Summary:
+        """Train from where the run stands (a restart point, a checkpoint, init_from) to the
+        end or a stop; the summary, which the writer also leaves in the run directory."""
+        started = time.perf_counter()
+        self.restore()
+        for start in self.hooks.at_start:
+            start(self)
+        self.net.train()
+        status = self.loop(on_step)
+        if status == "succeeded":
+            self.finish()
+        summary = Summary(
+            status=status,
+            steps=self.step,
+            metrics={**self.last_train, **self.last_test},
+            wall_time=time.perf_counter() - started,
+            checkpoint=str(self.saved[1]) if self.saved else None,
         )
-        for sink in self.sinks:
-            sink.emit(record)
+        if self.options.is_writer:
+            write_json_atomic(self.options.run_dir / "summary.json", summary.to_json())
+        return summary
 
-    def log(self, line: str) -> None:
-        for sink in self.sinks:
-            sink.log(line)
+    def loop(self, on_step: Callable[[int], None] | None = None) -> str:
+        """The steps up to train_steps; how they ended: succeeded, diverged, drained or
+        cancelled."""
+        spec = self.spec
+        window = _Window()
+        while self.step < spec.train_steps:
+            if self.options.should_stop():
+                return self.stop()
+            # Asked by every worker at this same point: a synced clock's answer is a collective.
+            restart_point = self.restart_clock.due(self.step + 1)
+            x, y = next(self.batches)
+            result = self.train_one_batch(x, y)
+            self.apply_update()
+            window.add(result, len(x))
+            self.step += 1
+            if self.step % spec.disp_freq == 0 or self.step == spec.train_steps:
+                if not self.report(window):
+                    return "diverged"
+                window = _Window()
+            if spec.test.freq and self.step % spec.test.freq == 0 and self.step < spec.train_steps:
+                self.evaluate_and_report()
+            self.checkpoint(restart_point)
+            if on_step is not None:
+                on_step(self.step)
+        return "succeeded"
 
-    # -- the steps of an iteration -----------------------------------------------------------
+    # -- the steps, in their order -------------------------------------------------------------
     def train_one_batch(self, x: torch.Tensor, y: torch.Tensor) -> BatchResult:
-        result = self.compiled.run(lambda: self._gradients(x, y))
-        self.apply_update(self.step)
-        return result
+        """The batch's loss and metrics, its gradients left in the parameters' `.grad`."""
+        return self.compiled.run(lambda: self._gradients(x, y))
 
     def _gradients(self, x: torch.Tensor, y: torch.Tensor) -> BatchResult:
         self.updater.zero_grad()
-        return self.algorithm(self.net, x, y, self.spec, self.generator, self.precision)
+        return self.hooks.train_one_batch(self, x, y)
 
-    @torch.no_grad()
-    def evaluate_whole(self) -> dict[str, float]:
-        """Loss and metrics over the test split (or test.steps batches of it)."""
-        return self.compiled.run(self._evaluate)
+    def apply_update(self) -> None:
+        self.hooks.apply_update(self, self.step)
 
-    def _evaluate(self) -> dict[str, float]:
-        self.net.eval()
-        sums: dict[str, float] = {}
-        seen = 0
-        cd = self.spec.train_one_batch.alg == "cd"
-        for x, y in eval_batches(
-            self.x_test, self.y_test, self.spec.data.batch_size, self.spec.test.steps
-        ):
-            if cd:
-                values = self._cd_eval(x)
-            else:
-                self.net.reset_state()
-                with self.precision.autocast():
-                    out = self.net(x, y, "test", with_metrics=True)
-                values = {k: float(v) for k, v in out.metrics.items()}
-                if out.loss is not None:
-                    values["loss"] = float(out.loss)
-            for key, value in values.items():
-                sums[key] = sums.get(key, 0.0) + value * len(x)
-            seen += len(x)
-        self.net.train()
-        return {f"test/{k}": v / max(seen, 1) for k, v in sums.items()}
+    def report(self, window: _Window) -> bool:
+        """Emit the display window's training figures; False when the loss diverged."""
+        self.last_train = window.report()
+        loss = self.last_train.get("train/loss", math.nan)
+        if not math.isfinite(loss):
+            self.log(f"step {self.step}: training diverged (loss {loss})")
+            return False
+        self.emit({**self.last_train, "lr": self.updater.lr_at(self.step - 1)})
+        return True
 
-    def _cd_eval(self, x: torch.Tensor) -> dict[str, float]:
-        # Its own stream: evaluating must not shift the training samples' noise, and the same
-        # parameters should always give the same test figure.
-        generator = torch.Generator(device=self.device).manual_seed(self.spec.seed + 11)
-        with self.precision.autocast():
-            rbm, v0 = rbm_input(self.net, x, "test")
-            _, recon = rbm.cd_loss(v0, 1, generator)  # type: ignore[operator]
-        return {"recon_error": float(recon)}
+    def evaluate_and_report(self) -> None:
+        self.last_test = self.evaluate()
+        self.emit(self.last_test)
 
+    def checkpoint(self, restart_point: bool) -> None:
+        """The writer's save after a step: the user's checkpoint every checkpoint.freq steps,
+        else a restart point when the clock said so (the last step saves a checkpoint)."""
+        spec = self.spec
+        if not self.options.is_writer:
+            return
+        if spec.checkpoint.freq and self.step % spec.checkpoint.freq == 0:
+            self.save_checkpoint()
+        elif restart_point and self.step < spec.train_steps:
+            self.save_restart_point()
+
+    def stop(self) -> str:
+        """Stopped from outside; a drain saves a restart point first, to continue elsewhere."""
+        status = "drained" if self.options.drain() else "cancelled"
+        # A save that is a collective waits for peers, which may be stopping at another step.
+        if status == "drained" and self.options.is_writer and self.hooks.restart_sync is None:
+            self.save_restart_point()
+        return status
+
+    def finish(self) -> None:
+        """After the last step: the test figures, and a checkpoint unless the step saved one."""
+        self.evaluate_and_report()
+        if self.options.is_writer and (self.saved is None or self.saved[0] != self.step):
+            self.save_checkpoint()
+
+    # -- evaluation ------------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        """Loss and metrics over the test split, as the framework evaluates it."""
+        return self.hooks.evaluate(self)
+
+    # -- checkpoints -----------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
         path = self._write_checkpoint()
+        self.saved = (self.step, path)
         for sink in self.sinks:
             sink.checkpoint(self.step, path)
         return path
@@ -303,7 +359,7 @@ class Trainer:
         )
         return save_checkpoint(
             directory or self.checkpoint_dir,
-            self.checkpoint_out(ckpt),
+            self.hooks.checkpoint_out(ckpt),
             self.spec.checkpoint.keep if keep is None else keep,
         )
 
@@ -317,7 +373,7 @@ class Trainer:
             except ValueError:
                 self.log("resume: no checkpoint yet, starting from step 0")
         if path is not None:
-            ckpt = self.checkpoint_in(load_checkpoint(path))
+            ckpt = self.hooks.checkpoint_in(load_checkpoint(path))
             load_matching_params(self.net.named_params(), ckpt)
             self._load_buffers(ckpt)
             self.updater.load_state_tensors(ckpt.updater)
@@ -342,7 +398,7 @@ class Trainer:
             if not where.is_absolute():
                 where = self.options.base_dir / where
             try:
-                ckpt = self.checkpoint_in(load_checkpoint(resolve_checkpoint(where)))
+                ckpt = self.hooks.checkpoint_in(load_checkpoint(resolve_checkpoint(where)))
                 loaded = load_matching_params(self.net.named_params(), ckpt)
             except CheckpointError as exc:
                 raise CheckpointError(f"checkpoint.init_from: {exc}") from None
@@ -371,65 +427,14 @@ class Trainer:
                     if saved is not None and saved.shape == buf.shape:
                         buf.copy_(saved)
 
-    # -- the loop ------------------------------------------------------------------------------
-    def run(self, on_step: Callable[[int], None] | None = None) -> Summary:
-        started = time.perf_counter()
-        spec = self.spec
-        self.restore()
-        for hook in self.start_hooks:
-            hook()
-        self.net.train()
-        window = _Window()
-        status = "succeeded"
-        checkpoint: Path | None = None
-        saved_step = -1
-        while self.step < spec.train_steps:
-            if self.options.should_stop():
-                status = "drained" if self.options.drain() else "cancelled"
-                if status == "drained" and self.options.is_writer and self.saves_alone:
-                    self.save_restart_point()
-                break
-            # Asked by every worker at this same point: a synced clock's answer is a collective.
-            restart_point = self.restart_clock.due(self.step + 1)
-            x, y = next(self.batches)
-            result = self.train_one_batch(x, y)
-            window.add(result, len(x))
-            self.step += 1
-            if self.step % spec.disp_freq == 0 or self.step == spec.train_steps:
-                self.last_train = window.report()
-                loss = self.last_train.get("train/loss", math.nan)
-                if not math.isfinite(loss):
-                    status = "diverged"
-                    self.log(f"step {self.step}: training diverged (loss {loss})")
-                    break
-                self.emit({**self.last_train, "lr": self.updater.lr_at(self.step - 1)})
-                window = _Window()
-            if spec.test.freq and self.step % spec.test.freq == 0 and self.step < spec.train_steps:
-                self.last_test = self.evaluate()
-                self.emit(self.last_test)
-            if (
-                spec.checkpoint.freq
-                and self.step % spec.checkpoint.freq == 0
-                and self.options.is_writer
-            ):
-                checkpoint, saved_step = self.save_checkpoint(), self.step
-            elif restart_point and self.options.is_writer and self.step < spec.train_steps:
-                self.save_restart_point()
-            if on_step is not None:
-                on_step(self.step)
-        if status == "succeeded":
-            self.last_test = self.evaluate()
-            self.emit(self.last_test)
-            # Unless the loop has just saved this very step (train_steps a multiple of the freq).
-            if self.options.is_writer and not (checkpoint and saved_step == self.step):
-                checkpoint = self.save_checkpoint()
-        summary = Summary(
-            status=status,
-            steps=self.step,
-            metrics={**self.last_train, **self.last_test},
-            wall_time=time.perf_counter() - started,
-            checkpoint=str(checkpoint) if checkpoint else None,
+    # -- reporting -------------------------------------------------------------------------
+    def emit(self, values: dict[str, float]) -> None:
+        record = MetricRecord(
+            self.step, values, group=self.options.group, rank=self.options.metric_rank
         )
-        if self.options.is_writer:
-            write_json_atomic(self.options.run_dir / "summary.json", summary.to_json())
-        return summary
+        for sink in self.sinks:
+            sink.emit(record)
+
+    def log(self, line: str) -> None:
+        for sink in self.sinks:
+            sink.log(line)

@@ -203,6 +203,7 @@ def train(
     import torch
 
     from contract.records import MetricRecord
+    from dsl.frameworks import FRAMEWORK_SPECS
     from workers.checkpoint import CheckpointError
     from workers.metrics import Emitted, JsonlSink
     from workers.precision import PrecisionError
@@ -220,7 +221,7 @@ def train(
             "service; submit it with `trainyard submit`"
         )
         raise typer.Exit(2)
-    if spec.cluster.framework != "local" or spec.pipeline is not None:
+    if not FRAMEWORK_SPECS.get(spec.cluster.framework).in_one_process or spec.pipeline is not None:
         what = (
             f"cluster.framework '{spec.cluster.framework}'"
             if spec.pipeline is None

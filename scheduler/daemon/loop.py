@@ -28,6 +28,7 @@ from contract import records
 from contract.announcements import JOB, SWEEP, relay
 from contract.records import AllocationInfo, Keys, decode, delete_matching
 from contract.settings import Settings
+from dsl.frameworks import restarting_alone
 from scheduler.admission.quotas import Limits, owner_shares
 from scheduler.celery_app import RUN_ALLOCATION, create_celery
 from scheduler.daemon.lease import SchedulerLease, record_pass
@@ -48,7 +49,7 @@ from scheduler.placement.cluster import (
     queued_jobs,
 )
 from scheduler.placement.plan import plan_queue
-from scheduler.recovery.actions import ASYNCHRONOUS, prune_restart_points, worker_step
+from scheduler.recovery.actions import prune_restart_points, worker_step
 from scheduler.store.database import Database
 from scheduler.store.jobs import job_run_dir
 from scheduler.store.lifecycle import transition
@@ -169,7 +170,7 @@ def replace_processes(session: Session, settings: Settings) -> list[Dispatch]:
             Job.state.in_(LIVE_JOBS),
             Job.cancel_requested.is_(False),
             (Allocation.role == "server")
-            | ((Allocation.role == "worker") & Job.framework.in_(ASYNCHRONOUS)),
+            | ((Allocation.role == "worker") & Job.framework.in_(restarting_alone())),
         )
         .order_by(Allocation.id)
     ):

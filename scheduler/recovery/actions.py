@@ -31,6 +31,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from contract.runs import RESTART, attempt_point, latest_restart_point
+from dsl.frameworks import restarting_alone
 from scheduler.placement.cluster import ACTIVE_ALLOCATIONS
 from scheduler.store.jobs import job_run_dir
 from scheduler.store.lifecycle import can_transition, transition
@@ -47,7 +48,6 @@ from scheduler.store.models import (
 log = logging.getLogger("trainyard.recovery")
 
 DEFAULT_MAX_RESTARTS = 3
-ASYNCHRONOUS = ("downpour", "hogwild")  # frameworks whose workers restart alone
 SUMMARY_METRIC = "test/accuracy"  # the job list's best metric (scheduler/ingest/ingester.py)
 
 
@@ -176,7 +176,7 @@ def restart_alone(session: Session, job: Job, alloc: Allocation, cause: str) -> 
     scheduler): counted against cluster.max_restarts, an event, the job's state unchanged.
     False when the job is not asynchronous or has no restarts left."""
     pipelined = int((job.topology or {}).get("stages", 1) or 1) > 1
-    if job.framework not in ASYNCHRONOUS or pipelined or job.restarts >= max_restarts(job):
+    if job.framework not in restarting_alone() or pipelined or job.restarts >= max_restarts(job):
         return False
     job.restarts += 1
     step = worker_step(session, job.id, alloc.group, alloc.rank)

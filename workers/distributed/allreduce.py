@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from dsl.compiler import CompiledJob
+from dsl.net import NeuralNet
 from workers.distributed.comm import ProcessGroup
 from workers.distributed.partition import sharded_params
-from workers.trainer import Trainer
 
 WIRE_DTYPES: dict[str, torch.dtype | None] = {
     "none": None,
@@ -61,7 +62,6 @@ class GradientSync:
         first_bucket_mb: float | None = None,
         overlap: bool = True,
         clip_norm: float | None = None,
-        scaler: torch.amp.GradScaler | None = None,
     ) -> None:
         if compression not in WIRE_DTYPES:
             raise ValueError(
@@ -73,7 +73,6 @@ class GradientSync:
         self.sliced = [tensor for name, tensor in params if name in skip]
         self.replicated = [tensor for name, tensor in params if name not in skip]
         self.clip_norm = clip_norm if self.sliced else None
-        self.scaler = scaler  # fp16's loss scale, which the gradients carry until the update
         # Backward produces the last layers' gradients first, so buckets run from the end; a
         # small first bucket starts the communication early, as DDP's does.
         first = min(1.0, bucket_mb) if first_bucket_mb is None else first_bucket_mb
@@ -128,8 +127,11 @@ class GradientSync:
         bucket.work = dist.all_reduce(bucket.flat, group=self.group, async_op=True)
         self.wire_bytes += bucket.flat.numel() * bucket.flat.element_size()
 
-    def finish(self) -> None:
-        """Send what has not been sent, wait, and leave the group's mean in every `.grad`."""
+    def finish(self, scaler: torch.amp.GradScaler | None = None) -> None:
+        """Send what has not been sent, wait, and leave the group's mean in every `.grad`.
+
+        `scaler`: fp16's loss scale, which the gradients carry until the update.
+        """
         self._ready = [True] * len(self.buckets)
         self._launch_in_order()
         for bucket in self.buckets:
@@ -143,7 +145,7 @@ class GradientSync:
             if param.grad is not None:
                 param.grad.div_(self.world)
         if self.clip_norm is not None:
-            scale = self.scaler.get_scale() if self.scaler is not None else 1.0
+            scale = scaler.get_scale() if scaler is not None else 1.0
             self._clip_whole_norm(self.clip_norm * scale)
         self._next = 0
         self._ready = [False] * len(self.buckets)
@@ -209,35 +211,35 @@ def broadcast_replicas(tensors: Sequence[torch.Tensor], group: ProcessGroup = No
         offset += tensor.numel()
 
 
-def replicated_tensors(trainer: Trainer) -> list[torch.Tensor]:
+def replicated_tensors(net: NeuralNet) -> list[torch.Tensor]:
     """What every worker of the group holds whole: all parameters but slices, and buffers."""
-    sharded = sharded_params(trainer.net)
-    params = [p for name, p in trainer.net.named_params().items() if name not in sharded]
-    return params + [b for b in trainer.net.buffers() if b.is_floating_point()]
+    sharded = sharded_params(net)
+    params = [p for name, p in net.named_params().items() if name not in sharded]
+    return params + [b for b in net.buffers() if b.is_floating_point()]
 
 
 def gradient_sync(
-    trainer: Trainer,
+    job: CompiledJob,
     process_group: ProcessGroup = None,
     *,
     compression: str | None = None,
     bucket_mb: float = 25.0,
 ) -> GradientSync:
-    """Equal replicas (rank 0's values), and the sync that averages the trainer's gradients.
+    """Equal replicas (rank 0's values), and the sync that averages the job's gradients; its
+    net is on the worker's device already (the buckets are made there).
 
     `compression` defaults to the job's cluster.compression.
     """
-    net = trainer.net
-    clip = trainer.spec.updater.clip
-    broadcast_replicas(replicated_tensors(trainer), process_group)
+    net, spec = job.net, job.spec
+    clip = spec.updater.clip
+    broadcast_replicas(replicated_tensors(net), process_group)
     return GradientSync(
         list(net.named_params().items()),
         group=process_group,
         sharded=sharded_params(net),
-        compression=compression or trainer.spec.cluster.compression,
+        compression=compression or spec.cluster.compression,
         bucket_mb=bucket_mb,
         # bptt back-propagates once per chunk and cd only reaches the rbm: reduce after.
-        overlap=trainer.spec.train_one_batch.alg == "bp",
+        overlap=spec.train_one_batch.alg == "bp",
         clip_norm=clip.grad_norm if clip is not None else None,
-        scaler=trainer.updater.scaler,
     )

@@ -35,8 +35,8 @@ from workers.data import eval_batches
 from workers.distributed.allreduce import GradientSync, broadcast_replicas, replicated_tensors
 from workers.distributed.comm import ProcessGroup
 from workers.distributed.stages import StageModule, run_flow, run_head, stage_flows, stage_job
-from workers.precision import Precision, PrecisionError
-from workers.trainer import Trainer
+from workers.precision import Precision, PrecisionError, precision_for
+from workers.trainer import StepHooks, Trainer
 
 MB = 1 << 20
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
@@ -285,16 +285,16 @@ class PipelineCheckpoints:
     one checkpoint; loading takes each stage's own entries from a whole-net checkpoint.
     """
 
-    def __init__(self, trainer: Trainer, groups: PipelineGroups, due: Callable[[int], bool]):
-        self.trainer, self.groups, self.due = trainer, groups, due
+    def __init__(self, net: NeuralNet, groups: PipelineGroups, due: Callable[[int], bool]):
+        self.net, self.groups, self.due = net, groups, due
         self.step = -1
         self.merged: tuple[dict[str, torch.Tensor], ...] = ({}, {}, {})
 
-    def after_update(self, step: int) -> None:
-        due = self.due(step + 1) or self.trainer.restart_clock.due(step + 1)
+    def after_update(self, trainer: Trainer, step: int) -> None:
+        due = self.due(step + 1) or trainer.restart_clock.due(step + 1)
         if self.groups.replica != 0 or not due:
             return
-        net = self.trainer.net
+        net = self.net
         mine = (
             {name: p.detach().cpu() for name, p in net.named_params().items()},
             {
@@ -302,7 +302,7 @@ class PipelineCheckpoints:
                 for name, module in net.layers.items()
                 for local, b in module.named_buffers()
             },
-            self.trainer.updater.state_tensors(),
+            trainer.updater.state_tensors(),
         )
         parts: list[object] | None = [None] * self.groups.stages if self.groups.is_first else None
         dist.gather_object(mine, parts, dst=self.groups.rank_of(0), group=self.groups.pipeline)
@@ -324,7 +324,7 @@ class PipelineCheckpoints:
         return replace(ckpt, params=params, buffers=buffers, updater=updater)
 
     def to_stage(self, ckpt: Checkpoint) -> Checkpoint:
-        names = set(self.trainer.net.named_params())
+        names = set(self.net.named_params())
         updater = {k: v for k, v in ckpt.updater.items() if k.rpartition("/")[0] in names}
         return replace(ckpt, updater=updater)
 
@@ -344,30 +344,26 @@ def clip_across_stages(
         torch._foreach_mul_(grads, scale)
 
 
-def pipeline_trainer(
+def pipeline_stage(
     job: CompiledJob,
-    trainer_for: Callable[[CompiledJob], Trainer],
     *,
     plan: PipelinePlan,
     groups: PipelineGroups,
+    device: str,
     compression: str,
     due: Callable[[int], bool],
-) -> Trainer:
-    """One stage's trainer: cut the net (the stage's layers only), build the trainer over them,
-    run the stage's part of the schedule as its algorithm, average the gradients with the same
-    stage of the other replicas, clip over the whole pipeline, and save whole-net checkpoints."""
-    trainer = trainer_for(stage_job(job, plan, groups.stage))
-    runner = PipelineRunner(job, plan, groups, trainer.device, trainer.precision)
+) -> tuple[CompiledJob, StepHooks]:
+    """One stage of the job's pipeline: the job cut to the stage's layers, on the worker's
+    device, and the hooks its trainer takes: run the stage's part of the schedule as its
+    algorithm, evaluate through all the stages, average the gradients with the same stage of
+    the other replicas, clip over the whole pipeline, and save whole-net checkpoints."""
+    where = torch.device(device)
+    stage = stage_job(job, plan, groups.stage)
+    stage.net.to(where)
+    runner = PipelineRunner(job, plan, groups, where, precision_for(job.spec.precision, where))
     every = job.spec.disp_freq
 
-    def train_one_batch(
-        net: NeuralNet,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        spec: JobSpec,
-        gen: torch.Generator,
-        precision: Precision,
-    ) -> BatchResult:
+    def train_one_batch(trainer: Trainer, x: torch.Tensor, y: torch.Tensor) -> BatchResult:
         result = runner.train_one_batch(x, y)
         if (trainer.step + 1) % every == 0:
             record = TimelineRecord(
@@ -380,28 +376,29 @@ def pipeline_trainer(
                 sink.emit(record)
         return result
 
-    trainer.algorithm = train_one_batch
-    trainer.evaluate = lambda: runner.evaluate(trainer)
-    params = list(trainer.net.named_params().items())
+    params = list(stage.net.named_params().items())
     sync: GradientSync | None = None
     if groups.peers is not None:
-        broadcast_replicas(replicated_tensors(trainer), groups.peers)
+        broadcast_replicas(replicated_tensors(stage.net), groups.peers)
         # Gradients accumulate over the micro-batches' backwards: all-reduce once, after them.
         sync = GradientSync(params, group=groups.peers, compression=compression, overlap=False)
     clip = job.spec.updater.clip
     max_norm = clip.grad_norm if clip is not None else None
-    checkpoints = PipelineCheckpoints(trainer, groups, due)
-    update = trainer.updater.step
+    checkpoints = PipelineCheckpoints(stage.net, groups, due)
 
-    def apply_update(step: int) -> None:
+    def apply_update(trainer: Trainer, step: int) -> None:
         if sync is not None:
             sync.finish()
         if max_norm is not None:
             clip_across_stages([p for _, p in params], max_norm, groups.pipeline)
-        update(step)
-        checkpoints.after_update(step)
+        trainer.updater.step(step)
+        checkpoints.after_update(trainer, step)
 
-    trainer.apply_update = apply_update
-    trainer.checkpoint_out = checkpoints.to_whole
-    trainer.checkpoint_in = checkpoints.to_stage
-    return trainer
+    hooks = StepHooks(
+        train_one_batch=train_one_batch,
+        apply_update=apply_update,
+        evaluate=runner.evaluate,
+        checkpoint_out=checkpoints.to_whole,
+        checkpoint_in=checkpoints.to_stage,
+    )
+    return stage, hooks

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from dsl.frameworks import FRAMEWORK_SPECS
 from dsl.schema import ClusterConfig
-from dsl.topology import PRESETS, PS_FRAMEWORKS, resolve_topology
+from dsl.topology import resolve_topology
 from scheduler.placement.plan import (
     NodeCapacity,
     PlacementRequest,
@@ -37,12 +38,12 @@ def placed_on(request: PlacementRequest, nodes: list[NodeCapacity]) -> list[str]
     return None if plan is None else plan.nodes()
 
 
-@pytest.mark.parametrize("framework", sorted(PRESETS))
+@pytest.mark.parametrize("framework", FRAMEWORK_SPECS.names())
 def test_the_parameter_server_frameworks_are_the_ones_that_use_its_redis(framework: str) -> None:
     request = PlacementRequest.from_topology(
         1, resolve_topology(ClusterConfig.model_validate({"framework": framework}))
     )
-    assert request.parameter_server == (framework in PS_FRAMEWORKS)
+    assert request.parameter_server == FRAMEWORK_SPECS.get(framework).needs_servers
 
 
 def test_an_allreduce_hybrid_uses_the_parameter_server_redis() -> None:

@@ -23,7 +23,7 @@ from dsl.topology import resolve_topology
 from tests.conftest import compile_with_data
 from workers.checkpoint import load_checkpoint, resolve_checkpoint
 from workers.context import worker_dir
-from workers.distributed.allreduce import GradientSync
+from workers.distributed.allreduce import GradientSync, gradient_sync
 from workers.distributed.rendezvous import (
     GroupMember,
     RendezvousError,
@@ -41,7 +41,7 @@ from workers.parallel import (
     group_trainer,
     sync_in_group,
 )
-from workers.trainer import Trainer, TrainOptions
+from workers.trainer import StepHooks, Trainer, TrainOptions
 
 torch.set_num_threads(1)
 
@@ -99,8 +99,9 @@ def _worker(rank: int, redis_url: str, scope: str, tmp: Path) -> None:
 
     # Buckets of a few kilobytes, so several all-reduces overlap the backward pass.
     compiled, data = compile_with_data(MLP, cache_dir=tmp)
-    trainer = Trainer(compiled, data, TrainOptions(tmp / "mlp", rank=rank, world=WORLD))
-    sync = sync_in_group(trainer, compression="none", bucket_mb=0.01)
+    sync = gradient_sync(compiled, compression="none", bucket_mb=0.01)
+    options = TrainOptions(tmp / "mlp", rank=rank, world=WORLD)
+    trainer = Trainer(compiled, data, options, hooks=sync_in_group(StepHooks(), sync=sync))
     results["buckets"] = len(sync.buckets)
     results["fp32_loss"] = trainer.run().metrics["train/loss"]
     results["fp32_bytes"] = sync.wire_bytes
