@@ -35,7 +35,7 @@ from api.routes import (
     tokens,
 )
 from api.stream import router as stream_router
-from contract.records import Keys
+from contract.keys import Keys
 from contract.settings import Settings
 from scheduler.store.database import Database
 

@@ -18,7 +18,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from contract.records import Keys
+from contract.keys import Keys
 from contract.settings import Settings
 from dsl.compiler import CompiledJob
 from scheduler.store import jobs as job_store

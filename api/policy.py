@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from api.deps import CurrentUser, Services, ServicesDep, SessionDep
 from api.submit import Submission, read_submission
-from contract.records import Keys
+from contract.keys import Keys
 from scheduler.admission.checks import CheckedJob
 from scheduler.admission.quotas import Limits, check_new_job, limits_for
 from scheduler.placement.plan import PlacementRequest

@@ -9,7 +9,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from scheduler.store.models import AllocationState, JobOut, JobState, NodeState, SweepState
+from contract.allocation import AllocationState
+from scheduler.store.models import JobOut, JobState, NodeState, SweepState
 
 PRIORITY_RANGE = 1_000_000
 

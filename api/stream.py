@@ -15,7 +15,7 @@ import re
 import secrets
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Annotated, Any
 
 import redis.asyncio
@@ -33,7 +33,7 @@ from api.deps import (
 )
 from api.schemas import StageTimelineOut, errors, finite
 from api.schemas_access import StreamTicket
-from contract.records import (
+from contract.stream import (
     CheckpointRecord,
     LogRecord,
     MetricRecord,
@@ -76,21 +76,8 @@ def sse(event: str, data: Any, event_id: str | None = None) -> str:
 def record_event(record: Record) -> tuple[str, dict[str, Any]] | None:
     """The SSE event of one stream record; None for records clients do not see."""
     match record:
-        case MetricRecord():
-            return "metric", {
-                "step": record.step,
-                "group": record.group,
-                "rank": record.rank,
-                "time": record.time,
-                "values": record.values,
-            }
-        case LogRecord():
-            return "log", {
-                "group": record.group,
-                "rank": record.rank,
-                "time": record.time,
-                "line": record.line,
-            }
+        case MetricRecord() | LogRecord():
+            return record.kind, asdict(record)
         case CheckpointRecord():
             # The server path stays on the server; clients download by step.
             return "checkpoint", {"step": record.step, "size": record.size, "time": record.time}

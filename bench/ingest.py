@@ -21,7 +21,8 @@ from pathlib import Path
 import redis
 from sqlalchemy import func, select
 
-from contract.records import Keys, MetricRecord, delete_matching, encode_record
+from contract.keys import Keys, delete_matching
+from contract.stream import MetricRecord, encode_record
 from scheduler.cli.redis_server import RedisServer
 from scheduler.ingest.ingester import GROUP, ingest_once
 from scheduler.store.database import Database, migrate

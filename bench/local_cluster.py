@@ -29,6 +29,7 @@ from typing import Any
 # Run as a script (each launched process), this file needs the repository on sys.path.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from contract.rundir import SUMMARY
 from dsl.compiler import compile_job
 from dsl.schema import JobSpec
 from dsl.topology import Topology, resolve_topology
@@ -176,9 +177,9 @@ class LocalCluster:
             self.stop()
         run_dir = self.run_dir
         return LocalRun(
-            summary=json.loads((run_dir / "summary.json").read_text()),
+            summary=json.loads((run_dir / SUMMARY).read_text()),
             workers={
-                (g, r): json.loads((worker_dir(run_dir, g, r) / "summary.json").read_text())
+                (g, r): json.loads((worker_dir(run_dir, g, r) / SUMMARY).read_text())
                 for kind, g, r in self.roles
                 if kind == "worker"
             },
@@ -290,7 +291,7 @@ def _run_process(config: LaunchConfig, kind: str, group: int, rank: int) -> int:
         summary = train(context)
     finally:
         sink.close()
-    write_json_atomic(own_dir / "summary.json", summary.to_json())
+    write_json_atomic(own_dir / SUMMARY, summary.to_json())
     return 0 if summary.status == "succeeded" else 1
 
 

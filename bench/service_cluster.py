@@ -20,7 +20,7 @@ from pathlib import Path
 import redis
 from sqlalchemy import select
 
-from contract.records import Keys
+from contract.keys import Keys
 from contract.settings import Settings
 from dsl.compiler import compile_job
 from dsl.layers.base import BuildContext

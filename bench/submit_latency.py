@@ -30,7 +30,8 @@ from pathlib import Path
 
 import redis
 
-from contract.records import Keys, decode
+from contract.codec import decode
+from contract.keys import Keys
 from scheduler.cli.redis_server import free_port
 from scheduler.cli.stack import StackFile, read_stack_file
 from trainyard import Client

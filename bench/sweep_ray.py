@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from contract.records import MetricRecord
+from contract.stream import MetricRecord
 from dsl.compiler import compile_job
 from workers.data import TrainingData
 from workers.metrics import Emitted, JsonlSink

@@ -12,7 +12,7 @@ import threading
 
 import redis
 
-from contract.records import Keys
+from contract.keys import Keys
 
 JOB, SWEEP = "job", "sweep"
 RETRY_SECONDS = 1.0

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from contract.records import MetricRecord
+from contract.stream import MetricRecord
 from dsl.overrides import parse_overrides
 from scheduler.cli.main import app
 from tests.conftest import compile_with_data

@@ -21,7 +21,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 
-from contract.runs import checkpoint_path, list_checkpoints
+from contract.rundir import CHECKPOINTS, checkpoint_path, list_checkpoints
 
 
 class CheckpointError(ValueError):
@@ -121,7 +121,7 @@ def resolve_checkpoint(location: Path) -> Path:
     """A checkpoint file, or the newest checkpoint of a run directory or checkpoint folder."""
     if location.is_file():
         return location
-    for directory in (location / "checkpoints", location):
+    for directory in (location / CHECKPOINTS, location):
         found = list_checkpoints(directory)
         if found:
             return found[-1][1]

@@ -25,8 +25,11 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from contract.records import AllocationInfo, ExitCode, JobStream, Keys, decode, stop_requested
+from contract.allocation import AllocationInfo, ExitCode, stop_requested
+from contract.codec import decode
+from contract.keys import Keys
 from contract.settings import Settings
+from contract.stream import JobStream
 from workers.fork_server import serve
 from workers.metrics import RedisSink
 
@@ -179,7 +182,7 @@ def train(
 def _train(context: RunContext, stream: JobStream) -> Summary:
     """Train this allocation's worker: rank 0 of group 0 writes the job's run directory, the
     other workers of a distributed topology their own."""
-    from contract.runs import CHECKPOINTS, list_checkpoints
+    from contract.rundir import CHECKPOINTS, list_checkpoints
     from dsl.frameworks import FRAMEWORK_SPECS
     from workers.context import worker_dir
     from workers.metrics import JsonlSink

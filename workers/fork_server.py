@@ -6,14 +6,9 @@ agent therefore starts one `python -m workers.entry --fork-server`
 (scheduler/agent/processes.py); it does the imports once and then forks a process per
 allocation, which costs milliseconds and shares the imported pages with its siblings.
 
-The protocol runs over a Unix SOCK_SEQPACKET socket the agent passes in, one message each:
-- the agent asks `run <allocation id>`, attaching the write end of the pipe the process's
-  stdout and stderr go to;
-- the server answers `started <allocation id> <pid>` (or `failed <allocation id> <why>`),
-  and, when that process ends, `exited <pid> <exit code>` (negative: the signal).
-The server exits when the agent's end closes; the processes it forked go on, each in its own
-session, and stop themselves once the scheduler gives their allocation up, as any orphaned
-worker process does.
+The protocol is contract/fork_server.py's. The server exits when the agent's end closes; the
+processes it forked go on, each in its own session, and stop themselves once the scheduler gives
+their allocation up, as any orphaned worker process does.
 """
 
 from __future__ import annotations
@@ -28,10 +23,7 @@ import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
-MESSAGE_BYTES = 4096
-
-# What the server prints on stdout once it has done its imports.
-READY = "trainyard: fork server ready"
+from contract.fork_server import EXITED, FAILED, MESSAGE_BYTES, READY, RUN, STARTED
 
 
 def serve(channel: socket.socket, run: Callable[[int], int]) -> None:
@@ -69,10 +61,10 @@ def _fork(
     run: Callable[[int], int],
 ) -> None:
     verb, _, raw_id = request.partition(" ")
-    if verb != "run" or not raw_id.isdigit() or len(fds) != 1:
+    if verb != RUN or not raw_id.isdigit() or len(fds) != 1:
         for fd in fds:
             os.close(fd)
-        _send(channel, f"failed {raw_id or '?'} a malformed request: {request!r}")
+        _send(channel, f"{FAILED} {raw_id or '?'} a malformed request: {request!r}")
         return
     allocation_id, output = int(raw_id), fds[0]
     sys.stdout.flush()
@@ -80,13 +72,13 @@ def _fork(
     try:
         pid = os.fork()
     except OSError as exc:  # out of processes or memory
-        _send(channel, f"failed {allocation_id} cannot fork: {exc}")
+        _send(channel, f"{FAILED} {allocation_id} cannot fork: {exc}")
         os.close(output)
         return
     if pid == 0:
         _child(allocation_id, output, own_fds, run)
     os.close(output)
-    _send(channel, f"started {allocation_id} {pid}")
+    _send(channel, f"{STARTED} {allocation_id} {pid}")
 
 
 def _child(
@@ -125,7 +117,7 @@ def _reap(channel: socket.socket) -> None:
             return
         if pid == 0:
             return
-        _send(channel, f"exited {pid} {os.waitstatus_to_exitcode(status)}")
+        _send(channel, f"{EXITED} {pid} {os.waitstatus_to_exitcode(status)}")
 
 
 def _send(channel: socket.socket, message: str) -> None:

@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 from typing import IO, Protocol
 
-from contract.records import CheckpointRecord, JobStream, LogRecord, MetricRecord, TimelineRecord
+from contract.rundir import METRICS, TIMELINE, TRAIN_LOG
+from contract.stream import CheckpointRecord, JobStream, LogRecord, MetricRecord, TimelineRecord
 
 Emitted = MetricRecord | TimelineRecord
 
@@ -33,12 +34,12 @@ class JsonlSink:
     def __init__(self, run_dir: Path) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.run_dir = run_dir
-        self._metrics: IO[str] = (run_dir / "metrics.jsonl").open("a", buffering=1)
-        self._log: IO[str] = (run_dir / "train.log").open("a", buffering=1)
+        self._metrics: IO[str] = (run_dir / METRICS).open("a", buffering=1)
+        self._log: IO[str] = (run_dir / TRAIN_LOG).open("a", buffering=1)
 
     def emit(self, record: Emitted) -> None:
         if isinstance(record, TimelineRecord):
-            with (self.run_dir / "timeline.jsonl").open("a") as out:
+            with (self.run_dir / TIMELINE).open("a") as out:
                 out.write(json.dumps(record.to_json()) + "\n")
             return
         self._metrics.write(json.dumps(record.to_json()) + "\n")
@@ -74,7 +75,7 @@ class RedisSink:
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, float]]:
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / METRICS
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from contract.records import MetricRecord
-from contract.runs import RESTART
+from contract.rundir import CHECKPOINTS, RESTART, SUMMARY
+from contract.stream import MetricRecord
 from dsl.compiler import CompiledJob
 from workers.algorithms import ALGORITHMS, BatchResult
 from workers.checkpoint import (
@@ -215,7 +215,7 @@ class Trainer:
         self.last_test: dict[str, float] = {}
         self.last_train: dict[str, float] = {}
         self.saved: tuple[int, Path] | None = None  # the latest checkpoint: its step, its file
-        self.checkpoint_dir = options.run_dir / "checkpoints"
+        self.checkpoint_dir = options.run_dir / CHECKPOINTS
         self.compiled = CompiledForward(self.net, enabled=self.spec.compile, log=self.log)
 
     # -- a run -----------------------------------------------------------------------------
@@ -238,7 +238,7 @@ class Trainer:
             checkpoint=str(self.saved[1]) if self.saved else None,
         )
         if self.options.is_writer:
-            write_json_atomic(self.options.run_dir / "summary.json", summary.to_json())
+            write_json_atomic(self.options.run_dir / SUMMARY, summary.to_json())
         return summary
 
     def loop(self, on_step: Callable[[int], None] | None = None) -> str:

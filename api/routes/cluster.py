@@ -14,17 +14,10 @@ from api.schemas import (
     RunningJob,
     errors,
 )
+from contract.allocation import AllocationState
 from scheduler.admission.quotas import Limits
 from scheduler.placement.cluster import LIVE_JOBS, PLACEMENT_COLUMNS, node_capacities, queue_view
-from scheduler.store.models import (
-    Allocation,
-    AllocationState,
-    Job,
-    JobState,
-    Node,
-    NodeState,
-    aware,
-)
+from scheduler.store.models import Allocation, Job, JobState, Node, NodeState, aware
 
 router = APIRouter(tags=["cluster"])
 

@@ -13,7 +13,7 @@ from sqlalchemy import func, select, text
 
 from api.deps import CurrentUser, Services, ServicesDep, SessionDep
 from api.schemas import Health, LoopHealth, errors
-from contract.records import decode
+from contract.codec import decode
 from scheduler.placement.cluster import node_capacities
 from scheduler.store.jobs import job_counts
 from scheduler.store.models import Job, JobState, NodeState

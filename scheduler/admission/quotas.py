@@ -19,13 +19,13 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from contract.allocation import AllocationState
 from contract.settings import Settings
 from scheduler.placement.plan import OwnerShare
 from scheduler.store.errors import StoreError
 from scheduler.store.models import (
     QUOTA_NAMES,
     Allocation,
-    AllocationState,
     CheckpointRecord,
     DatasetRecord,
     Job,

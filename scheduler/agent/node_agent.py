@@ -28,25 +28,24 @@ import redis
 from celery import Celery
 from celery.signals import worker_shutting_down
 
-from contract.records import (
+from contract.allocation import (
     CLAIMED,
-    DRAINING,
     FINISHED,
-    FINISHED_TTL_SECONDS,
+    PID,
     SEEN,
     AllocationInfo,
+    AllocationState,
     ExitCode,
-    JobStream,
-    Keys,
-    StateRecord,
-    decode,
     stop_requested,
 )
+from contract.codec import decode
+from contract.keys import FINISHED_TTL_SECONDS, Keys
+from contract.nodes import NodeRegistration
 from contract.settings import Settings
+from contract.stream import JobStream, StateRecord
 from scheduler.agent.processes import ForkServer, FreshProcesses, Launcher, WorkerProcess
-from scheduler.agent.ps_reach import PS_CHECK_SECONDS, PS_UNREACHABLE, encode, unreachable_ps
+from scheduler.agent.ps_reach import PS_CHECK_SECONDS, unreachable_ps
 from scheduler.celery_app import RUN_ALLOCATION, create_celery, node_queue
-from scheduler.store.models import AllocationState
 
 log = logging.getLogger("trainyard.agent")
 
@@ -147,18 +146,17 @@ class Agent:
     # -- registration ---------------------------------------------------------------------------
     def heartbeat(self) -> None:
         pipe = self.client.pipeline(transaction=False)
-        pipe.hset(
-            self.keys.node(self.name),
-            mapping={
-                "slots": str(self.settings.node_slots),
-                "gpus": str(self.gpus),
-                "queue": self.queue,
-                "heartbeat": repr(time.time()),
-                "host": socket.gethostname(),
-                "pid": str(os.getpid()),
-                PS_UNREACHABLE: encode(self.ps_unreachable),
-            },
+        registration = NodeRegistration(
+            queue=self.queue,
+            slots=self.settings.node_slots,
+            gpus=self.gpus,
+            heartbeat=time.time(),
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            draining=self.shutdown.is_set(),
+            ps_unreachable=tuple(self.ps_unreachable),
         )
+        pipe.hset(self.keys.node(self.name), mapping=registration.to_hash())  # type: ignore[arg-type]
         # A node that dies unannounced drops out of Redis too, so a scheduler started later
         # does not take it for alive.
         pipe.expire(self.keys.node(self.name), self.registration_ttl)
@@ -250,7 +248,7 @@ class Agent:
                 self.client.srem(claims_key, raw)
                 continue
             info = AllocationInfo.from_hash(allocation_id, fields)
-            pid = int(fields.get("pid", "0") or 0)
+            pid = int(fields.get(PID, "0") or 0)
             stopped = pid > 0 and stop_orphan(pid)
             what = f"its process {pid} was stopped" if stopped else "its process was gone"
             reason = f"the node agent on {self.name} restarted; {what}"
@@ -264,7 +262,7 @@ class Agent:
             process = self.launcher.run(info.allocation_id)
         except OSError as exc:
             return Outcome(AllocationState.FAILED, f"the worker process did not start: {exc}", None)
-        self.client.hset(self.keys.allocation(info.allocation_id), "pid", str(process.pid))
+        self.client.hset(self.keys.allocation(info.allocation_id), PID, str(process.pid))
         try:
             return self._supervise(info, process)
         finally:
@@ -342,7 +340,7 @@ def run_agent(settings: Settings) -> None:
         # and tell the scheduler to place nothing new here meanwhile.
         agent.shutdown.set()
         with contextlib.suppress(redis.RedisError):
-            agent.client.hset(agent.keys.node(agent.name), DRAINING, "1")
+            agent.heartbeat()  # its registration says it is draining
 
     worker_shutting_down.connect(on_shutdown, weak=False)
     settings.cache_dir().mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Protocol
 
-from workers.fork_server import MESSAGE_BYTES, READY
+from contract.fork_server import EXITED, FAILED, MESSAGE_BYTES, READY, RUN, STARTED
 
 log = logging.getLogger("trainyard.agent")
 
@@ -288,7 +288,7 @@ class _Server:
                 if self.ended.is_set():
                     raise BrokenPipeError(f"the fork server exited: {self.process.output_tail()}")
                 self._starting[allocation_id] = process
-            socket.send_fds(self.channel, [f"run {allocation_id}".encode()], [write_fd])
+            socket.send_fds(self.channel, [f"{RUN} {allocation_id}".encode()], [write_fd])
         except OSError:
             with self._lock:
                 self._starting.pop(allocation_id, None)
@@ -316,7 +316,7 @@ class _Server:
         verb, first, second = (*words, "", "")[:3]
         number = int(first) if first.isdigit() else -1  # an allocation id or a pid
         with self._lock:
-            if verb == "started" and second.isdigit():
+            if verb == STARTED and second.isdigit():
                 waiting = self._starting.pop(number, None)
                 if waiting is None:  # its run() gave up waiting: nobody would supervise it
                     with contextlib.suppress(ProcessLookupError):
@@ -324,9 +324,9 @@ class _Server:
                     return
                 self._running[int(second)] = waiting
                 waiting.began(int(second))
-            elif verb == "failed" and number in self._starting:
+            elif verb == FAILED and number in self._starting:
                 self._starting.pop(number).refused(second)
-            elif verb == "exited" and number in self._running:
+            elif verb == EXITED and number in self._running:
                 self._running.pop(number).ended(int(second))
 
     def _end(self) -> None:

@@ -3,10 +3,10 @@
 A node agent that registered reaches the broker (REDIS_URL), but the parameter-server Redis
 servers (REDIS_PS_URLS) may be on other hosts. The agent PINGs each one (`unreachable_ps`) at
 its start and every PS_CHECK_SECONDS after, in a thread of its own, and writes what failed into
-its registration (`PS_UNREACHABLE`: one "host:port: error" a line, empty when every server
-answered). The scheduler keeps it on the node's row and places no process of a job with server
-shards on that node (scheduler/placement/plan.py). Addresses only: a URL's password never leaves
-the agent.
+its registration (contract/nodes.py, `ps_unreachable`: "host:port: error" each, none when every
+server answered). The scheduler keeps it on the node's row and places no process of a job with
+server shards on that node (scheduler/placement/plan.py). Addresses only: a URL's password never
+leaves the agent.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-PS_UNREACHABLE = "ps_unreachable"  # the field of the node's registration hash (Keys.node)
 # How often the agent checks, and how long one server may take to connect and answer: short,
 # since a server that takes longer would not serve the shards well either.
 PS_CHECK_SECONDS = 10.0
@@ -59,12 +58,3 @@ def unreachable_ps(urls: Sequence[str], timeout: float = PS_CHECK_TIMEOUT) -> li
         finally:
             client.close()
     return failed
-
-
-def encode(unreachable: Sequence[str]) -> str:
-    return "\n".join(unreachable)
-
-
-def decode(field: str | None) -> list[str]:
-    """The registration's field as a list (an agent of an older version writes none)."""
-    return [line for line in (field or "").splitlines() if line.strip()]

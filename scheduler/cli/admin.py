@@ -158,7 +158,7 @@ def announce(settings: Settings, token_hash: str) -> bool:
     """Tell the API processes (Redis pub/sub) to drop the token from their caches."""
     import redis
 
-    from contract.records import Keys
+    from contract.keys import Keys
     from scheduler.cli.stack import read_stack_file
 
     stack = read_stack_file(settings.stack_file())

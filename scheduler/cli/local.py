@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 
+from contract.rundir import CHECKPOINTS, METRICS, SUMMARY, TRAIN_LOG
 from dsl.errors import JobSpecError
 from trainyard.console import (
     describe_pipeline,
@@ -202,7 +203,7 @@ def train(
     """Train a job locally in this process."""
     import torch
 
-    from contract.records import MetricRecord
+    from contract.stream import MetricRecord
     from dsl.frameworks import FRAMEWORK_SPECS
     from workers.checkpoint import CheckpointError
     from workers.metrics import Emitted, JsonlSink
@@ -234,7 +235,7 @@ def train(
         raise typer.Exit(2)
     out_dir = run_dir or Path("runs") / spec.name
     if not resume and out_dir.exists():
-        for stale in ("metrics.jsonl", "train.log", "summary.json", "checkpoints"):
+        for stale in (METRICS, TRAIN_LOG, SUMMARY, CHECKPOINTS):
             target = out_dir / stale
             if target.is_dir():
                 shutil.rmtree(target)

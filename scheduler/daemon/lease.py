@@ -2,7 +2,7 @@
 
 A second scheduler (started by mistake, or by a supervisor that thought the first dead) waits
 until the lease expires, `scheduler_lease_seconds` after the holder's last renewal, and then
-takes over. The loops also record when each last completed a pass, for /healthz.
+takes over.
 """
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ import logging
 import os
 import socket
 import threading
-import time
 import uuid
 
 import redis
 
-from contract.records import Keys
+from contract.keys import Keys
 
 log = logging.getLogger("trainyard.scheduler")
 
@@ -77,8 +76,3 @@ class SchedulerLease:
     def release(self) -> None:
         with contextlib.suppress(redis.RedisError):  # else it expires on its own
             self._release(keys=[self.keys.scheduler_lease], args=[self.holder])
-
-
-def record_pass(client: redis.Redis, keys: Keys, loop: str) -> None:
-    """The loop `loop` (schedule, ingest, sweeps) completed a pass now."""
-    client.hset(keys.liveness, loop, repr(time.time()))

@@ -24,14 +24,17 @@ from celery import Celery
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from contract import records
+from contract.allocation import CLAIMED, DISPATCHED, STOP, AllocationInfo, AllocationState
 from contract.announcements import JOB, SWEEP, relay
-from contract.records import AllocationInfo, Keys, decode, delete_matching
+from contract.codec import decode
+from contract.keys import Keys, delete_matching
+from contract.liveness import record_pass
+from contract.rundir import job_run_dir
 from contract.settings import Settings
 from dsl.frameworks import restarting_alone
 from scheduler.admission.quotas import Limits, owner_shares
 from scheduler.celery_app import RUN_ALLOCATION, create_celery
-from scheduler.daemon.lease import SchedulerLease, record_pass
+from scheduler.daemon.lease import SchedulerLease
 from scheduler.daemon.nodes import (
     NodeTracker,
     read_nodes,
@@ -51,17 +54,8 @@ from scheduler.placement.cluster import (
 from scheduler.placement.plan import plan_queue
 from scheduler.recovery.actions import prune_restart_points, worker_step
 from scheduler.store.database import Database
-from scheduler.store.jobs import job_run_dir
 from scheduler.store.lifecycle import transition
-from scheduler.store.models import (
-    Allocation,
-    AllocationState,
-    Job,
-    JobState,
-    Node,
-    NodeState,
-    utcnow,
-)
+from scheduler.store.models import Allocation, Job, JobState, Node, NodeState, utcnow
 from scheduler.sweeps.runner import TrialPruning, run_sweeps
 
 log = logging.getLogger("trainyard.scheduler")
@@ -270,7 +264,7 @@ def dispatch(celery: Celery, client: redis.Redis, keys: Keys, items: list[Dispat
         pipe.hset(key, mapping=fields)
         pipe.execute()
         celery.send_task(RUN_ALLOCATION, args=[item.allocation_id], queue=item.queue)
-        client.hset(key, records.DISPATCHED, repr(time.time()))
+        client.hset(key, DISPATCHED, repr(time.time()))
 
 
 def undispatched(
@@ -289,9 +283,9 @@ def undispatched(
     for alloc in pending:
         fields = decode(client.hgetall(keys.allocation(alloc.id)))
         same_job = fields.get("job_id") == str(alloc.job_id)
-        if same_job and records.CLAIMED in fields:
+        if same_job and CLAIMED in fields:
             continue
-        sent = fields.get(records.DISPATCHED, "")
+        sent = fields.get(DISPATCHED, "")
         waited = now - float(sent) if sent.replace(".", "", 1).isdigit() else 0.0
         if same_job and sent and waited <= settings.node_timeout_seconds:
             continue
@@ -307,7 +301,7 @@ def stop_allocations(client: redis.Redis, keys: Keys, allocation_ids: list[int])
         return
     pipe = client.pipeline(transaction=False)
     for alloc_id in allocation_ids:
-        pipe.hset(keys.allocation(alloc_id), records.STOP, "1")
+        pipe.hset(keys.allocation(alloc_id), STOP, "1")
     pipe.execute()
 
 

@@ -18,12 +18,13 @@ import redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from contract.records import DRAINING, SEEN, Keys, decode
-from scheduler.agent.ps_reach import PS_UNREACHABLE
-from scheduler.agent.ps_reach import decode as decode_unreachable
+from contract.allocation import SEEN, AllocationState
+from contract.codec import decode
+from contract.keys import Keys
+from contract.nodes import NodeRegistration
 from scheduler.placement.cluster import ACTIVE_ALLOCATIONS
 from scheduler.recovery.actions import max_restarts, restart_or_fail, write_off
-from scheduler.store.models import Allocation, AllocationState, Job, JobState, Node, NodeState
+from scheduler.store.models import Allocation, Job, JobState, Node, NodeState
 
 log = logging.getLogger("trainyard.scheduler")
 
@@ -45,19 +46,28 @@ class NodeTracker:
         return now - last[1]
 
 
-def read_nodes(client: redis.Redis, keys: Keys) -> dict[str, dict[str, str]]:
-    """The registration hash of every node agent in Redis (a node that left has none)."""
+def read_nodes(client: redis.Redis, keys: Keys) -> dict[str, NodeRegistration]:
+    """The registration of every node agent in Redis (a node that left has none; one that
+    cannot be read is left out, and said so in the log)."""
     members: set[bytes] = client.smembers(keys.nodes)  # type: ignore[assignment]
     names = sorted(m.decode() for m in members)
     pipe = client.pipeline(transaction=False)
     for name in names:
         pipe.hgetall(keys.node(name))
-    return {name: decode(raw) for name, raw in zip(names, pipe.execute(), strict=True) if raw}
+    found = {}
+    for name, raw in zip(names, pipe.execute(), strict=True):
+        if not raw:
+            continue
+        try:
+            found[name] = NodeRegistration.from_hash(decode(raw))
+        except (KeyError, ValueError) as exc:
+            log.warning("node %s: its registration cannot be read (%s); skipped", name, exc)
+    return found
 
 
 def sync_nodes(
     session: Session,
-    reported: dict[str, dict[str, str]],
+    reported: dict[str, NodeRegistration],
     tracker: NodeTracker,
     timeout: float,
     now: float | None = None,
@@ -68,22 +78,22 @@ def sync_nodes(
     rows = {node.name: node for node in session.scalars(select(Node))}
     lost: list[tuple[Node, str]] = []
     for name, info in reported.items():
-        fresh = tracker.age(name, info.get("heartbeat", ""), now) <= timeout
+        fresh = tracker.age(name, repr(info.heartbeat), now) <= timeout
         row = rows.get(name)
         if row is None:
             if not fresh:
                 continue
-            row = Node(name=name, queue=info["queue"], slots=int(info["slots"]))
+            row = Node(name=name, queue=info.queue, slots=info.slots)
             session.add(row)
             log.info("node %s joined", name)
-        row.queue, row.slots, row.gpus = info["queue"], int(info["slots"]), int(info["gpus"])
-        row.last_heartbeat = datetime.fromtimestamp(float(info["heartbeat"]), UTC)
-        sync_reach(row, decode_unreachable(info.get(PS_UNREACHABLE)))
-        if info.get(DRAINING) and row.state != NodeState.DRAINING:
+        row.queue, row.slots, row.gpus = info.queue, info.slots, info.gpus
+        row.last_heartbeat = datetime.fromtimestamp(info.heartbeat, UTC)
+        sync_reach(row, list(info.ps_unreachable))
+        if info.draining and row.state != NodeState.DRAINING:
             # Its agent is stopping: no new work goes there; its jobs drain on their own.
             row.state = NodeState.DRAINING
             log.info("node %s is draining", name)
-        elif fresh and not info.get(DRAINING) and row.state != NodeState.ALIVE:
+        elif fresh and not info.draining and row.state != NodeState.ALIVE:
             row.state = NodeState.ALIVE
             log.info("node %s is alive", name)
         elif not fresh and row.state in (NodeState.ALIVE, NodeState.DRAINING):

@@ -20,14 +20,13 @@ from sqlalchemy import Table, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from contract import records
-from contract.records import ExitCode, decode_record, entry_attempt
+from contract import stream
+from contract.allocation import AllocationState, ExitCode
 from scheduler.recovery.actions import SUMMARY_METRIC, requeue, restart_alone
 from scheduler.store.artifacts import confine
 from scheduler.store.lifecycle import can_transition, transition
 from scheduler.store.models import (
     Allocation,
-    AllocationState,
     CheckpointRecord,
     Job,
     JobEvent,
@@ -75,19 +74,19 @@ class Batch:
     logs: list[dict[str, Any]] = field(default_factory=list)
     checkpoints: dict[int, tuple[str, int]] = field(default_factory=dict)  # step -> (path, size)
     # (group, rank) -> the stage's last timeline in the batch: only the latest is stored
-    timelines: dict[tuple[int, int], records.TimelineRecord] = field(default_factory=dict)
-    states: list[records.StateRecord] = field(default_factory=list)
+    timelines: dict[tuple[int, int], stream.TimelineRecord] = field(default_factory=dict)
+    states: list[stream.StateRecord] = field(default_factory=list)
     max_step: int | None = None
     latest: dict[str, float] = field(default_factory=dict)  # group 0 rank 0, finite values
     best: float | None = None
     # Checkpoint paths must lie in here (UnsafePath, a ValueError, drops the record); None: any
     artifacts: Path | None = None
 
-    def add(self, job_id: int, record: records.Record) -> None:
+    def add(self, job_id: int, record: stream.Record) -> None:
         match record:
-            case records.MetricRecord():
+            case stream.MetricRecord():
                 self._metric(job_id, record)
-            case records.LogRecord():
+            case stream.LogRecord():
                 self.logs.append(
                     {
                         "job_id": job_id,
@@ -97,19 +96,19 @@ class Batch:
                         "line": record.line,
                     }
                 )
-            case records.CheckpointRecord():
+            case stream.CheckpointRecord():
                 path = record.path
                 if self.artifacts is not None:
                     what = f"job {job_id}'s checkpoint at step {record.step}"
                     path = str(confine(path, self.artifacts, what=what))
                 self.checkpoints[record.step] = (path, record.size)
-            case records.TimelineRecord():
+            case stream.TimelineRecord():
                 self.timelines[(record.group, record.rank)] = record
-            case records.StateRecord():
+            case stream.StateRecord():
                 # An unknown state makes the record malformed (ValueError).
                 self.states.append(replace(record, state=AllocationState(record.state)))
 
-    def _metric(self, job_id: int, record: records.MetricRecord) -> None:
+    def _metric(self, job_id: int, record: stream.MetricRecord) -> None:
         step, group, rank, at = record.step, record.group, record.rank, record.time
         for name, value in record.values.items():
             # SQLite turns NaN into NULL and JSON carries neither NaN nor infinity: a value
@@ -150,9 +149,9 @@ def parse_batch(
         if not raw:  # trimmed from the stream while pending
             continue
         try:
-            record = decode_record(raw)
-            stale = entry_attempt(raw) < attempt
-            if stale and isinstance(record, records.MetricRecord | records.TimelineRecord):
+            record = stream.decode_record(raw)
+            stale = stream.entry_attempt(raw) < attempt
+            if stale and isinstance(record, stream.MetricRecord | stream.TimelineRecord):
                 continue
             batch.add(job_id, record)
         except ValueError as exc:  # RecordError, or a state that is no AllocationState
@@ -182,7 +181,7 @@ class Effects:
 
 
 def apply_state(
-    session: Session, job: Job, record: records.StateRecord, effects: Effects | None = None
+    session: Session, job: Job, record: stream.StateRecord, effects: Effects | None = None
 ) -> None:
     """One process's state change, and what it means for its job."""
     effects = effects or Effects()
@@ -299,9 +298,7 @@ def apply_batch(
         transition(session, job, JobState.PRUNED, pruned.reason)
 
 
-def upsert_timelines(
-    session: Session, job_id: int, timelines: list[records.TimelineRecord]
-) -> None:
+def upsert_timelines(session: Session, job_id: int, timelines: list[stream.TimelineRecord]) -> None:
     """Each stage's row becomes its newest timeline. The stream's order decides, not the step:
     a job placed again (its node was lost) goes on from its last checkpoint, at a lower step.
     One record per (group, rank): PostgreSQL refuses to update a row twice in one statement."""

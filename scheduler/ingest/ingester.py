@@ -19,17 +19,13 @@ from typing import Any
 import redis
 from sqlalchemy import select
 
-from contract.records import (
-    CANCEL_TTL_SECONDS,
-    STOP,
-    STREAM_TTL_SECONDS,
-    Keys,
-    decode,
-)
-from scheduler.daemon.lease import record_pass
+from contract.allocation import STOP, AllocationState
+from contract.codec import decode
+from contract.keys import CANCEL_TTL_SECONDS, STREAM_TTL_SECONDS, Keys
+from contract.liveness import record_pass
 from scheduler.ingest.batch import Effects, Pruning, apply_batch, parse_batch
 from scheduler.store.database import Database
-from scheduler.store.models import AllocationState, Job, JobState
+from scheduler.store.models import Job, JobState
 
 log = logging.getLogger("trainyard.ingest")
 

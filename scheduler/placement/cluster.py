@@ -13,17 +13,10 @@ from typing import Any
 from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session, load_only
 
+from contract.allocation import AllocationState
 from scheduler.admission.quotas import Limits, owner_shares
 from scheduler.placement.plan import NodeCapacity, PlacementRequest, plan_queue
-from scheduler.store.models import (
-    QUEUE_ORDER,
-    Allocation,
-    AllocationState,
-    Job,
-    JobState,
-    Node,
-    NodeState,
-)
+from scheduler.store.models import QUEUE_ORDER, Allocation, Job, JobState, Node, NodeState
 
 ACTIVE_ALLOCATIONS = (AllocationState.PENDING, AllocationState.RUNNING)
 LIVE_JOBS = (JobState.SCHEDULED, JobState.RUNNING)  # placed: their processes run or start

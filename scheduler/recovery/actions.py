@@ -30,20 +30,12 @@ from pathlib import Path
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from contract.runs import RESTART, attempt_point, latest_restart_point
+from contract.allocation import AllocationState
+from contract.rundir import RESTART, attempt_point, job_run_dir, latest_restart_point
 from dsl.frameworks import restarting_alone
 from scheduler.placement.cluster import ACTIVE_ALLOCATIONS
-from scheduler.store.jobs import job_run_dir
 from scheduler.store.lifecycle import can_transition, transition
-from scheduler.store.models import (
-    Allocation,
-    AllocationState,
-    Job,
-    JobEvent,
-    JobState,
-    Metric,
-    utcnow,
-)
+from scheduler.store.models import Allocation, Job, JobEvent, JobState, Metric, utcnow
 
 log = logging.getLogger("trainyard.recovery")
 

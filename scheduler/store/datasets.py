@@ -21,6 +21,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from contract.rundir import dataset_dir
 from dsl.data_config import DATASET_NAME_PATTERN
 from scheduler.store.errors import Conflict, InvalidRequest
 from scheduler.store.models import DatasetRecord, User
@@ -37,10 +38,6 @@ class TooLarge(InvalidRequest):
 
 class UnsupportedKind(InvalidRequest):
     """The file is neither .npz nor .csv."""
-
-
-def dataset_dir(artifacts: Path, owner_id: int) -> Path:
-    return artifacts / "datasets" / str(owner_id)
 
 
 def kind_of(filename: str) -> Kind:

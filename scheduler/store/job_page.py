@@ -40,11 +40,11 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.orm import Session
 
+from contract.allocation import AllocationState
 from scheduler.store.models import (
     JOB_COMPUTED_FIELDS,
     JOB_FIELD_KINDS,
     Allocation,
-    AllocationState,
     FieldKind,
     Job,
     JobOut,

@@ -19,7 +19,8 @@ import redis
 from sqlalchemy import Select, delete, func, select
 from sqlalchemy.orm import Session
 
-from contract.records import CANCEL_TTL_SECONDS, Keys
+from contract.keys import CANCEL_TTL_SECONDS, Keys
+from contract.rundir import job_run_dir
 from scheduler.store import job_page
 from scheduler.store.artifacts import confine
 from scheduler.store.errors import Conflict, InvalidRequest, NotFound
@@ -148,11 +149,6 @@ def request_cancel(session: Session, job: Job, client: redis.Redis, keys: Keys) 
     if state == JobState.QUEUED:
         transition(session, job, JobState.CANCELLED, "cancelled by the user before it was placed")
     return job
-
-
-def job_run_dir(artifacts: Path, job_id: int) -> Path:
-    """Where a job's processes write checkpoints, metrics.jsonl and logs."""
-    return artifacts / "jobs" / str(job_id)
 
 
 def delete_job(

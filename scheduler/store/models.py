@@ -27,6 +27,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from contract.allocation import AllocationState
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -64,19 +66,6 @@ class SweepState(enum.StrEnum):
     @property
     def terminal(self) -> bool:
         return self != SweepState.RUNNING
-
-
-class AllocationState(enum.StrEnum):
-    PENDING = "PENDING"  # dispatched, its process not started yet
-    RUNNING = "RUNNING"
-    DONE = "DONE"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-    DRAINED = "DRAINED"  # stopped by its node agent leaving; the job is placed again
-
-    @property
-    def active(self) -> bool:
-        return self in (AllocationState.PENDING, AllocationState.RUNNING)
 
 
 class NodeState(enum.StrEnum):
@@ -308,7 +297,7 @@ class CheckpointRecord(Base):
 
 
 class PipelineTimeline(Base):
-    """The latest timeline of one stage of a pipelined job (contract.records.TimelineRecord):
+    """The latest timeline of one stage of a pipelined job (contract.stream.TimelineRecord):
     only the newest is kept, what the dashboard draws."""
 
     __tablename__ = "pipeline_timelines"

@@ -16,7 +16,7 @@ import redis
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from contract.records import Keys
+from contract.keys import Keys
 from dsl.search import Objective, SearchConfig
 from scheduler.store.errors import Conflict, NotFound
 from scheduler.store.jobs import request_cancel

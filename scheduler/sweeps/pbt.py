@@ -30,8 +30,8 @@ from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from contract.rundir import CHECKPOINTS, job_run_dir
 from dsl.search import SearchConfig
-from scheduler.store.jobs import job_run_dir
 from scheduler.store.models import CheckpointRecord, Job
 from scheduler.sweeps.study import Asked, SweepStudy
 from workers.checkpoint import list_checkpoints
@@ -179,7 +179,7 @@ def continue_member(
     found = latest_checkpoint(session, before, artifacts)
     if found is None:
         raise MissingCheckpoint(f"trial {source} (job {before.id}) left no checkpoint")
-    folder = job_run_dir(artifacts, job.id) / "checkpoints"
+    folder = job_run_dir(artifacts, job.id) / CHECKPOINTS
     shutil.rmtree(folder, ignore_errors=True)  # a job id used before a rollback: start clean
     folder.mkdir(parents=True)
     tmp = folder / (found.name + ".tmp")
@@ -197,5 +197,5 @@ def latest_checkpoint(session: Session, job: Job, artifacts: Path) -> Path | Non
     for path in paths:
         if Path(path).is_file():
             return Path(path)
-    found = list_checkpoints(job_run_dir(artifacts, job.id) / "checkpoints")
+    found = list_checkpoints(job_run_dir(artifacts, job.id) / CHECKPOINTS)
     return found[-1][1] if found else None

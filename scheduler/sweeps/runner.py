@@ -27,7 +27,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from contract.records import Keys
+from contract.keys import Keys
 from contract.settings import Settings
 from dsl.errors import JobSpecError
 from dsl.search import SearchConfig

@@ -21,7 +21,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from api.app import create_app
-from contract.records import Keys
+from contract.keys import Keys
 from contract.settings import Settings
 from scheduler.cli.redis_server import free_port
 from scheduler.store.database import Database

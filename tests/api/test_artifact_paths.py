@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from contract.records import CheckpointRecord as CheckpointPublished
-from contract.records import JobStream
+from contract.rundir import job_run_dir
+from contract.stream import CheckpointRecord as CheckpointPublished
+from contract.stream import JobStream
 from scheduler.ingest.ingester import Ingester
-from scheduler.store.jobs import job_run_dir
 from scheduler.store.models import CheckpointRecord, Job
 from tests.api.conftest import example
 

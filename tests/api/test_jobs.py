@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from contract.allocation import AllocationState
 from scheduler.store.lifecycle import transition
 from scheduler.store.models import (
     Allocation,
-    AllocationState,
     CheckpointRecord,
     Job,
     JobState,

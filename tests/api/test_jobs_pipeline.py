@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from contract.records import JobStream, TimelineRecord
+from contract.stream import JobStream, TimelineRecord
 from dsl.planner import plan_pipeline
 from scheduler.ingest.ingester import ingest_once
 from tests.conftest import compile_with_data

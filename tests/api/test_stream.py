@@ -13,10 +13,10 @@ import httpx
 import pytest
 import redis
 
-from contract.records import (
+from contract.keys import Keys
+from contract.stream import (
     CheckpointRecord,
     JobStream,
-    Keys,
     LogRecord,
     MetricRecord,
     StateRecord,

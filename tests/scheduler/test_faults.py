@@ -21,8 +21,9 @@ import pytest
 from sqlalchemy import func, select
 
 from bench.service_cluster import Cluster, start_cluster, stop_cluster, stop_process
+from contract.allocation import AllocationState
 from scheduler.cli.redis_server import RedisServer
-from scheduler.store.models import AllocationState, JobState, Metric
+from scheduler.store.models import JobState, Metric
 
 pytestmark = pytest.mark.slow
 

@@ -30,7 +30,8 @@ from bench.load import (
     store_of,
     submit_all,
 )
-from scheduler.store.models import Allocation, AllocationState, JobState
+from contract.allocation import AllocationState
+from scheduler.store.models import Allocation, JobState
 from scheduler.store.users import create_token, create_user
 
 if TYPE_CHECKING:

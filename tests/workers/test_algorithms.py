@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from contract.records import MetricRecord
+from contract.stream import MetricRecord
 from dsl.compiler import CompiledJob
 from dsl.schema import BPTTConfig
 from tests.conftest import compile_with_data

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from contract.records import MetricRecord
+from contract.stream import MetricRecord
 from tests.conftest import compile_with_data
 from workers.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
 from workers.metrics import JsonlSink, read_metrics

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from contract.records import TimelineRecord
+from contract.stream import TimelineRecord
 from dsl.compiler import CompiledJob
 from dsl.net import NeuralNet
 from dsl.planner import PipelinePlan

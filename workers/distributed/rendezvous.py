@@ -20,7 +20,7 @@ import psutil
 import redis
 import torch.distributed as dist
 
-from contract.records import RENDEZVOUS_TTL_SECONDS
+from contract.keys import RENDEZVOUS_TTL_SECONDS
 
 
 class RendezvousError(RuntimeError):

@@ -20,18 +20,12 @@ import redis
 from sqlalchemy import select
 
 from bench.service_cluster import Cluster, stop_process
-from contract.records import Keys
+from contract.allocation import AllocationState
+from contract.keys import Keys
 from contract.settings import Settings
 from scheduler.daemon.loop import run_scheduler
 from scheduler.store.database import Database, migrate
-from scheduler.store.models import (
-    AllocationState,
-    CheckpointRecord,
-    JobState,
-    Metric,
-    Node,
-    NodeState,
-)
+from scheduler.store.models import CheckpointRecord, JobState, Metric, Node, NodeState
 
 pytestmark = pytest.mark.slow
 

@@ -12,10 +12,12 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from contract.records import Keys, decode
+from contract.codec import decode
+from contract.keys import Keys
+from contract.nodes import NodeRegistration
 from contract.settings import Settings
 from scheduler.agent.node_agent import Agent, create_agent
-from scheduler.agent.ps_reach import PS_UNREACHABLE, unreachable_ps
+from scheduler.agent.ps_reach import unreachable_ps
 from scheduler.cli.redis_server import free_port
 
 
@@ -83,12 +85,13 @@ def test_the_agent_registers_what_it_cannot_reach(agent: Agent, redis_url: str) 
     key = Keys(agent.settings.redis_prefix).node("node-2")
     assert agent.check_ps() == [f"{address(closed)}: connection refused"]
     agent.heartbeat()
-    registration = decode(agent.client.hgetall(key))
-    assert registration[PS_UNREACHABLE] == f"{address(closed)}: connection refused"
+    fields = decode(agent.client.hgetall(key))
+    registration = NodeRegistration.from_hash(fields)
+    assert registration.ps_unreachable == (f"{address(closed)}: connection refused",)
     password = urlsplit(closed).password
-    assert password and not any(password in value for value in registration.values())
+    assert password and not any(password in value for value in fields.values())
     # Every server answers again: the next check and heartbeat say so.
     agent.settings = agent.settings.model_copy(update={"redis_ps_urls": redis_url})
     assert agent.check_ps() == []
     agent.heartbeat()
-    assert decode(agent.client.hgetall(key))[PS_UNREACHABLE] == ""
+    assert NodeRegistration.from_hash(decode(agent.client.hgetall(key))).ps_unreachable == ()

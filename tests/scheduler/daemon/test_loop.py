@@ -9,23 +9,18 @@ import pytest
 import redis
 from sqlalchemy import select
 
-from contract.records import DISPATCHED, Keys, StateRecord
+from contract.allocation import DISPATCHED, AllocationState
+from contract.keys import Keys
+from contract.nodes import NodeRegistration
 from contract.settings import Settings
+from contract.stream import StateRecord
 from scheduler.daemon.loop import KeySweeper, replace_processes, schedule_once, undispatched
 from scheduler.daemon.nodes import NodeTracker, mark_lost, sync_nodes
 from scheduler.ingest.batch import MAX_SHARD_REPLACEMENTS, apply_state
 from scheduler.placement.cluster import node_capacities, queue_view
 from scheduler.store.database import Database
 from scheduler.store.jobs import NewJob, create_job
-from scheduler.store.models import (
-    Allocation,
-    AllocationState,
-    Job,
-    JobEvent,
-    JobState,
-    Node,
-    NodeState,
-)
+from scheduler.store.models import Allocation, Job, JobEvent, JobState, Node, NodeState
 from scheduler.store.users import create_user, get_user
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -38,8 +33,10 @@ def settings(tmp_path: Path) -> Settings:
     return Settings(data_dir=tmp_path, redis_prefix=f"t{uuid.uuid4().hex[:8]}")
 
 
-def registration(slots: int, beat: float = 1.0, gpus: int = 0, name: str = "n1") -> dict[str, str]:
-    return {"slots": str(slots), "gpus": str(gpus), "queue": f"q.{name}", "heartbeat": str(beat)}
+def registration(
+    slots: int, beat: float = 1.0, gpus: int = 0, name: str = "n1"
+) -> NodeRegistration:
+    return NodeRegistration(queue=f"q.{name}", slots=slots, gpus=gpus, heartbeat=beat)
 
 
 def add_job(db: Database, workers: int = 1, *, priority: int = 0, servers: int = 0) -> int:

@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from contract.records import Keys, StateRecord
+from contract.allocation import AllocationState
+from contract.keys import Keys
+from contract.nodes import NodeRegistration
 from contract.settings import Settings
+from contract.stream import StateRecord
 from dsl.schema import ClusterConfig
 from dsl.topology import resolve_topology
 from scheduler.agent.node_agent import Agent, create_agent
-from scheduler.agent.ps_reach import PS_UNREACHABLE
 from scheduler.cli.redis_server import free_port
 from scheduler.daemon.loop import replace_processes, schedule_once
 from scheduler.daemon.nodes import NodeTracker, read_nodes, sync_nodes
@@ -24,7 +26,7 @@ from scheduler.ingest.batch import apply_state
 from scheduler.placement.cluster import queue_view
 from scheduler.store.database import Database
 from scheduler.store.jobs import NewJob, create_job
-from scheduler.store.models import Allocation, AllocationState, Job, JobState, Node
+from scheduler.store.models import Allocation, Job, JobState, Node
 from scheduler.store.users import create_user, get_user
 
 TIMEOUT = 3.0
@@ -121,14 +123,14 @@ def test_a_ps_job_is_not_placed_where_its_redis_is_out_of_reach_and_says_why(
     assert job(db, sandblaster).pending_reason is None
 
 
-def registration(name: str, slots: int, beat: float, unreachable: str = "") -> dict[str, str]:
-    return {
-        "slots": str(slots),
-        "gpus": "0",
-        "queue": f"q.{name}",
-        "heartbeat": str(beat),
-        PS_UNREACHABLE: unreachable,
-    }
+def registration(name: str, slots: int, beat: float, unreachable: str = "") -> NodeRegistration:
+    return NodeRegistration(
+        queue=f"q.{name}",
+        slots=slots,
+        gpus=0,
+        heartbeat=beat,
+        ps_unreachable=tuple(unreachable.splitlines()),
+    )
 
 
 def test_a_dead_shard_is_not_placed_again_where_its_redis_is_out_of_reach(

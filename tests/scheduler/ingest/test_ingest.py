@@ -13,10 +13,11 @@ import pytest
 import redis
 from sqlalchemy import func, select
 
-import contract.records
-from contract.records import (
+import contract.stream
+from contract.allocation import AllocationState
+from contract.keys import Keys
+from contract.stream import (
     JobStream,
-    Keys,
     LogRecord,
     MetricRecord,
     StateRecord,
@@ -29,7 +30,6 @@ from scheduler.store.jobs import NewJob, create_job, delete_job
 from scheduler.store.lifecycle import transition
 from scheduler.store.models import (
     Allocation,
-    AllocationState,
     CheckpointRecord,
     Job,
     JobEvent,
@@ -200,7 +200,7 @@ def test_logs_checkpoints_and_malformed_records(env: Env, tmp_path: Path) -> Non
         stream.publish(LogRecord(f"line {i}", rank=1))
     ckpt = tmp_path / "step-00000010.safetensors"
     ckpt.write_bytes(b"x" * 123)
-    stream.publish(contract.records.CheckpointRecord.of_file(10, ckpt))
+    stream.publish(contract.stream.CheckpointRecord.of_file(10, ckpt))
     # Dropped, still acknowledged.
     env.client.xadd(env.keys.job_stream(job_id), {"kind": "metric", "step": "oops"})
     env.client.xadd(env.keys.job_stream(job_id), {"kind": "telemetry"})
@@ -213,7 +213,7 @@ def test_logs_checkpoints_and_malformed_records(env: Env, tmp_path: Path) -> Non
     assert (record.job_id, record.step, record.path, record.size) == (job_id, 10, str(ckpt), 123)
     # The same step saved again (a later attempt) updates the record instead of failing.
     ckpt.write_bytes(b"y" * 50)
-    stream.publish(contract.records.CheckpointRecord.of_file(10, ckpt))
+    stream.publish(contract.stream.CheckpointRecord.of_file(10, ckpt))
     ingest_once(env.db, env.client, env.keys)
     with env.db.session() as session:
         [record] = session.scalars(select(CheckpointRecord)).all()

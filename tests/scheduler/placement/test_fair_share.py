@@ -8,6 +8,8 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from contract.allocation import AllocationState
+from contract.nodes import NodeRegistration
 from contract.settings import Settings
 from scheduler.admission.quotas import Limits, set_quotas
 from scheduler.daemon.loop import NodeTracker, schedule_once, sync_nodes
@@ -22,7 +24,7 @@ from scheduler.placement.plan import (
 from scheduler.store.database import Database
 from scheduler.store.job_page import QUEUE_POSITIONS
 from scheduler.store.jobs import NewJob, create_job, queue_positions
-from scheduler.store.models import Allocation, AllocationState, Job, JobState
+from scheduler.store.models import Allocation, Job, JobState
 from scheduler.store.users import create_user, get_user
 
 ALICE, BOB = 1, 2
@@ -114,7 +116,7 @@ def add_job(db: Database, owner: str, *, slots: int = 1) -> int:
 
 
 def add_node(db: Database, slots: int) -> None:
-    beat = {"slots": str(slots), "gpus": "0", "queue": "q.n1", "heartbeat": "1.0"}
+    beat = NodeRegistration(queue="q.n1", slots=slots, gpus=0, heartbeat=1.0)
     with db.session() as session:
         sync_nodes(session, {"n1": beat}, NodeTracker(), 3.0, now=0.0)
 

@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.orm import Session
 
-from contract.records import CANCEL_TTL_SECONDS, JobStream, Keys, LogRecord
+from contract.keys import CANCEL_TTL_SECONDS, Keys
+from contract.rundir import job_run_dir
+from contract.stream import JobStream, LogRecord
 from scheduler.store import reports as report_store
 from scheduler.store.database import Database
 from scheduler.store.errors import Conflict, InvalidRequest, NotFound
@@ -30,7 +32,6 @@ from scheduler.store.jobs import (
     get_job,
     job_counts,
     job_events,
-    job_run_dir,
     list_jobs,
     queue_positions,
     request_cancel,

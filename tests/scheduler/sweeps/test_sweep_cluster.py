@@ -15,12 +15,13 @@ import redis
 from sqlalchemy import select
 
 from bench.service_cluster import Cluster, stop_process
-from contract.records import Keys
+from contract.allocation import AllocationState
+from contract.keys import Keys
 from contract.settings import Settings
 from scheduler.admission.checks import check_sweep
 from scheduler.daemon.loop import run_scheduler
 from scheduler.store.database import Database, migrate
-from scheduler.store.models import Allocation, AllocationState, Job, JobState, Sweep, SweepState
+from scheduler.store.models import Allocation, Job, JobState, Sweep, SweepState
 from scheduler.store.sweeps import create_sweep, request_sweep_cancel, trials
 from scheduler.store.users import create_user, get_user
 

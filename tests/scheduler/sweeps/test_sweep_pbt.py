@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from api.routes.sweeps import detail_of
-from scheduler.store.jobs import job_run_dir
+from contract.rundir import job_run_dir
 from scheduler.store.models import JobState, Sweep, SweepState
 from tests.scheduler.sweeps.test_sweep_cluster import BASE, SweepCluster, cluster  # noqa: F401
 

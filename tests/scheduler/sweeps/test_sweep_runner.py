@@ -13,8 +13,9 @@ import pytest
 import redis
 from sqlalchemy import select
 
-from contract.records import JobStream, Keys, MetricRecord
+from contract.keys import Keys
 from contract.settings import Settings
+from contract.stream import JobStream, MetricRecord
 from scheduler.admission.checks import check_sweep
 from scheduler.ingest.ingester import Ingester
 from scheduler.store.database import Database, migrate

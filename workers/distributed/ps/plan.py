@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import redis
 from redis.connection import Encoder, PythonRespSerializer
 
-from contract.records import delete_matching
+from contract.keys import delete_matching
 from dsl.topology import Topology
 
 # Shards read gradients from their stream as members of this consumer group, always under the

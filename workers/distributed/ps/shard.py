@@ -23,7 +23,7 @@ from typing import Any
 import redis
 import torch
 
-from contract.records import NORMS_TTL_SECONDS
+from contract.keys import NORMS_TTL_SECONDS
 from dsl.schema import JobSpec
 from dsl.topology import Topology
 from dsl.updater_config import UpdaterConfig

@@ -1,4 +1,4 @@
-"""Layer group A: conv, pool, norm, activation, shape and connection layers."""
+"""Layers from tensors to tensors: conv, pool, norm, activation, shape and connection layers."""
 
 from __future__ import annotations
 
@@ -134,7 +134,7 @@ def test_gradients_match_finite_differences(
     assert torch.autograd.gradcheck(call, (*params, *xs))
 
 
-def test_all_group_a_types_are_registered() -> None:
+def test_every_tensor_layer_type_is_registered() -> None:
     expected = {"conv1d", "conv2d", "convolution", "pool1d", "pool2d", "pooling", "lrn"}
     expected |= {"batchnorm", "dropout", "relu", "sigmoid", "tanh", "stanh", "softmax"}
     expected |= {"flatten", "reshape", "concat", "concate", "slice", "split", "add"}

@@ -1,4 +1,5 @@
-"""Layer types of group B: input, embedding, onehot, rnn/lstm/gru, rbm and the loss layers."""
+"""Layers at the ends of a net and over sequences: input, embedding, onehot, rnn/lstm/gru, rbm
+and the loss layers."""
 
 from __future__ import annotations
 

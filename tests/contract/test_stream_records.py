@@ -1,10 +1,8 @@
-"""The records processes exchange through Redis: one encoder and one decoder per stream record,
-a wire format that never changes under stored streams, and every key name and time-to-live
-defined in contract alone."""
+"""A job's stream records: one encoder and one decoder for all of them (contract/codec.py), and
+a wire format that never changes under stored streams."""
 
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import Path
 
@@ -12,10 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contract.records import (
+from contract.stream import (
     CheckpointRecord,
-    ExitCode,
-    Keys,
     LogRecord,
     MetricRecord,
     Record,
@@ -25,9 +21,6 @@ from contract.records import (
     decode_record,
     encode_record,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
-SOURCE_PACKAGES = ("api", "bench", "dsl", "scheduler", "scripts", "trainyard", "workers")
 
 ints = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 times = st.floats(allow_nan=False, allow_infinity=False)
@@ -70,37 +63,46 @@ def test_every_record_reads_back_as_written(record: Record) -> None:
 
 
 def test_the_wire_format_is_the_one_stored_streams_hold() -> None:
-    """Field names, their order and their spelling, as workers have always written them."""
-    assert list(encode_record(MetricRecord(5, {"loss": 0.5}, 1.25, 1, 2)).items()) == [
-        ("kind", "metric"),
-        ("step", "5"),
-        ("group", "1"),
-        ("rank", "2"),
-        ("time", "1.25"),
-        ("values", '{"loss": 0.5}'),
-    ]
-    assert list(encode_record(LogRecord("hi", 0, 3, 2.5)).items()) == [
-        ("kind", "log"),
-        ("group", "0"),
-        ("rank", "3"),
-        ("time", "2.5"),
-        ("line", "hi"),
-    ]
-    assert list(encode_record(CheckpointRecord(10, "/runs/1/step-10", 123, 3.0)).items()) == [
-        ("kind", "checkpoint"),
-        ("step", "10"),
-        ("path", "/runs/1/step-10"),
-        ("size", "123"),
-        ("time", "3.0"),
-    ]
-    assert list(encode_record(StateRecord(7, "RUNNING", time=4.0)).items()) == [
-        ("kind", "state"),
-        ("alloc", "7"),
-        ("state", "RUNNING"),
-        ("reason", ""),
-        ("exit_code", ""),
-        ("time", "4.0"),
-    ]
+    """Field names and their spelling, as workers have always written them (readers take an
+    entry's fields by name, so their order is no part of the format)."""
+    assert encode_record(MetricRecord(5, {"loss": 0.5}, 1.25, 1, 2)) == dict(
+        [
+            ("kind", "metric"),
+            ("step", "5"),
+            ("group", "1"),
+            ("rank", "2"),
+            ("time", "1.25"),
+            ("values", '{"loss": 0.5}'),
+        ]
+    )
+    assert encode_record(LogRecord("hi", 0, 3, 2.5)) == dict(
+        [
+            ("kind", "log"),
+            ("group", "0"),
+            ("rank", "3"),
+            ("time", "2.5"),
+            ("line", "hi"),
+        ]
+    )
+    assert encode_record(CheckpointRecord(10, "/runs/1/step-10", 123, 3.0)) == dict(
+        [
+            ("kind", "checkpoint"),
+            ("step", "10"),
+            ("path", "/runs/1/step-10"),
+            ("size", "123"),
+            ("time", "3.0"),
+        ]
+    )
+    assert encode_record(StateRecord(7, "RUNNING", time=4.0)) == dict(
+        [
+            ("kind", "state"),
+            ("alloc", "7"),
+            ("state", "RUNNING"),
+            ("reason", ""),
+            ("exit_code", ""),
+            ("time", "4.0"),
+        ]
+    )
     assert encode_record(StateRecord(7, "FAILED", "boom", -15, 4.0))["exit_code"] == "-15"
     nan = decode_record(encode_record(MetricRecord(1, {"loss": float("nan")}, 1.0)))
     assert isinstance(nan, MetricRecord) and nan.values["loss"] != nan.values["loss"]
@@ -156,69 +158,3 @@ def test_malformed_or_unknown_records_are_refused_clearly(
 ) -> None:
     with pytest.raises(RecordError, match=re.escape(message)):
         decode_record(fields)
-
-
-def test_exit_codes_keep_their_numbers() -> None:
-    assert [(code.name, int(code)) for code in ExitCode] == [
-        ("OK", 0),
-        ("FAILED", 1),
-        ("INVALID", 2),
-        ("CANCELLED", 3),
-        ("DRAINED", 4),
-        ("DIVERGED", 5),
-    ]
-
-
-def test_every_key_lives_under_the_prefix() -> None:
-    keys = Keys("stack-a")
-    names = [
-        keys.job_stream(1),
-        keys.cancel(1),
-        keys.streams_with_data,
-        keys.ingested_points,
-        keys.allocation(2),
-        keys.node("n"),
-        keys.nodes,
-        keys.ps_pattern(1),
-        keys.announcements,
-        keys.pattern,
-    ]
-    assert all(name.startswith("stack-a:") for name in names)
-    assert len(set(names)) == len(names)
-    assert keys.job_stream(1) == "stack-a:job:1:stream"  # stored streams are found by this
-    assert re.fullmatch(keys.pattern.replace("*", ".*"), keys.ps_pattern(1))
-
-
-def source_files() -> list[Path]:
-    files = [path for package in SOURCE_PACKAGES for path in (ROOT / package).rglob("*.py")]
-    assert len(files) > 50, "the source tree was not found"
-    return files
-
-
-def test_time_to_lives_are_defined_only_in_contract() -> None:
-    defined = []
-    for path in source_files():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            targets = (
-                node.targets
-                if isinstance(node, ast.Assign)
-                else [node.target]
-                if isinstance(node, ast.AnnAssign)
-                else []
-            )
-            for target in targets:
-                if isinstance(target, ast.Name) and target.id.endswith("_TTL_SECONDS"):
-                    defined.append(f"{path.relative_to(ROOT)}:{node.lineno} {target.id}")
-    assert defined == []
-
-
-def test_key_names_are_spelled_only_in_contract() -> None:
-    """No f-string outside contract builds a key from the stack's prefix (use Keys)."""
-    spelled = []
-    for path in source_files():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.JoinedStr) and re.search(
-                r"\{[\w.]*prefix\}:", ast.unparse(node)
-            ):
-                spelled.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert spelled == []

@@ -1,10 +1,16 @@
-"""The layout of a job's run directory, as workers write it and the scheduler reads it.
+"""The artifact directory's layout, as workers write it and the scheduler and API read it:
+every file name of a run directory is here.
 
     <artifacts>/jobs/<id>/          the run directory (worker 0 of group 0 writes it)
+        metrics.jsonl                    every metric record, a JSON object a line
+        timeline.jsonl                   a pipeline's stage timelines
+        train.log                        the run's log lines
+        summary.json                     how the run ended: status, steps, final metrics
         checkpoints/step-N.safetensors   the user's checkpoints (checkpoint.freq, keep)
         restart/step-N.safetensors       restart points (every few minutes; the service's own;
                                          the newest two kept)
         restart/attempt-K.safetensors    the point attempt K of the job resumes from
+    <artifacts>/datasets/<user id>/<name>.<kind>   uploaded datasets
 
 Restart points are kept apart from the user's checkpoints: they are not listed as the job's
 checkpoints and are deleted when the job ends.
@@ -15,9 +21,25 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+RUNS = "jobs"
+DATASETS = "datasets"
+METRICS = "metrics.jsonl"
+TIMELINE = "timeline.jsonl"
+TRAIN_LOG = "train.log"
+SUMMARY = "summary.json"
 CHECKPOINTS = "checkpoints"
 RESTART = "restart"
 _NAME = re.compile(r"^step-(\d{8,})\.safetensors$")
+
+
+def job_run_dir(artifacts: Path, job_id: int) -> Path:
+    """Where a job's processes write checkpoints, metrics and logs."""
+    return artifacts / RUNS / str(job_id)
+
+
+def dataset_dir(artifacts: Path, owner_id: int) -> Path:
+    """Where a user's uploaded datasets are kept."""
+    return artifacts / DATASETS / str(owner_id)
 
 
 def checkpoint_path(directory: Path, step: int) -> Path:

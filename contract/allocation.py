@@ -1,0 +1,95 @@
+"""The allocation record: one placed process of a job, as the scheduler writes it to Redis and
+the node agent and the worker process read it, with the states a process goes through and the
+codes it exits with. A node agent needs nothing else of the scheduler.
+
+The scheduler fills the hash `Keys.allocation(id)` before it dispatches the Celery task that
+carries only the id. Besides the `AllocationInfo` fields, the agent and the scheduler keep the
+fields named below in that hash.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from contract.codec import from_fields, to_fields
+from contract.keys import Keys
+
+CLAIMED = "claimed"  # set once (HSETNX) by the agent that runs it: redeliveries are no-ops
+FINISHED = "finished"  # the final state the agent reported
+STOP = "stop"  # the scheduler wants this one process stopped (its node was lost)
+DISPATCHED = "dispatched"  # when the Celery task was sent (unix time)
+SEEN = "seen"  # when the agent last saw its process alive (every heartbeat)
+PID = "pid"  # the process's id on its node
+
+
+class ExitCode(enum.IntEnum):
+    """How a worker process (`python -m workers.entry`) ends."""
+
+    OK = 0  # trained to the end
+    FAILED = 1
+    INVALID = 2  # the job cannot run here
+    CANCELLED = 3
+    # Stopped to leave its node (the agent's SIGTERM); it saved a restart point if it could.
+    DRAINED = 4
+    DIVERGED = 5  # the loss became NaN or infinite: a restart would diverge again
+
+
+class AllocationState(enum.StrEnum):
+    """A placed process's state, as its agent reports it (StateRecord) and SQL keeps it."""
+
+    PENDING = "PENDING"  # dispatched, its process not started yet
+    RUNNING = "RUNNING"
+    DONE = "DONE"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    DRAINED = "DRAINED"  # stopped by its node agent leaving; the job is placed again
+
+    @property
+    def active(self) -> bool:
+        return self in (AllocationState.PENDING, AllocationState.RUNNING)
+
+
+@dataclass(frozen=True)
+class AllocationInfo:
+    """One placed process of a job, as the scheduler writes it and a worker reads it."""
+
+    allocation_id: int = field(metadata={"wire": None})  # the hash's key holds it
+    job_id: int
+    role: str  # worker | server
+    group: int
+    rank: int
+    world: int  # workers in this worker group
+    slots: int
+    gpus: int
+    node: str
+    framework: str
+    topology: dict[str, Any]
+    spec: dict[str, Any]  # the execution spec: validated, dataset names resolved to paths
+    run_dir: Path
+    attempt: int = 0  # the job's placements before this one (restarts, drains, lost nodes)
+    resume_from: str = ""  # the restart point this attempt continues from ("": step 0)
+    restart_seconds: float = 0.0  # restart points every this many seconds (0: none)
+    # An asynchronous framework's worker restarted alone continues from this step, with the
+    # parameters the server shards hold.
+    start_step: int = 0
+
+    def to_hash(self) -> dict[str, str]:
+        return to_fields(self)
+
+    @classmethod
+    def from_hash(cls, allocation_id: int, fields: dict[str, str]) -> AllocationInfo:
+        return from_fields(cls, fields, allocation_id=allocation_id)
+
+
+def stop_requested(client: redis.Redis, keys: Keys, job_id: int, allocation_id: int) -> bool:
+    """The user cancelled the job, or the scheduler stopped this allocation."""
+    pipe = client.pipeline(transaction=False)
+    pipe.exists(keys.cancel(job_id))
+    pipe.hexists(keys.allocation(allocation_id), STOP)
+    cancelled, stopped = pipe.execute()
+    return bool(cancelled) or bool(stopped)

@@ -1,0 +1,110 @@
+"""Every Redis key the platform uses, and how long what an ended or abandoned job leaves there
+lives (the time-to-lives): the API, the scheduler, node agents and workers name keys only
+through `Keys`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+# Time-to-lives: what an ended or abandoned job leaves in Redis, and for how long.
+CANCEL_TTL_SECONDS = 24 * 3600  # a job's cancel key: its processes still running stop on it
+STREAM_TTL_SECONDS = 24 * 3600  # a job's stream, once it has ended and the ingester drained it
+FINISHED_TTL_SECONDS = 7 * 24 * 3600  # an allocation hash, after its agent reported the end
+# A worker group's store address (workers.distributed.rendezvous): abandoned, kept a day at most.
+RENDEZVOUS_TTL_SECONDS = 24 * 3600
+NORMS_TTL_SECONDS = 3600  # the shards' parts of one update's gradient norm (workers.distributed)
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Every Redis key the platform uses, under one prefix so several stacks can share a server."""
+
+    prefix: str = "trainyard"
+
+    @property
+    def pattern(self) -> str:
+        """Every key of this stack (a SCAN pattern)."""
+        return f"{self.prefix}:*"
+
+    def job_stream(self, job_id: int) -> str:
+        return f"{self.prefix}:job:{job_id}:stream"
+
+    def cancel(self, job_id: int) -> str:
+        return f"{self.prefix}:job:{job_id}:cancel"
+
+    @property
+    def streams_with_data(self) -> str:
+        """Set of job ids whose streams the ingester reads."""
+        return f"{self.prefix}:ingest:jobs"
+
+    @property
+    def ingested_points(self) -> str:
+        """Metric points the ingester wrote (Prometheus /metrics)."""
+        return f"{self.prefix}:stats:ingested_points"
+
+    def allocation(self, allocation_id: int) -> str:
+        return f"{self.prefix}:alloc:{allocation_id}"
+
+    def node(self, name: str) -> str:
+        return f"{self.prefix}:node:{name}"
+
+    @property
+    def nodes(self) -> str:
+        return f"{self.prefix}:nodes"
+
+    def node_claims(self, name: str) -> str:
+        """The allocations its agent claimed, not ended."""
+        return f"{self.prefix}:node:{name}:claims"
+
+    @property
+    def scheduler_lease(self) -> str:
+        """Held by the one scheduler that acts."""
+        return f"{self.prefix}:scheduler:lease"
+
+    @property
+    def liveness(self) -> str:
+        """The scheduler's loops -> their last pass (/healthz)."""
+        return f"{self.prefix}:scheduler:liveness"
+
+    def job_scope(self, job_id: int) -> str:
+        """A job's own working keys (rendezvous, shards)."""
+        return f"{self.prefix}:job:{job_id}"
+
+    def ps_pattern(self, job_id: int) -> str:
+        """Every parameter-server key of a job (PSKeys.pattern of its scope)."""
+        return f"{self.job_scope(job_id)}:ps:*"
+
+    def stream_ticket(self, ticket: str) -> str:
+        """A short-lived ticket to one job's live stream: `<job id>:<user id>`, with a TTL."""
+        return f"{self.prefix}:ticket:{ticket}"
+
+    def submissions(self, user_id: int) -> str:
+        """Sorted set of a user's recent submission times (the rate limit's window)."""
+        return f"{self.prefix}:user:{user_id}:submissions"
+
+    @property
+    def tokens_revoked(self) -> str:
+        """Pub/sub: revoked tokens' hashes, dropped from API caches."""
+        return f"{self.prefix}:tokens:revoked"
+
+    @property
+    def announcements(self) -> str:
+        """Pub/sub: `job <id>`, `sweep <id>` (contract/announcements.py)."""
+        return f"{self.prefix}:announcements"
+
+
+def delete_matching(client: redis.Redis, pattern: str) -> int:
+    """Delete the keys matching `pattern` (SCAN, so the server is never blocked long)."""
+    removed = 0
+    batch: list[Any] = []
+    for key in client.scan_iter(match=pattern, count=1000):
+        batch.append(key)
+        if len(batch) == 1000:
+            removed += int(client.delete(*batch))
+            batch = []
+    if batch:
+        removed += int(client.delete(*batch))
+    return removed
