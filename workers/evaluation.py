@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 @torch.no_grad()
 def evaluate_whole(trainer: Trainer) -> dict[str, float]:
     """Loss and metrics over the test split (or test.steps batches of it)."""
-    return trainer.compiled.run(lambda: _evaluate(trainer))
+    return trainer.compiled_net.run(lambda: _evaluate(trainer))
 
 
 def _evaluate(trainer: Trainer) -> dict[str, float]:

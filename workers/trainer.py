@@ -8,8 +8,8 @@ passes its rank and world size (it then trains on its part of each global batch)
 framework changes in a step (how the update is applied, what runs at the start, how
 checkpoints map to its tensors, how the test split is evaluated) comes in through `StepHooks`,
 built by workers/parallel.py before the trainer. Every forward pass runs in the job's
-`precision` (workers/precision.py), through the compiled forward when the job asks for
-`compile` (workers/compiled.py).
+`precision` (workers/precision.py), through the compiled net (torch.compile) when the job asks for
+`compile` (workers/compiled_net.py).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from workers.checkpoint import (
     save_checkpoint,
     write_json_atomic,
 )
-from workers.compiled import CompiledForward
+from workers.compiled_net import CompiledNet
 from workers.data import Dataset, TrainBatches
 from workers.evaluation import evaluate_whole
 from workers.metrics import MetricSink
@@ -216,7 +216,7 @@ class Trainer:
         self.last_train: dict[str, float] = {}
         self.saved: tuple[int, Path] | None = None  # the latest checkpoint: its step, its file
         self.checkpoint_dir = options.run_dir / CHECKPOINTS
-        self.compiled = CompiledForward(self.net, enabled=self.spec.compile, log=self.log)
+        self.compiled_net = CompiledNet(self.net, enabled=self.spec.compile, log=self.log)
 
     # -- a run -----------------------------------------------------------------------------
     def run(self, on_step: Callable[[int], None] | None = None) -> Summary:
@@ -270,7 +270,7 @@ class Trainer:
     # -- the steps, in their order -------------------------------------------------------------
     def train_one_batch(self, x: torch.Tensor, y: torch.Tensor) -> BatchResult:
         """The batch's loss and metrics, its gradients left in the parameters' `.grad`."""
-        return self.compiled.run(lambda: self._gradients(x, y))
+        return self.compiled_net.run(lambda: self._gradients(x, y))
 
     def _gradients(self, x: torch.Tensor, y: torch.Tensor) -> BatchResult:
         self.updater.zero_grad()

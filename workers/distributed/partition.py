@@ -1,4 +1,4 @@
-"""Partitioning a compiled net over the workers of a group: by batch, by feature, or mixed.
+"""Partitioning a job's net over the workers of a group: by batch, by feature, or mixed.
 
 `partition_dim` on the net and on each layer says how a layer is split across the group:
 

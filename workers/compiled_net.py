@@ -20,7 +20,7 @@ from torch import nn
 T = TypeVar("T")
 
 
-class CompiledForward:
+class CompiledNet:
     """The forward of `net`, compiled when `enabled`; `run` makes calls that use it."""
 
     def __init__(self, net: nn.Module, *, enabled: bool, log: Callable[[str], None]) -> None:

@@ -36,7 +36,7 @@ def test_the_compiled_net_trains_to_the_same_parameters_and_checkpoint(
     eager, _ = train(few_steps(), tmp_path / "eager", cache_dir)
     compiled, trainer = train(few_steps(compile=True), tmp_path / "compiled", cache_dir)
     assert compiled.status == "succeeded" and not warnings_of(trainer)
-    assert trainer.compiled.active  # it did not fall back
+    assert trainer.compiled_net.active  # it did not fall back
     assert compiled.metrics["test/loss"] == pytest.approx(eager.metrics["test/loss"], rel=1e-4)
     a = load_checkpoint(resolve_checkpoint(tmp_path / "eager"))
     b = load_checkpoint(resolve_checkpoint(tmp_path / "compiled"))
@@ -75,7 +75,7 @@ def test_a_net_that_cannot_be_compiled_trains_eagerly_with_a_warning(
     fallen, trainer = train(few_steps(compile=True), tmp_path / "compiled", cache_dir)
     assert fallen.status == "succeeded" and fallen.steps == 8
     assert warnings_of(trainer) == [f"{WARNING} (RuntimeError: {NO_COMPILER}); it runs uncompiled"]
-    assert not trainer.compiled.active and "forward" not in vars(trainer.net)
+    assert not trainer.compiled_net.active and "forward" not in vars(trainer.net)
     a = load_checkpoint(resolve_checkpoint(tmp_path / "eager")).params
     b = load_checkpoint(resolve_checkpoint(tmp_path / "compiled")).params
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
