@@ -5,7 +5,9 @@ holds what changes rows and files):
 
 - the ingester (scheduler/ingest/batch.py), when a process's state record says it `Ended`;
 - the node sync (scheduler/daemon/nodes.py), for each job of a `NodeLost`, and for each job
-  with a `Silent` process (its agent stopped vouching for it).
+  with a `Silent` process (its agent stopped vouching for it);
+- the scheduler's pass (scheduler/daemon/loop.py), for a `Vacant` place: a failed process of a
+  placed job that nothing replaced yet.
 
 No database, no Redis, no files here.
 """
@@ -78,7 +80,16 @@ class Silent:
     reason: str
 
 
-Event = Ended | NodeLost | Silent
+@dataclass(frozen=True)
+class Vacant:
+    """The newest process in one place (role, group, rank) of a placed job failed, and the job
+    runs on: no process took its place yet."""
+
+    job: JobFacts
+    role: str
+
+
+Event = Ended | NodeLost | Silent | Vacant
 
 
 # -- the decisions -------------------------------------------------------------------------------
@@ -116,21 +127,26 @@ class Requeue:
 @dataclass(frozen=True)
 class RestartAlone:
     """The failed worker restarts alone (a counted restart) while the others train on; the
-    scheduler places its new process (loop.replace_processes)."""
+    scheduler places its new process (`PlaceAgain`)."""
 
     cause: str
 
 
 @dataclass(frozen=True)
 class ReplaceShard:
-    """The failed server shard is placed again (loop.replace_processes) and continues from
-    Redis; the job runs on, its workers waiting for the shard's updates. `note` is the job's
-    event."""
+    """The failed server shard is placed again (`PlaceAgain`) and continues from Redis; the job
+    runs on, its workers waiting for the shard's updates. `note` is the job's event."""
 
     note: str
 
 
-Decision = Continue | Finish | Fail | Requeue | RestartAlone | ReplaceShard
+@dataclass(frozen=True)
+class PlaceAgain:
+    """A new process is placed where the failed one was (what ReplaceShard and RestartAlone
+    leave to the scheduler's pass)."""
+
+
+Decision = Continue | Finish | Fail | Requeue | RestartAlone | ReplaceShard | PlaceAgain
 
 
 # -- the policy ----------------------------------------------------------------------------------
@@ -138,10 +154,14 @@ Decision = Continue | Finish | Fail | Requeue | RestartAlone | ReplaceShard
 def decide(event: Ended) -> Continue | Finish | Fail | Requeue | RestartAlone | ReplaceShard: ...
 @overload
 def decide(event: NodeLost | Silent) -> Continue | Fail | Requeue: ...
+@overload
+def decide(event: Vacant) -> Continue | PlaceAgain: ...
 def decide(event: Event) -> Decision:
     """What `event` means for its job."""
     if isinstance(event, Ended):
         return _ended(event)
+    if isinstance(event, Vacant):
+        return _vacant(event)
     return _lost(event)
 
 
@@ -210,6 +230,15 @@ def _lost(event: NodeLost | Silent) -> Continue | Fail | Requeue:
     # A job being cancelled fails here too: its processes went with the node.
     error = f"{event.reason} (no restarts left: cluster.max_restarts is {job.max_restarts})"
     return Fail(error=error, reason=error)
+
+
+def _vacant(event: Vacant) -> Continue | PlaceAgain:
+    job = event.job
+    if job.cancel_requested:
+        return Continue()
+    if event.role == "server" or (event.role == "worker" and job.restart == "alone"):
+        return PlaceAgain()
+    return Continue()
 
 
 def headline(reason: str, exit_code: int | None) -> str:

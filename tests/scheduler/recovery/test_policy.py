@@ -18,10 +18,12 @@ from scheduler.recovery.policy import (
     Finish,
     JobFacts,
     NodeLost,
+    PlaceAgain,
     ReplaceShard,
     Requeue,
     RestartAlone,
     Silent,
+    Vacant,
     decide,
     headline,
 )
@@ -265,6 +267,20 @@ CASES: list[tuple[str, Event, Decision]] = [
         Fail(SILENT, SILENT),
     ),
     ("silent, an ended job", Silent(replace(GANG, state=JobState.SUCCEEDED), SILENT), Continue()),
+    # -- a failed process that nothing replaced yet -------------------------------------------
+    ("vacant shard", Vacant(GANG, "server"), PlaceAgain()),
+    ("vacant asynchronous worker", Vacant(ALONE, "worker"), PlaceAgain()),
+    ("vacant synchronous worker", Vacant(GANG, "worker"), Continue()),
+    (
+        "vacant shard, cancelling",
+        Vacant(replace(GANG, cancel_requested=True), "server"),
+        Continue(),
+    ),
+    (
+        "vacant asynchronous worker, cancelling",
+        Vacant(replace(ALONE, cancel_requested=True), "worker"),
+        Continue(),
+    ),
 ]
 
 
@@ -280,7 +296,7 @@ def test_the_cases_have_names_of_their_own() -> None:
 
 def test_every_decision_is_made_somewhere() -> None:
     made = {type(expected) for _, _, expected in CASES}
-    assert made == {Continue, Finish, Fail, Requeue, RestartAlone, ReplaceShard}
+    assert made == {Continue, Finish, Fail, Requeue, RestartAlone, ReplaceShard, PlaceAgain}
 
 
 @pytest.mark.parametrize(
