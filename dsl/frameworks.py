@@ -3,8 +3,8 @@
 A framework is a preset topology (SINGA's worker and server groups) and a way for the replicas
 of the net to agree. The job language's choices (dsl/schema.py), the presets and the topology's
 rules (dsl/topology.py), how a worker applies it (workers/parallel.py) and how the service
-restarts its processes (scheduler/recovery.py) all read `FRAMEWORK_SPECS`. A new framework is a
-descriptor here and its function in workers/parallel.py's `FRAMEWORKS`.
+restarts its processes (scheduler/recovery/policy.py) all read `FRAMEWORK_SPECS`. A new framework
+is a descriptor here and its function in workers/parallel.py's `FRAMEWORKS`.
 """
 
 from __future__ import annotations

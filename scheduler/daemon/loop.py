@@ -31,7 +31,6 @@ from contract.keys import Keys, delete_matching
 from contract.liveness import record_pass
 from contract.rundir import job_run_dir
 from contract.settings import Settings
-from dsl.frameworks import restarting_alone
 from scheduler.admission.quotas import Limits, owner_shares
 from scheduler.celery_app import RUN_ALLOCATION, create_celery
 from scheduler.daemon.lease import SchedulerLease
@@ -52,7 +51,8 @@ from scheduler.placement.cluster import (
     queued_jobs,
 )
 from scheduler.placement.plan import plan_queue
-from scheduler.recovery.actions import prune_restart_points, worker_step
+from scheduler.recovery.actions import job_facts, prune_restart_points, worker_step
+from scheduler.recovery.policy import PlaceAgain, Vacant, decide
 from scheduler.store.database import Database
 from scheduler.store.lifecycle import transition
 from scheduler.store.models import Allocation, Job, JobState, Node, NodeState, utcnow
@@ -149,27 +149,26 @@ def schedule_once(session: Session, settings: Settings) -> list[Dispatch]:
 
 
 def replace_processes(session: Session, settings: Settings) -> list[Dispatch]:
-    """Processes of live jobs whose newest process failed and that the ingester let run on are
-    placed again: server shards (see stream_rows.MAX_SHARD_REPLACEMENTS), whose new process
-    reads the shard's parameters, version and updater state from Redis, and the workers of
-    asynchronous jobs (recovery.restart_alone), whose new process goes on from the worker's last
-    reported step with the shards' parameters. Each goes on its node when it is alive and has
-    room, else on the alive node with the most free slots, or waits for the next pass. Every
-    one of them uses the parameter-server Redis: nodes that cannot reach it take none."""
+    """Failed processes of placed jobs are placed again where the recovery policy says so
+    (policy.Vacant): server shards (policy.ReplaceShard), whose new process reads the shard's
+    parameters, version and updater state from Redis, and the workers of asynchronous jobs
+    (policy.RestartAlone), whose new process goes on from the worker's last reported step with
+    the shards' parameters. Each goes on its node when it is alive and has room, else on the
+    alive node with the most free slots, or waits for the next pass. Every one of them uses the
+    parameter-server Redis: nodes that cannot reach it take none."""
     newest: dict[tuple[int, str, int, int], Allocation] = {}
     for alloc in session.scalars(
         select(Allocation)
         .join(Job, Job.id == Allocation.job_id)
-        .where(
-            Job.state.in_(LIVE_JOBS),
-            Job.cancel_requested.is_(False),
-            (Allocation.role == "server")
-            | ((Allocation.role == "worker") & Job.framework.in_(restarting_alone())),
-        )
+        .where(Job.state.in_(LIVE_JOBS))
         .order_by(Allocation.id)
     ):
         newest[(alloc.job_id, alloc.role, alloc.group, alloc.rank)] = alloc
-    dead = [alloc for alloc in newest.values() if alloc.state == AllocationState.FAILED]
+    dead: list[tuple[Allocation, Job]] = []
+    for alloc in newest.values():
+        job = session.get(Job, alloc.job_id) if alloc.state == AllocationState.FAILED else None
+        if job is not None and isinstance(decide(Vacant(job_facts(job), alloc.role)), PlaceAgain):
+            dead.append((alloc, job))
     if not dead:
         return []
     free = {
@@ -183,7 +182,7 @@ def replace_processes(session: Session, settings: Settings) -> list[Dispatch]:
         if node.name in free
     }
     dispatches: list[Dispatch] = []
-    for old in dead:
+    for old, job in dead:
 
         def fits(node: Node, old: Allocation = old) -> bool:
             room = free.get(node.name, [0, 0])
@@ -194,8 +193,6 @@ def replace_processes(session: Session, settings: Settings) -> list[Dispatch]:
         node = same if same is not None and fits(same) else next(filter(fits, others), None)
         if node is None:
             continue
-        job = session.get(Job, old.job_id)
-        assert job is not None  # the join above found it
         alloc = Allocation(
             job_id=old.job_id,
             node_id=node.id,

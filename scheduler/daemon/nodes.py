@@ -23,8 +23,9 @@ from contract.codec import decode
 from contract.keys import Keys
 from contract.nodes import NodeRegistration
 from scheduler.placement.cluster import ACTIVE_ALLOCATIONS
-from scheduler.recovery.actions import max_restarts, restart_or_fail, write_off
-from scheduler.store.models import Allocation, Job, JobState, Node, NodeState
+from scheduler.recovery.actions import fail, job_facts, requeue, write_off
+from scheduler.recovery.policy import Continue, Fail, NodeLost, Requeue, Silent, decide
+from scheduler.store.models import Allocation, Job, Node, NodeState
 
 log = logging.getLogger("trainyard.scheduler")
 
@@ -136,8 +137,8 @@ def mark_lost(
     counted: bool = True,
 ) -> list[int]:
     """The node's processes are written off; each job they belonged to is placed again from its
-    latest restart point (scheduler/recovery/actions.py), a restart counted against
-    cluster.max_restarts, or fails. Returns the allocations to stop."""
+    latest restart point, a restart counted against cluster.max_restarts, or fails, as the
+    recovery policy decides (scheduler/recovery/policy.py). Returns the allocations to stop."""
     log.warning("%s", reason)
     node.state = NodeState.LOST
     session.flush()
@@ -149,14 +150,9 @@ def mark_lost(
     stops: list[int] = []
     for job_id in sorted({a.job_id for a in on_node}):
         job = session.get(Job, job_id, with_for_update=True)
-        if job is None or JobState(job.state).terminal:
-            stops += write_off(session, job) if job is not None else []
-            continue
-        # A gang is all or nothing: the job's processes on other nodes go too.
-        error = f"{reason} (no restarts left: cluster.max_restarts is {max_restarts(job)})"
-        stops += restart_or_fail(
-            session, job, reason, error=error, artifacts=artifacts, counted=counted
-        )
+        if job is not None:
+            lost = NodeLost(job_facts(job), reason, counted=counted)
+            stops += carry_out(session, job, decide(lost), artifacts)
     return stops
 
 
@@ -205,8 +201,22 @@ def write_off_silent(
             f"{alloc.role} {alloc.group}/{alloc.rank}{where}: no word from its node agent for "
             f"{timeout:g}s (the agent is stuck, or Redis restarted and lost its records)"
         )
-        if JobState(job.state).terminal or job.cancel_requested:
-            stops += write_off(session, job)
-            continue
-        stops += restart_or_fail(session, job, reason, error=reason, artifacts=artifacts)
+        stops += carry_out(session, job, decide(Silent(job_facts(job), reason)), artifacts)
     return stops
+
+
+def carry_out(
+    session: Session, job: Job, decision: Continue | Fail | Requeue, artifacts: Path | None
+) -> list[int]:
+    """What the policy decided for a job whose processes were lost. A gang is all or nothing,
+    and a lost process cannot report its end: whatever the decision, what still runs of the job
+    is written off (a requeue does it as its first step). Returns the allocations to stop."""
+    match decision:
+        case Requeue(cause=cause, counted=counted):
+            return requeue(session, job, cause, artifacts=artifacts, counted=counted)
+        case Fail():
+            stops = write_off(session, job)
+            fail(session, job, decision)
+            return stops
+        case Continue():
+            return write_off(session, job)

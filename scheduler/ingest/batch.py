@@ -1,11 +1,11 @@
 """Stream records -> SQL rows and job states: what the ingester (scheduler/ingest/ingester.py)
 writes for one batch of a job's stream, in one transaction.
 
-Allocation state records drive the job's state: the first RUNNING starts it, the newest process
-of every worker DONE finishes it; a process that failed or a node agent that drained places the
-job again from its restart point (scheduler/recovery/actions.py), until cluster.max_restarts, and
-then fails it. A sweep's trial sends its metric to the sweep's pruner (`Pruning`), which may end it
-PRUNED.
+Allocation state records drive the job's state: the first RUNNING starts it; what a process's
+end means for its job (finished, placed again from its restart point, a worker restarted alone, a
+shard replaced, failed) is the recovery policy's decision (scheduler/recovery/policy.py), carried
+out here by scheduler/recovery/actions.py. A sweep's trial sends its metric to the sweep's
+pruner (`Pruning`), which may end it PRUNED.
 """
 
 from __future__ import annotations
@@ -16,20 +16,35 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from sqlalchemy import Table, insert, select
+from sqlalchemy import Table, func, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from contract import stream
-from contract.allocation import AllocationState, ExitCode
-from scheduler.recovery.actions import SUMMARY_METRIC, requeue, restart_alone
+from contract.allocation import AllocationState
+from scheduler.recovery.actions import (
+    SUMMARY_METRIC,
+    fail,
+    job_facts,
+    replace_shard,
+    requeue,
+    restart_alone,
+)
+from scheduler.recovery.policy import (
+    Ended,
+    Fail,
+    Finish,
+    ReplaceShard,
+    Requeue,
+    RestartAlone,
+    decide,
+)
 from scheduler.store.artifacts import confine
 from scheduler.store.lifecycle import can_transition, transition
 from scheduler.store.models import (
     Allocation,
     CheckpointRecord,
     Job,
-    JobEvent,
     JobState,
     LogLine,
     Metric,
@@ -41,11 +56,6 @@ from scheduler.store.models import (
 log = logging.getLogger("trainyard.ingest")
 
 MAX_NAME = 64  # Metric.name's column width
-# A job's server shards keep their state in Redis, so a dead one is placed again (by the
-# scheduler) and continues where it stopped, this many times per placement of the job.
-MAX_SHARD_REPLACEMENTS = 3
-# How a worker process ends when a restart would end the same way: the job fails at once.
-FINAL_EXITS = (ExitCode.INVALID, ExitCode.DIVERGED)
 METRICS = cast(Table, Metric.__table__)
 LOGS = cast(Table, LogLine.__table__)
 TIMELINES = cast(Table, PipelineTimeline.__table__)
@@ -183,7 +193,7 @@ class Effects:
 def apply_state(
     session: Session, job: Job, record: stream.StateRecord, effects: Effects | None = None
 ) -> None:
-    """One process's state change, and what it means for its job."""
+    """One process's state change, and what the recovery policy makes of it for its job."""
     effects = effects or Effects()
     alloc = session.get(Allocation, record.allocation_id)
     # Records of processes already written off (lost node, earlier attempt) change nothing.
@@ -196,67 +206,56 @@ def apply_state(
             _move(session, job, JobState.RUNNING, f"{who} started")
         return
     alloc.state, alloc.exit_code, alloc.ended_at = record.state, record.exit_code, utcnow()
-    if JobState(job.state).terminal:
-        return
-    if record.state == AllocationState.FAILED:
-        reason = record.reason or f"{who} failed"
-        if alloc.role == "server" and _may_replace_shard(session, job):
-            # Not a transition: the job runs on, its workers waiting for the shard's updates.
-            note = f"{who} failed: {reason}; it is placed again and continues from Redis"
-            session.add(JobEvent(job_id=job.id, at=utcnow(), state=job.state, reason=note))
-            return
-        # A job that cannot be built or read its data here (ExitCode.INVALID), or whose loss
-        # diverged (ExitCode.DIVERGED: its restart point holds the same parameters and data
-        # order), would fail the same way again; any other failure (a killed process, a
-        # peer's) is restarted.
-        if not job.cancel_requested and record.exit_code not in FINAL_EXITS:
-            cause = f"{who} {_headline(reason, record.exit_code)}"
-            if alloc.role == "worker" and restart_alone(session, job, alloc, cause):
-                return
-            stops = requeue(session, job, cause, artifacts=effects.artifacts)
-            if stops is not None:
-                effects.stops += stops
-                return
-        job.error = reason
-        _move(session, job, JobState.FAILED, f"{who} failed: {job.error}")
-    elif record.state == AllocationState.DRAINED:
-        if job.cancel_requested:
-            _move(session, job, JobState.CANCELLED, "cancelled by the user")
-            return
-        stops = requeue(
-            session, job, f"{who}: {record.reason}", artifacts=effects.artifacts, counted=False
-        )
-        effects.stops += stops or []
-    elif record.state == AllocationState.CANCELLED:
-        reason = "cancelled by the user" if job.cancel_requested else f"{who}: {record.reason}"
-        _move(session, job, JobState.CANCELLED, reason)
-    elif record.state == AllocationState.DONE:
-        session.flush()
-        workers = session.scalars(
-            select(Allocation)
-            .where(Allocation.job_id == job.id, Allocation.role == "worker")
-            .order_by(Allocation.id)
-        ).all()
-        # The newest process of each worker: the others belong to earlier attempts.
-        current = list({(a.group, a.rank): a for a in workers}.values())
-        if current and all(a.state == AllocationState.DONE for a in current):
-            _move(session, job, JobState.SUCCEEDED, f"all {len(current)} worker(s) finished")
+    event = Ended(
+        job=job_facts(job),
+        who=who,
+        role=alloc.role,
+        state=AllocationState(record.state),
+        exit_code=record.exit_code,
+        reason=record.reason,
+        shard_failures=_shard_failures(session, job),
+        workers=_current_workers(session, job),
+    )
+    match decide(event):
+        case Finish(state=state, reason=reason):
+            _move(session, job, state, reason)
+        case Fail() as failure:
+            fail(session, job, failure)
+        case Requeue(cause=cause, counted=counted):
+            effects.stops += requeue(
+                session, job, cause, artifacts=effects.artifacts, counted=counted
+            )
+        case RestartAlone(cause=cause):
+            restart_alone(session, job, alloc, cause)
+        case ReplaceShard() as shard:
+            replace_shard(session, job, shard)
 
 
-def _may_replace_shard(session: Session, job: Job) -> bool:
-    """Whether a shard of `job` that just failed is placed again: not for a job being
-    cancelled, and at most MAX_SHARD_REPLACEMENTS times since the job was last placed."""
-    if job.cancel_requested or job.state not in (JobState.SCHEDULED, JobState.RUNNING):
-        return False
+def _shard_failures(session: Session, job: Job) -> int:
+    """The job's server processes that failed since it was last placed (earlier placements'
+    shards do not count)."""
     session.flush()
-    query = select(Allocation.id).where(
+    query = select(func.count(Allocation.id)).where(
         Allocation.job_id == job.id,
         Allocation.role == "server",
         Allocation.state == AllocationState.FAILED,
     )
-    if job.scheduled_at is not None:  # earlier placements' shards do not count
+    if job.scheduled_at is not None:
         query = query.where(Allocation.ended_at >= job.scheduled_at)
-    return len(session.scalars(query).all()) <= MAX_SHARD_REPLACEMENTS
+    return session.scalar(query) or 0
+
+
+def _current_workers(session: Session, job: Job) -> tuple[AllocationState, ...]:
+    """The state of the newest process of each of the job's workers: the others belong to
+    earlier attempts."""
+    session.flush()
+    workers = session.scalars(
+        select(Allocation)
+        .where(Allocation.job_id == job.id, Allocation.role == "worker")
+        .order_by(Allocation.id)
+    ).all()
+    current = {(a.group, a.rank): a for a in workers}.values()
+    return tuple(AllocationState(a.state) for a in current)
 
 
 def apply_batch(
@@ -319,15 +318,3 @@ def upsert_timelines(session: Session, job_id: int, timelines: list[stream.Timel
         for record in timelines
     ]
     session.execute(upsert, rows)
-
-
-def _headline(reason: str, exit_code: int | None) -> str:
-    """A failure's first line (how the process ended) and, for a process that exited on its
-    own, the last line of its output (the exception), so a restarted job's event still says
-    why. A killed process's last output says nothing of its end."""
-    lines = [line.strip() for line in reason.splitlines() if line.strip()]
-    if not lines:
-        return reason
-    if len(lines) == 1 or exit_code is None or exit_code < 0:
-        return lines[0]
-    return f"{lines[0]}: {lines[-1]}"

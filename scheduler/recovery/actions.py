@@ -1,4 +1,6 @@
-"""Restarts: a job that lost a process or a node is placed again from its latest restart point.
+"""Carrying out recovery's decisions (scheduler/recovery/policy.py): the rows and files they change.
+
+A job that lost a process or a node is placed again from its latest restart point.
 
 Every placement of a job is an attempt (`Job.attempt`); its processes mark their stream records
 with it, and the ingester drops the metrics of attempts the job has moved past. Placing a job
@@ -18,6 +20,8 @@ In the asynchronous frameworks (downpour, hogwild) a worker that died restarts a
 (`restart_alone`): the others train on, the server shards keep the parameters, and the
 scheduler places a new process for it (loop.replace_processes) that continues from the last step
 it reported, pulling the shards' current parameters.
+
+`job_facts` reads what the policy needs to know of a job from its row.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ from contract.allocation import AllocationState
 from contract.rundir import RESTART, attempt_point, job_run_dir, latest_restart_point
 from dsl.frameworks import restarting_alone
 from scheduler.placement.cluster import ACTIVE_ALLOCATIONS
-from scheduler.store.lifecycle import can_transition, transition
+from scheduler.recovery.policy import Fail, JobFacts, ReplaceShard
+from scheduler.store.lifecycle import transition
 from scheduler.store.models import Allocation, Job, JobEvent, JobState, Metric, utcnow
 
 log = logging.getLogger("trainyard.recovery")
@@ -46,6 +51,18 @@ SUMMARY_METRIC = "test/accuracy"  # the job list's best metric (scheduler/ingest
 def max_restarts(job: Job) -> int:
     cluster = (job.spec or {}).get("cluster") or {}
     return int(cluster.get("max_restarts", DEFAULT_MAX_RESTARTS))
+
+
+def job_facts(job: Job) -> JobFacts:
+    """What the recovery policy needs to know of `job`."""
+    return JobFacts(
+        state=JobState(job.state),
+        cancel_requested=job.cancel_requested,
+        restart="alone" if job.framework in restarting_alone() else "gang",
+        pipelined=int((job.topology or {}).get("stages", 1) or 1) > 1,
+        restarts=job.restarts,
+        max_restarts=max_restarts(job),
+    )
 
 
 def write_off(session: Session, job: Job) -> list[int]:
@@ -62,15 +79,9 @@ def write_off(session: Session, job: Job) -> list[int]:
 
 def requeue(
     session: Session, job: Job, cause: str, *, artifacts: Path | None, counted: bool = True
-) -> list[int] | None:
-    """Place `job` again from its latest restart point (see the module's steps). Returns the
-    allocations to stop, or None when a counted restart is past cluster.max_restarts (the
-    caller fails the job with `cause`)."""
-    if not can_transition(job.state, JobState.QUEUED):
-        return None
-    limit = max_restarts(job)
-    if counted and job.restarts >= limit:
-        return None
+) -> list[int]:
+    """Place `job` again from its latest restart point (see the module's steps), as the policy
+    decided (`Requeue`). Returns the allocations to stop."""
     stops = write_off(session, job)
     job.attempt += 1
     if counted:
@@ -80,7 +91,7 @@ def requeue(
     truncate_metrics(session, job, step)
     where = f"from step {step}" + (f" ({lost} steps to train again)" if lost else "")
     if counted:
-        reason = f"{cause}; restart {job.restarts} of {limit} {where}"
+        reason = f"{cause}; restart {job.restarts} of {max_restarts(job)} {where}"
     else:
         reason = f"{cause}; placed again {where}"
     transition(session, job, JobState.QUEUED, reason)
@@ -88,26 +99,9 @@ def requeue(
     return stops
 
 
-def restart_or_fail(
-    session: Session,
-    job: Job,
-    reason: str,
-    *,
-    error: str,
-    artifacts: Path | None,
-    counted: bool = True,
-) -> list[int]:
-    """Place `job` again (`requeue`), unless it is being cancelled or has no restarts left:
-    then write off its processes and fail it with `error`. The allocations to stop."""
-    if not job.cancel_requested:
-        again = requeue(session, job, reason, artifacts=artifacts, counted=counted)
-        if again is not None:
-            return again
-    stops = write_off(session, job)
-    if can_transition(job.state, JobState.FAILED):
-        job.error = error
-        transition(session, job, JobState.FAILED, error)
-    return stops
+def fail(session: Session, job: Job, decision: Fail) -> None:
+    job.error = decision.error
+    transition(session, job, JobState.FAILED, decision.reason)
 
 
 def resume_point(job: Job, artifacts: Path | None) -> int:
@@ -163,13 +157,10 @@ def prune_restart_points(artifacts: Path, job_id: int) -> bool:
     return True
 
 
-def restart_alone(session: Session, job: Job, alloc: Allocation, cause: str) -> bool:
-    """A worker of an asynchronous job restarts alone (its new process is placed by the
-    scheduler): counted against cluster.max_restarts, an event, the job's state unchanged.
-    False when the job is not asynchronous or has no restarts left."""
-    pipelined = int((job.topology or {}).get("stages", 1) or 1) > 1
-    if job.framework not in restarting_alone() or pipelined or job.restarts >= max_restarts(job):
-        return False
+def restart_alone(session: Session, job: Job, alloc: Allocation, cause: str) -> None:
+    """A worker of an asynchronous job restarts alone, as the policy decided (`RestartAlone`;
+    its new process is placed by the scheduler): counted against cluster.max_restarts, an
+    event, the job's state unchanged."""
     job.restarts += 1
     step = worker_step(session, job.id, alloc.group, alloc.rank)
     reason = (
@@ -178,7 +169,12 @@ def restart_alone(session: Session, job: Job, alloc: Allocation, cause: str) -> 
     )
     session.add(JobEvent(job_id=job.id, at=utcnow(), state=job.state, reason=reason))
     log.warning("job %s: %s", job.id, reason)
-    return True
+
+
+def replace_shard(session: Session, job: Job, decision: ReplaceShard) -> None:
+    """Not a transition: the job runs on, its workers waiting for the shard's updates (the
+    scheduler places the shard's new process)."""
+    session.add(JobEvent(job_id=job.id, at=utcnow(), state=job.state, reason=decision.note))
 
 
 def worker_step(session: Session, job_id: int, group: int, rank: int) -> int:

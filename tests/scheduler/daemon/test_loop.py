@@ -16,8 +16,9 @@ from contract.settings import Settings
 from contract.stream import StateRecord
 from scheduler.daemon.loop import KeySweeper, replace_processes, schedule_once, undispatched
 from scheduler.daemon.nodes import NodeTracker, mark_lost, sync_nodes
-from scheduler.ingest.batch import MAX_SHARD_REPLACEMENTS, apply_state
+from scheduler.ingest.batch import apply_state
 from scheduler.placement.cluster import node_capacities, queue_view
+from scheduler.recovery.policy import MAX_SHARD_REPLACEMENTS
 from scheduler.store.database import Database
 from scheduler.store.jobs import NewJob, create_job
 from scheduler.store.models import Allocation, Job, JobEvent, JobState, Node, NodeState
