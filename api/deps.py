@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from contract.records import Keys
 from contract.settings import Settings
 from dsl.compiler import CompiledJob
+from scheduler.admission.submit import Backends
 from scheduler.store import jobs as job_store
 from scheduler.store.database import Database
 from scheduler.store.errors import Expired
@@ -131,8 +132,10 @@ class Services:
     graphs: GraphCache = field(default_factory=GraphCache)
     tokens: TokenCache = field(default_factory=TokenCache)
     sessions_open: asyncio.Semaphore = field(init=False)
+    backends: Backends = field(init=False)  # what the submission pipeline reaches
 
     def __post_init__(self) -> None:
+        self.backends = Backends(self.settings, self.redis, self.keys)
         # A request's session keeps its connection between the threads that its dependencies
         # and handler run in, and waits for each thread. Were every pooled connection held by
         # requests waiting for a thread while the threads wait for a connection, nothing would

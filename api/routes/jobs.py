@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Query, Response
+from fastapi import APIRouter, Path, Query, Response
 from fastapi.responses import FileResponse
 from sqlalchemy.orm import Session
 
@@ -18,7 +19,6 @@ from api.deps import (
     SessionDep,
     VisibleJob,
 )
-from api.policy import AdmittedLimits, check_job_quotas
 from api.schemas import (
     CheckpointOut,
     EventOut,
@@ -33,32 +33,23 @@ from api.schemas import (
     MetricNames,
     MetricsOut,
     PipelinePlanOut,
+    PlacementOut,
     SeriesOut,
     ValidationOut,
     errors,
     finite,
 )
-from api.submit import (
-    SUBMIT_BODY,
-    Submission,
-    check_submission,
-    check_sweep_submission,
-    placement_preview,
-    read_submission,
-    refuse_sweep,
-)
-from contract.announcements import JOB, announce
+from api.submission import SUBMIT_BODY, SubmissionDep
 from dsl.compiler import CompiledJob
 from dsl.graph import SourceRef
 from dsl.schema import JobSpec
+from scheduler.admission import submit
 from scheduler.admission.checks import check_job
 from scheduler.store import jobs as job_store
 from scheduler.store import reports as report_store
 from scheduler.store.models import JOB_FIELD_KINDS, FieldKind, Job, JobState, User, aware, utcnow
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
-
-SubmissionDep = Annotated[Submission, Depends(read_submission)]
 
 
 def job_fields(job: Job, owner: str, position: int | None) -> dict[str, Any]:
@@ -127,31 +118,9 @@ def compiled_job(job: Job, user: User, session: Session, services: Services) -> 
     responses=errors(401, 403, 413, 415, 422, 429),
 )
 def submit_job(
-    user: CurrentUser,
-    submission: SubmissionDep,
-    limits: AdmittedLimits,
-    session: SessionDep,
-    services: ServicesDep,
+    user: CurrentUser, submission: SubmissionDep, session: SessionDep, services: ServicesDep
 ) -> JobDetail:
-    checked = check_submission(session, user, submission, services.settings)
-    refuse_sweep(checked)
-    check_job_quotas(session, user, limits, checked)
-    job = job_store.create_job(
-        session,
-        user,
-        checked.to_new_job(
-            spec_yaml=submission.spec_yaml,
-            overrides=submission.overrides,
-            priority=submission.priority,
-        ),
-    )
-    # Said at once when the cluster cannot hold the job now, or ever (then a warning to act
-    # on); the scheduler keeps the reason up to date from its next pass.
-    preview = placement_preview(session, checked.topology, submission.priority)
-    if not preview.feasible:
-        job.pending_reason = preview.reason
-    session.commit()
-    announce(services.redis, services.keys, JOB, job.id)  # placed now, not at the next pass
+    job = submit.submit_job(session, user, submission, services.backends)
     return detail_of(session, job)
 
 
@@ -169,16 +138,14 @@ def submit_job(
 def validate_job(
     user: CurrentUser, submission: SubmissionDep, session: SessionDep, services: ServicesDep
 ) -> ValidationOut:
-    checked = check_submission(session, user, submission, services.settings)
-    if checked.spec.search is not None:  # a sweep: its space is checked too
-        checked = check_sweep_submission(session, user, submission, services.settings).checked
-    compiled = checked.compiled
+    validated = submit.validate(session, user, submission, services.backends)
+    checked, compiled = validated.job, validated.job.compiled
     return ValidationOut(
         name=compiled.spec.name,
         layers=[LayerOut(**row.__dict__) for row in compiled.table],
         total_params=compiled.total_params,
         topology=checked.topology.to_dict(),
-        placement=placement_preview(session, checked.topology, submission.priority),
+        placement=PlacementOut.model_validate(asdict(validated.preview)),
         pipeline=PipelinePlanOut.model_validate(checked.plan.to_dict()) if checked.plan else None,
     )
 

@@ -9,10 +9,10 @@ from fastapi import APIRouter, Path
 from sqlalchemy.orm import Session
 
 from api.deps import CurrentUser, ServicesDep, SessionDep
-from api.policy import admins_only
 from api.schemas import errors
 from api.schemas_access import USER_NAME_PATTERN, QuotaLimits, QuotaOut, QuotaUpdate, QuotaUsage
 from contract.settings import Settings
+from scheduler.admission.policy import admins_only
 from scheduler.admission.quotas import Limits, overrides, set_quotas, usage_of
 from scheduler.store.errors import NotFound
 from scheduler.store.models import QUOTA_NAMES, User

@@ -8,9 +8,9 @@ from fastapi import APIRouter, Path, Query, Response
 from sqlalchemy.orm import Session
 
 from api.deps import MAX_INT, CurrentUser, ServicesDep, SessionDep, announce_revocation
-from api.policy import admins_only
 from api.schemas import errors
 from api.schemas_access import TokenCreate, TokenCreated, TokenOut
+from scheduler.admission.policy import admins_only
 from scheduler.store.errors import NotFound
 from scheduler.store.models import ApiToken, User, aware
 from scheduler.store.users import find_token_by_id, get_user, issue_token, list_tokens, revoke_token

@@ -7,7 +7,7 @@ Two kinds, enforced in two places:
 - at placement (scheduler/placement/plan.py): `running_jobs`, `slots` and `gpus` held at once. A job
   past them waits in the queue, with the quota as its reason, and starts when the user's other
   jobs end: users of a training service expect to queue work, not to resubmit it.
-`submissions_per_minute` is the API's rate limit (api/ratelimit.py).
+`submissions_per_minute` is the submission rate (scheduler/admission/rate_limit.py).
 """
 
 from __future__ import annotations

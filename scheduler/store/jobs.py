@@ -39,9 +39,13 @@ class NewJob:
     framework: str
     train_steps: int
     priority: int = 0
+    sweep_id: int | None = None  # a sweep's trial: its sweep and its number there
+    trial_number: int | None = None
 
 
 def create_job(session: Session, owner: User, new: NewJob) -> Job:
+    """Queue `new`. A sweep's (sweep, trial number) pair is unique: a second job for one trial
+    fails here, at the flush."""
     job = Job(
         owner_id=owner.id,
         name=new.name,
@@ -53,6 +57,8 @@ def create_job(session: Session, owner: User, new: NewJob) -> Job:
         topology=new.topology,
         framework=new.framework,
         train_steps=new.train_steps,
+        sweep_id=new.sweep_id,
+        trial_number=new.trial_number,
         summary={},
     )
     session.add(job)
