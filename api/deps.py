@@ -117,10 +117,6 @@ async def listen_for_revocations(url: str, channel: str, cache: TokenCache) -> N
             await client.aclose()
 
 
-def announce_revocation(client: redis.Redis, keys: Keys, token_hash: str) -> None:
-    client.publish(keys.tokens_revoked, token_hash)
-
-
 @dataclass
 class Services:
     """One per app: built by `create_app`, closed when it stops."""

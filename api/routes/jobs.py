@@ -8,7 +8,6 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response
 from fastapi.responses import FileResponse
-from sqlalchemy.orm import Session
 
 from api.deps import (
     MAX_INT,
@@ -80,7 +79,7 @@ def _as_field(kind: FieldKind, value: Any) -> Any:
     return value
 
 
-def detail_of(session: Session, job: Job) -> JobDetail:
+def detail_of(session: SessionDep, job: Job) -> JobDetail:
     owner = job_store.owner_names(session, {job.owner_id})[job.owner_id]
     position = (
         job_store.queue_positions(session).get(job.id) if job.state == JobState.QUEUED else None
@@ -88,7 +87,7 @@ def detail_of(session: Session, job: Job) -> JobDetail:
     return JobDetail(**job_fields(job, owner, position), spec_yaml=job.spec_yaml)
 
 
-def compiled_job(job: Job, user: User, session: Session, services: Services) -> CompiledJob:
+def compiled_job(job: Job, user: User, session: SessionDep, services: Services) -> CompiledJob:
     """The job's stored spec compiled (shapes only, on the meta device); cached by id, as a
     job's spec never changes."""
     compiled = services.graphs.get(job.id)
@@ -204,9 +203,7 @@ def cancel_job(
     user: CurrentUser,
     services: ServicesDep,
 ) -> JobDetail:
-    job = job_store.get_job(session, user, job_id, for_update=True)
-    job_store.request_cancel(session, job, services.redis, services.keys)
-    session.commit()
+    job = job_store.cancel_job(session, user, job_id, services.redis, services.keys)
     return detail_of(session, job)
 
 
@@ -227,7 +224,6 @@ def delete_job(job: VisibleJob, session: SessionDep, services: ServicesDep) -> R
         client=services.redis,
         keys=services.keys,
     )
-    session.commit()
     services.graphs.drop(job.id)
     return Response(status_code=204)
 

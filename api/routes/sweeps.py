@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
-from sqlalchemy.orm import Session
 
 from api.deps import MAX_INT, CurrentUser, ServicesDep, SessionDep
 from api.routes.jobs import detail_of as job_detail
@@ -26,9 +25,9 @@ from scheduler.admission import submit
 from scheduler.store.jobs import owner_names
 from scheduler.store.models import Job, JobState, Sweep, SweepState, aware
 from scheduler.store.sweeps import (
+    cancel_sweep,
     get_sweep,
     list_sweeps,
-    request_sweep_cancel,
     search_of,
     trial_counts,
     trial_values,
@@ -81,7 +80,7 @@ def trial_of(job: Job, objectives: list[Objective]) -> TrialOut:
     )
 
 
-def detail_of(session: Session, sweep: Sweep) -> SweepDetail:
+def detail_of(session: SessionDep, sweep: Sweep) -> SweepDetail:
     owner = owner_names(session, {sweep.owner_id})[sweep.owner_id]
     jobs = trials(session, sweep.id)
     objectives = search_of(sweep).objective_list()
@@ -196,7 +195,5 @@ def importance(
 def cancel(
     sweep_id: SweepId, session: SessionDep, user: CurrentUser, services: ServicesDep
 ) -> SweepDetail:
-    sweep = get_sweep(session, user, sweep_id, for_update=True)
-    request_sweep_cancel(session, sweep, services.redis, services.keys)
-    session.commit()
+    sweep = cancel_sweep(session, user, sweep_id, services.redis, services.keys)
     return detail_of(session, sweep)

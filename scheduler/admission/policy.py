@@ -5,8 +5,11 @@ These are the service's rules, not HTTP's: a refusal is `NotAllowed`, which the 
 
 from __future__ import annotations
 
-from scheduler.store.errors import StoreError
+from sqlalchemy.orm import Session
+
+from scheduler.store.errors import NotFound, StoreError
 from scheduler.store.models import User
+from scheduler.store.users import get_user
 
 DEFAULT_PRIORITY = 0
 
@@ -27,3 +30,15 @@ def check_priority(user: User, priority: int) -> None:
             f"priority {priority}: only admins may set a priority above the default "
             f"({DEFAULT_PRIORITY}); lower ones are yours to set"
         )
+
+
+def user_named(session: Session, caller: User, name: str, what: str) -> User:
+    """The user called `name`: the caller themselves, or (admins only) anyone; `what` names
+    what the caller asked about another user, for the refusal."""
+    if name == caller.name:
+        return caller
+    admins_only(caller, what)
+    user = get_user(session, name)
+    if user is None:
+        raise NotFound(f"no user named '{name}'")
+    return user

@@ -88,6 +88,28 @@ def limits_for(session: Session, user: User, settings: Settings) -> Limits:
     return Limits.defaults(settings).with_overrides(overrides(session, user.id))
 
 
+@dataclass(frozen=True)
+class QuotaReport:
+    """A user's quotas in force, which of them were set for the user, and what they use."""
+
+    user: str
+    limits: Limits
+    overrides: list[str]  # the quotas set for this user rather than the operator's defaults
+    usage: Usage
+
+
+def quota_report(session: Session, user: User, settings: Settings) -> QuotaReport:
+    own = overrides(session, user.id)
+    return QuotaReport(
+        user=user.name,
+        limits=Limits.defaults(settings).with_overrides(own),
+        overrides=[
+            name for name in QUOTA_NAMES if own is not None and getattr(own, name) is not None
+        ],
+        usage=usage_of(session, user),
+    )
+
+
 def set_quotas(session: Session, user: User, changes: dict[str, Any]) -> UserQuota:
     """Set the user's own quotas in `changes` (a None value: back to the default)."""
     unknown = sorted(set(changes) - set(QUOTA_NAMES))
@@ -102,6 +124,12 @@ def set_quotas(session: Session, user: User, changes: dict[str, Any]) -> UserQuo
     row.updated_at = utcnow()
     session.flush()
     return row
+
+
+def change_quotas(session: Session, user: User, changes: dict[str, Any]) -> None:
+    """An admin's change of the user's quotas (set_quotas), committed."""
+    set_quotas(session, user, changes)
+    session.commit()
 
 
 def usage_of(session: Session, user: User) -> Usage:

@@ -159,6 +159,7 @@ def announce(settings: Settings, token_hash: str) -> bool:
     import redis
 
     from contract.records import Keys
+    from scheduler.admission.tokens import announce_revocation
     from scheduler.cli.stack import read_stack_file
 
     stack = read_stack_file(settings.stack_file())
@@ -167,7 +168,7 @@ def announce(settings: Settings, token_hash: str) -> bool:
         return False
     client = redis.Redis.from_url(url, socket_timeout=5)
     try:
-        client.publish(Keys(settings.redis_prefix).tokens_revoked, token_hash)
+        announce_revocation(client, Keys(settings.redis_prefix), token_hash)
     except redis.RedisError:
         return False
     finally:

@@ -146,3 +146,51 @@ def queue_view(
         )
         for position, job_id in enumerate(decision.order, start=1)
     ]
+
+
+# Allocations of earlier attempts (before a lost node sent the job back to the queue) ended
+# FAILED or CANCELLED; the current attempt's are live or done.
+SHOWN_ALLOCATIONS = (AllocationState.PENDING, AllocationState.RUNNING, AllocationState.DONE)
+
+
+@dataclass(frozen=True)
+class PlacedJob:
+    job: Job  # placement's columns only (PLACEMENT_COLUMNS)
+    allocations: list[tuple[str, Allocation]]  # (node name, allocation), workers by rank
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """The cluster as GET /cluster shows it: nodes, placed jobs, the queue with its reasons."""
+
+    nodes: list[tuple[Node, NodeCapacity]]
+    placed: list[PlacedJob]
+    queue: list[QueueEntry]
+
+
+def cluster_view(session: Session, *, quotas: Limits) -> ClusterView:
+    """Every node with its capacity and use, the processes of scheduled and running jobs, and
+    the queue in placement order (`quotas`: the default quotas, Limits.defaults(settings))."""
+    capacities = node_capacities(session)
+    capacity = {node.name: node for node in capacities}
+    nodes = list(session.scalars(select(Node).order_by(Node.name)))
+    node_names = {node.id: node.name for node in nodes}
+    jobs = list(
+        session.scalars(
+            select(Job).options(PLACEMENT_COLUMNS).where(Job.state.in_(LIVE_JOBS)).order_by(Job.id)
+        )
+    )
+    allocations: dict[int, list[tuple[str, Allocation]]] = {job.id: [] for job in jobs}
+    if jobs:
+        rows = session.scalars(
+            select(Allocation)
+            .where(Allocation.job_id.in_(allocations), Allocation.state.in_(SHOWN_ALLOCATIONS))
+            .order_by(Allocation.job_id, Allocation.role.desc(), Allocation.group, Allocation.rank)
+        )
+        for alloc in rows:
+            allocations[alloc.job_id].append((node_names.get(alloc.node_id, "?"), alloc))
+    return ClusterView(
+        nodes=[(node, capacity[node.name]) for node in nodes],
+        placed=[PlacedJob(job, allocations[job.id]) for job in jobs],
+        queue=queue_view(session, capacities, quotas=quotas),
+    )

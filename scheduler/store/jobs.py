@@ -1,5 +1,6 @@
 """Jobs in the store: create, read, list, cancel and delete them (plain functions over a
-SQLAlchemy Session; the caller commits).
+SQLAlchemy Session; the caller commits, except for a user's whole request: `cancel_job` and
+`delete_job` commit it).
 
 A user sees only their own jobs; an admin sees every job; another user's job is `NotFound`, so
 ids don't leak.
@@ -156,6 +157,14 @@ def request_cancel(session: Session, job: Job, client: redis.Redis, keys: Keys) 
     return job
 
 
+def cancel_job(session: Session, user: User, job_id: int, client: redis.Redis, keys: Keys) -> Job:
+    """The user's request to cancel their job (an admin's: any), committed."""
+    job = get_job(session, user, job_id, for_update=True)
+    request_cancel(session, job, client, keys)
+    session.commit()
+    return job
+
+
 def job_run_dir(artifacts: Path, job_id: int) -> Path:
     """Where a job's processes write checkpoints, metrics.jsonl and logs."""
     return artifacts / "jobs" / str(job_id)
@@ -164,7 +173,8 @@ def job_run_dir(artifacts: Path, job_id: int) -> Path:
 def delete_job(
     session: Session, job: Job, *, artifacts: Path, client: redis.Redis, keys: Keys
 ) -> None:
-    """Remove a finished job: its rows (records cascade), its files and its Redis keys."""
+    """Remove a finished job: its rows (records cascade), its files and its Redis keys;
+    committed."""
     state = JobState(job.state)
     if not state.terminal:
         raise Conflict(f"job {job.id} is {state}; cancel it and wait until it ends to delete it")
@@ -181,6 +191,7 @@ def delete_job(
     pipe.delete(keys.job_stream(job.id), keys.cancel(job.id))
     pipe.srem(keys.streams_with_data, str(job.id))
     pipe.execute()
+    session.commit()
 
 
 def job_events(session: Session, job_id: int) -> list[JobEvent]:
