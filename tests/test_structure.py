@@ -20,6 +20,15 @@ ALLOWED = {
     "trainyard": {"contract", "dsl"},
 }
 MAX_LINES = 450
+# A route parses the request, calls one plain function below HTTP and shapes its answer: the
+# SQL and Redis it needs are scheduler/'s. It may pass the request's session and the Redis
+# client on, never use them itself.
+ROUTES = ROOT / "api" / "routes"
+NOT_IN_ROUTES = ("sqlalchemy", "redis")
+SESSION_CALLS = frozenset(
+    {"add", "commit", "delete", "execute", "flush", "get", "get_one", "merge", "refresh"}
+    | {"rollback", "scalar", "scalars", "query"}
+)
 
 
 def _python_files() -> list[Path]:
@@ -89,6 +98,44 @@ def test_package_imports_only_what_the_layering_allows(package: str) -> None:
         and name.split(".")[0] not in ALLOWED[package]
     )
     assert not wrong, "\n".join(wrong)
+
+
+def test_routes_import_neither_sql_nor_redis() -> None:
+    routes = sorted(ROUTES.glob("*.py"))
+    assert routes, "no route modules found"
+    wrong = sorted(
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in routes
+        for name in _imports(path, module_level_only=False)
+        if name.split(".")[0] in NOT_IN_ROUTES
+    )
+    assert not wrong, "\n".join(wrong)
+
+
+def _session_and_redis_calls(path: Path) -> tuple[list[str], int]:
+    """Calls of a session's or a Redis client's methods in `path` (`session.commit()`,
+    `services.redis.get(...)`), and how many times `session` is passed on as an argument."""
+    calls, passed = [], 0
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not isinstance(node, ast.Call):
+            continue
+        passed += sum(isinstance(arg, ast.Name) and arg.id == "session" for arg in node.args)
+        if not isinstance(node.func, ast.Attribute):
+            continue
+        target, method = node.func.value, node.func.attr
+        if isinstance(target, ast.Name) and target.id == "session" and method in SESSION_CALLS:
+            calls.append(f"{path.relative_to(ROOT)}:{node.lineno} session.{method}()")
+        if isinstance(target, ast.Attribute) and target.attr == "redis":
+            calls.append(f"{path.relative_to(ROOT)}:{node.lineno} redis.{method}()")
+    return calls, passed
+
+
+def test_routes_run_no_sql_statement_nor_redis_command() -> None:
+    found = [_session_and_redis_calls(path) for path in sorted(ROUTES.glob("*.py"))]
+    wrong = [call for calls, _ in found for call in calls]
+    assert not wrong, "\n".join(wrong)
+    # A walker that saw no call would pass everything: the routes do pass their session on.
+    assert sum(passed for _, passed in found) > 10
 
 
 def test_the_allowed_package_graph_has_no_cycle() -> None:
