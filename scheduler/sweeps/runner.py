@@ -230,20 +230,20 @@ class SweepRunner:
     ) -> Checked:
         """The trial's job, through a submission's checks (not its owner's rate and quotas:
         the sweep was held to them when it was submitted); an invalid one fails the sweep."""
-        from scheduler.admission import submit  # the job language: torch, on first use
+        # The job language imports torch: on first use.
+        from scheduler.admission.checks import Kind
+        from scheduler.admission.submit import Backends, check, trial_submission
 
-        submission = submit.trial_submission(
+        submission = trial_submission(
             sweep,
             trial.number,
             trial.params,
             extra=segment_overrides(study.search, trial),
             settings=self.settings,
         )
-        backends = submit.Backends(self.settings, self.client, self.keys)
+        backends = Backends(self.settings, self.client, self.keys)
         try:
-            return submit.check(
-                session, owner, submission, backends, expect=submit.Kind.JOB, admit=False
-            )
+            return check(session, owner, submission, backends, expect=Kind.JOB, admit=False)
         except JobSpecError as exc:
             study.tell(trial.number, None, TrialState.FAIL)
             raise SweepFailed(
