@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from contract.keys import Keys
 from contract.settings import Settings
 from dsl.compiler import CompiledJob
+from scheduler.admission.submit import Backends
 from scheduler.store import jobs as job_store
 from scheduler.store.database import Database
 from scheduler.store.errors import Expired
@@ -116,10 +117,6 @@ async def listen_for_revocations(url: str, channel: str, cache: TokenCache) -> N
             await client.aclose()
 
 
-def announce_revocation(client: redis.Redis, keys: Keys, token_hash: str) -> None:
-    client.publish(keys.tokens_revoked, token_hash)
-
-
 @dataclass
 class Services:
     """One per app: built by `create_app`, closed when it stops."""
@@ -131,8 +128,10 @@ class Services:
     graphs: GraphCache = field(default_factory=GraphCache)
     tokens: TokenCache = field(default_factory=TokenCache)
     sessions_open: asyncio.Semaphore = field(init=False)
+    backends: Backends = field(init=False)  # what the submission pipeline reaches
 
     def __post_init__(self) -> None:
+        self.backends = Backends(self.settings, self.redis, self.keys)
         # A request's session keeps its connection between the threads that its dependencies
         # and handler run in, and waits for each thread. Were every pooled connection held by
         # requests waiting for a thread while the threads wait for a connection, nothing would

@@ -17,7 +17,9 @@ from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException
 
 from dsl.errors import JobSpecError
+from scheduler.admission.policy import NotAllowed
 from scheduler.admission.quotas import QuotaExceeded
+from scheduler.admission.rate_limit import RateLimited
 from scheduler.store.artifacts import UnsafePath
 from scheduler.store.datasets import TooLarge, UnsupportedKind
 from scheduler.store.errors import Conflict, InvalidRequest, NotFound, StoreError
@@ -38,8 +40,10 @@ def error_response(
 def status_of(error: StoreError) -> int:
     if isinstance(error, NotFound):
         return 404
-    if isinstance(error, QuotaExceeded):
+    if isinstance(error, QuotaExceeded | NotAllowed):
         return 403
+    if isinstance(error, RateLimited):
+        return 429
     if isinstance(error, Conflict):
         return 409
     if isinstance(error, TooLarge):
@@ -71,7 +75,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StoreError)
     async def store_error(_: Request, exc: StoreError) -> JSONResponse:
-        return error_response(status_of(exc), str(exc))
+        headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, RateLimited) else None
+        return error_response(status_of(exc), str(exc), headers=headers)
 
     @app.exception_handler(IllegalTransition)
     async def illegal_transition(_: Request, exc: IllegalTransition) -> JSONResponse:

@@ -222,3 +222,49 @@ def test_the_framework_recipe_adds_a_framework(
     assert [(r["status"], r["steps"]) for r in results] == [("succeeded", 16)] * 2
     # The last step (16) averaged the replicas: the two workers end with the same parameters.
     assert results[0]["params"] == pytest.approx(results[1]["params"], rel=1e-6)
+
+
+def test_the_endpoint_recipe_serves_a_new_endpoint(tmp_path: Path, redis_url: str) -> None:
+    _copy(tmp_path, *PACKAGES, "scripts", "web/src", "pyproject.toml")
+    _follow("endpoint", tmp_path)
+    _run(tmp_path, "import runpy; runpy.run_path('scripts/gen_types.py', run_name='__main__')")
+    out = _run(
+        tmp_path,
+        f"""
+        import json, math
+        from fastapi.testclient import TestClient
+        from api.app import create_app
+        from contract.settings import Settings
+        from scheduler.store.database import Database, migrate
+        from scheduler.store.jobs import NewJob, create_job
+        from scheduler.store.models import Metric
+        from scheduler.store.users import create_token, create_user
+        from trainyard.models import LatestMetrics
+        settings = Settings(
+            data_dir="{tmp_path / "data"}",
+            database_url="sqlite:///{tmp_path / "jobs.db"}",
+            redis_url="{redis_url}",
+            redis_prefix="recipe-endpoint",
+        )
+        migrate(settings.sql_url())
+        with Database(settings.sql_url()).session() as session:
+            ada, bob = create_user(session, "ada"), create_user(session, "bob")
+            tokens = {{"ada": create_token(session, ada), "bob": create_token(session, bob)}}
+            job = create_job(session, ada, NewJob("j", "", {{}}, {{}}, {{}}, "local", 10))
+            for step, loss in ((1, 2.0), (5, 0.5), (3, 1.0)):
+                session.add(Metric(job_id=job.id, name="loss", step=step, value=loss, at=0.0))
+            session.add(Metric(job_id=job.id, name="grad", step=5, value=math.inf, at=0.0))
+            session.add(Metric(job_id=job.id, name="loss", step=9, value=7.0, rank=1, at=0.0))
+            job_id = job.id
+        with TestClient(create_app(settings, web_dist=None)) as client:
+            url = f"/api/v1/jobs/{{job_id}}/metrics/latest"
+            mine = client.get(url, headers={{"Authorization": "Bearer " + tokens["ada"]}})
+            theirs = client.get(url, headers={{"Authorization": "Bearer " + tokens["bob"]}})
+        print(json.dumps({{
+            "status": [mine.status_code, theirs.status_code],
+            "values": LatestMetrics.model_validate(mine.json()).values,
+        }}))
+        """,
+    )
+    assert json.loads(out) == {"status": [200, 404], "values": {"loss": 0.5, "grad": None}}
+    assert "LatestMetrics" in (tmp_path / "web/src/types.gen.ts").read_text()

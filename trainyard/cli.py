@@ -3,7 +3,7 @@
 
 The installed command (scheduler/cli/main.py) adds the server commands and the local training ones
 to these. This module imports nothing of the server side, of workers or of torch, so that
-`trainyard jobs` starts fast (tests/trainyard/test_imports.py holds it to that).
+`trainyard jobs` starts fast (tests/test_structure.py holds it to that).
 """
 
 from __future__ import annotations

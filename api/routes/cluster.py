@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from sqlalchemy import select
 
 from api.deps import CurrentUser, ServicesDep, SessionDep
 from api.schemas import (
@@ -15,15 +14,21 @@ from api.schemas import (
     errors,
 )
 from contract.allocation import AllocationState
-from scheduler.admission.quotas import Limits
-from scheduler.placement.cluster import LIVE_JOBS, PLACEMENT_COLUMNS, node_capacities, queue_view
-from scheduler.store.models import Allocation, Job, JobState, Node, NodeState, aware
+from scheduler.placement.cluster import cluster_view
+from scheduler.store.models import Allocation, JobState, NodeState, aware
+from scheduler.store.quotas import Limits
 
 router = APIRouter(tags=["cluster"])
 
-# Allocations of earlier attempts (before a lost node sent the job back to the queue) ended
-# FAILED or CANCELLED; the current attempt's are live or done.
-SHOWN_ALLOCATIONS = (AllocationState.PENDING, AllocationState.RUNNING, AllocationState.DONE)
+
+def allocation_out(node: str, alloc: Allocation) -> AllocationOut:
+    return AllocationOut(
+        node=node,
+        role=alloc.role,
+        group=alloc.group,
+        rank=alloc.rank,
+        state=AllocationState(alloc.state),
+    )
 
 
 @router.get(
@@ -36,35 +41,9 @@ SHOWN_ALLOCATIONS = (AllocationState.PENDING, AllocationState.RUNNING, Allocatio
     responses=errors(401),
 )
 def cluster(session: SessionDep, user: CurrentUser, services: ServicesDep) -> ClusterOut:
-    capacities = node_capacities(session)
-    capacity = {node.name: node for node in capacities}
-    nodes = list(session.scalars(select(Node).order_by(Node.name)))
-    node_names = {node.id: node.name for node in nodes}
-    jobs = list(
-        session.scalars(
-            select(Job).options(PLACEMENT_COLUMNS).where(Job.state.in_(LIVE_JOBS)).order_by(Job.id)
-        )
-    )
-    allocations: dict[int, list[AllocationOut]] = {job.id: [] for job in jobs}
-    if jobs:
-        rows = session.scalars(
-            select(Allocation)
-            .where(Allocation.job_id.in_(allocations), Allocation.state.in_(SHOWN_ALLOCATIONS))
-            .order_by(Allocation.job_id, Allocation.role.desc(), Allocation.group, Allocation.rank)
-        )
-        for alloc in rows:
-            allocations[alloc.job_id].append(
-                AllocationOut(
-                    node=node_names.get(alloc.node_id, "?"),
-                    role=alloc.role,
-                    group=alloc.group,
-                    rank=alloc.rank,
-                    state=AllocationState(alloc.state),
-                )
-            )
-    queue = queue_view(session, capacities, quotas=Limits.defaults(services.settings))
-    owners = {entry.job_id: entry.owner_id for entry in queue}
-    owners.update({job.id: job.owner_id for job in jobs})
+    view = cluster_view(session, quotas=Limits.defaults(services.settings))
+    owners = {entry.job_id: entry.owner_id for entry in view.queue}
+    owners.update({placed.job.id: placed.job.owner_id for placed in view.placed})
 
     def shown(job_id: int) -> bool:
         return user.is_admin or owners.get(job_id) == user.id
@@ -76,21 +55,21 @@ def cluster(session: SessionDep, user: CurrentUser, services: ServicesDep) -> Cl
                 state=NodeState(node.state),
                 slots=node.slots,
                 gpus=node.gpus,
-                slots_used=capacity[node.name].slots_used,
-                gpus_used=capacity[node.name].gpus_used,
+                slots_used=capacity.slots_used,
+                gpus_used=capacity.gpus_used,
                 last_heartbeat=aware(node.last_heartbeat),
                 ps_unreachable=node.ps_unreachable or [],
             )
-            for node in nodes
+            for node, capacity in view.nodes
         ],
         running=[
             RunningJob(
-                job_id=job.id if shown(job.id) else None,
-                name=job.name if shown(job.id) else None,
-                state=JobState(job.state),
-                allocations=allocations[job.id],
+                job_id=placed.job.id if shown(placed.job.id) else None,
+                name=placed.job.name if shown(placed.job.id) else None,
+                state=JobState(placed.job.state),
+                allocations=[allocation_out(node, alloc) for node, alloc in placed.allocations],
             )
-            for job in jobs
+            for placed in view.placed
         ],
         queue=[
             QueueEntryOut(
@@ -102,6 +81,6 @@ def cluster(session: SessionDep, user: CurrentUser, services: ServicesDep) -> Cl
                 gpus=entry.gpus,
                 reason=entry.reason,
             )
-            for entry in queue
+            for entry in view.queue
         ],
     )

@@ -9,8 +9,8 @@ from fastapi import APIRouter, File, Form, UploadFile
 from api.deps import CurrentUser, ServicesDep, SessionDep
 from api.schemas import DatasetOut, errors
 from dsl.data_config import DATASET_NAME_PATTERN
-from scheduler.admission.quotas import check_dataset_storage, limits_for
-from scheduler.store.datasets import list_datasets, save_dataset
+from scheduler.admission import uploads
+from scheduler.store.datasets import list_datasets
 from scheduler.store.models import aware
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
@@ -41,17 +41,14 @@ def upload_dataset(
     user: CurrentUser,
     services: ServicesDep,
 ) -> DatasetOut:
-    record = save_dataset(
+    record = uploads.upload_dataset(
         session,
         user,
         name=name,
         filename=file.filename or "",
         content=file.file,
-        artifacts=services.settings.artifacts(),
-        max_bytes=services.settings.max_dataset_bytes,
+        settings=services.settings,
     )
-    check_dataset_storage(session, user, limits_for(session, user, services.settings), record)
-    session.commit()
     return DatasetOut(
         name=record.name,
         kind=record.kind,

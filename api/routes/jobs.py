@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Query, Response
+from fastapi import APIRouter, Path, Query, Response
 from fastapi.responses import FileResponse
-from sqlalchemy.orm import Session
 
 from api.deps import (
     MAX_INT,
@@ -18,7 +18,6 @@ from api.deps import (
     SessionDep,
     VisibleJob,
 )
-from api.policy import AdmittedLimits, check_job_quotas
 from api.schemas import (
     CheckpointOut,
     EventOut,
@@ -33,32 +32,23 @@ from api.schemas import (
     MetricNames,
     MetricsOut,
     PipelinePlanOut,
+    PlacementOut,
     SeriesOut,
     ValidationOut,
     errors,
     finite,
 )
-from api.submit import (
-    SUBMIT_BODY,
-    Submission,
-    check_submission,
-    check_sweep_submission,
-    placement_preview,
-    read_submission,
-    refuse_sweep,
-)
-from contract.announcements import JOB, announce
+from api.submission import SUBMIT_BODY, SubmissionDep
 from dsl.compiler import CompiledJob
 from dsl.graph import SourceRef
 from dsl.schema import JobSpec
+from scheduler.admission import submit
 from scheduler.admission.checks import check_job
 from scheduler.store import jobs as job_store
 from scheduler.store import reports as report_store
 from scheduler.store.models import JOB_FIELD_KINDS, FieldKind, Job, JobState, User, aware, utcnow
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
-
-SubmissionDep = Annotated[Submission, Depends(read_submission)]
 
 
 def job_fields(job: Job, owner: str, position: int | None) -> dict[str, Any]:
@@ -89,7 +79,7 @@ def _as_field(kind: FieldKind, value: Any) -> Any:
     return value
 
 
-def detail_of(session: Session, job: Job) -> JobDetail:
+def detail_of(session: SessionDep, job: Job) -> JobDetail:
     owner = job_store.owner_names(session, {job.owner_id})[job.owner_id]
     position = (
         job_store.queue_positions(session).get(job.id) if job.state == JobState.QUEUED else None
@@ -97,7 +87,7 @@ def detail_of(session: Session, job: Job) -> JobDetail:
     return JobDetail(**job_fields(job, owner, position), spec_yaml=job.spec_yaml)
 
 
-def compiled_job(job: Job, user: User, session: Session, services: Services) -> CompiledJob:
+def compiled_job(job: Job, user: User, session: SessionDep, services: Services) -> CompiledJob:
     """The job's stored spec compiled (shapes only, on the meta device); cached by id, as a
     job's spec never changes."""
     compiled = services.graphs.get(job.id)
@@ -127,31 +117,9 @@ def compiled_job(job: Job, user: User, session: Session, services: Services) -> 
     responses=errors(401, 403, 413, 415, 422, 429),
 )
 def submit_job(
-    user: CurrentUser,
-    submission: SubmissionDep,
-    limits: AdmittedLimits,
-    session: SessionDep,
-    services: ServicesDep,
+    user: CurrentUser, submission: SubmissionDep, session: SessionDep, services: ServicesDep
 ) -> JobDetail:
-    checked = check_submission(session, user, submission, services.settings)
-    refuse_sweep(checked)
-    check_job_quotas(session, user, limits, checked)
-    job = job_store.create_job(
-        session,
-        user,
-        checked.to_new_job(
-            spec_yaml=submission.spec_yaml,
-            overrides=submission.overrides,
-            priority=submission.priority,
-        ),
-    )
-    # Said at once when the cluster cannot hold the job now, or ever (then a warning to act
-    # on); the scheduler keeps the reason up to date from its next pass.
-    preview = placement_preview(session, checked.topology, submission.priority)
-    if not preview.feasible:
-        job.pending_reason = preview.reason
-    session.commit()
-    announce(services.redis, services.keys, JOB, job.id)  # placed now, not at the next pass
+    job = submit.submit_job(session, user, submission, services.backends)
     return detail_of(session, job)
 
 
@@ -169,16 +137,14 @@ def submit_job(
 def validate_job(
     user: CurrentUser, submission: SubmissionDep, session: SessionDep, services: ServicesDep
 ) -> ValidationOut:
-    checked = check_submission(session, user, submission, services.settings)
-    if checked.spec.search is not None:  # a sweep: its space is checked too
-        checked = check_sweep_submission(session, user, submission, services.settings).checked
-    compiled = checked.compiled
+    validated = submit.validate(session, user, submission, services.backends)
+    checked, compiled = validated.job, validated.job.compiled
     return ValidationOut(
         name=compiled.spec.name,
         layers=[LayerOut(**row.__dict__) for row in compiled.table],
         total_params=compiled.total_params,
         topology=checked.topology.to_dict(),
-        placement=placement_preview(session, checked.topology, submission.priority),
+        placement=PlacementOut.model_validate(asdict(validated.preview)),
         pipeline=PipelinePlanOut.model_validate(checked.plan.to_dict()) if checked.plan else None,
     )
 
@@ -237,9 +203,7 @@ def cancel_job(
     user: CurrentUser,
     services: ServicesDep,
 ) -> JobDetail:
-    job = job_store.get_job(session, user, job_id, for_update=True)
-    job_store.request_cancel(session, job, services.redis, services.keys)
-    session.commit()
+    job = job_store.cancel_job(session, user, job_id, services.redis, services.keys)
     return detail_of(session, job)
 
 
@@ -260,7 +224,6 @@ def delete_job(job: VisibleJob, session: SessionDep, services: ServicesDep) -> R
         client=services.redis,
         keys=services.keys,
     )
-    session.commit()
     services.graphs.drop(job.id)
     return Response(status_code=204)
 

@@ -6,17 +6,12 @@ from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Path
-from sqlalchemy.orm import Session
 
 from api.deps import CurrentUser, ServicesDep, SessionDep
-from api.policy import admins_only
 from api.schemas import errors
 from api.schemas_access import USER_NAME_PATTERN, QuotaLimits, QuotaOut, QuotaUpdate, QuotaUsage
-from contract.settings import Settings
-from scheduler.admission.quotas import Limits, overrides, set_quotas, usage_of
-from scheduler.store.errors import NotFound
-from scheduler.store.models import QUOTA_NAMES, User
-from scheduler.store.users import get_user
+from scheduler.admission.policy import admins_only, user_named
+from scheduler.store.quotas import QuotaReport, change_quotas, quota_report
 
 router = APIRouter(tags=["quotas"])
 
@@ -25,26 +20,17 @@ UserName = Annotated[
 ]
 
 
-def quota_out(session: Session, user: User, settings: Settings) -> QuotaOut:
-    own = overrides(session, user.id)
-    limits = Limits.defaults(settings).with_overrides(own)
+def quota_out(report: QuotaReport) -> QuotaOut:
     return QuotaOut(
-        user=user.name,
-        limits=QuotaLimits(**asdict(limits)),
-        overrides=[
-            name for name in QUOTA_NAMES if own is not None and getattr(own, name) is not None
-        ],
-        usage=QuotaUsage(**asdict(usage_of(session, user))),
+        user=report.user,
+        limits=QuotaLimits(**asdict(report.limits)),
+        overrides=report.overrides,
+        usage=QuotaUsage(**asdict(report.usage)),
     )
 
 
-def named_user(session: Session, caller: User, name: str) -> User:
-    if name != caller.name:
-        admins_only(caller, f"the quotas of user '{name}'")
-    user = get_user(session, name)
-    if user is None:
-        raise NotFound(f"no user named '{name}'")
-    return user
+def whose(name: str) -> str:
+    return f"the quotas of user '{name}'"
 
 
 @router.get(
@@ -55,7 +41,7 @@ def named_user(session: Session, caller: User, name: str) -> User:
     responses=errors(401),
 )
 def my_quota(session: SessionDep, caller: CurrentUser, services: ServicesDep) -> QuotaOut:
-    return quota_out(session, caller, services.settings)
+    return quota_out(quota_report(session, caller, services.settings))
 
 
 @router.get(
@@ -68,7 +54,8 @@ def my_quota(session: SessionDep, caller: CurrentUser, services: ServicesDep) ->
 def user_quota(
     name: UserName, session: SessionDep, caller: CurrentUser, services: ServicesDep
 ) -> QuotaOut:
-    return quota_out(session, named_user(session, caller, name), services.settings)
+    user = user_named(session, caller, name, whose(name))
+    return quota_out(quota_report(session, user, services.settings))
 
 
 @router.patch(
@@ -88,7 +75,6 @@ def change_quota(
     services: ServicesDep,
 ) -> QuotaOut:
     admins_only(caller, "changing quotas")
-    user = named_user(session, caller, name)
-    set_quotas(session, user, body.model_dump(include=body.model_fields_set))
-    session.commit()
-    return quota_out(session, user, services.settings)
+    user = user_named(session, caller, name, whose(name))
+    change_quotas(session, user, body.model_dump(include=body.model_fields_set))
+    return quota_out(quota_report(session, user, services.settings))

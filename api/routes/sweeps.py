@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query
-from sqlalchemy.orm import Session
+from fastapi import APIRouter, Path, Query
 
 from api.deps import MAX_INT, CurrentUser, ServicesDep, SessionDep
-from api.policy import AdmittedLimits, check_job_quotas
 from api.routes.jobs import detail_of as job_detail
 from api.schemas import (
     ImportanceOut,
@@ -21,22 +19,15 @@ from api.schemas import (
     errors,
     finite,
 )
-from api.submit import (
-    SUBMIT_BODY,
-    Submission,
-    check_sweep_submission,
-    read_submission,
-    submission_base_dir,
-)
-from contract.announcements import SWEEP, announce
+from api.submission import SUBMIT_BODY, SubmissionDep
 from dsl.search import Objective
+from scheduler.admission import submit
 from scheduler.store.jobs import owner_names
 from scheduler.store.models import Job, JobState, Sweep, SweepState, aware
 from scheduler.store.sweeps import (
-    create_sweep,
+    cancel_sweep,
     get_sweep,
     list_sweeps,
-    request_sweep_cancel,
     search_of,
     trial_counts,
     trial_values,
@@ -46,7 +37,6 @@ from scheduler.sweeps.importance import Evaluator, sweep_importance
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"])
 
-SubmissionDep = Annotated[Submission, Depends(read_submission)]
 SweepId = Annotated[int, Path(ge=1, le=MAX_INT, description="the sweep's id")]
 
 
@@ -90,7 +80,7 @@ def trial_of(job: Job, objectives: list[Objective]) -> TrialOut:
     )
 
 
-def detail_of(session: Session, sweep: Sweep) -> SweepDetail:
+def detail_of(session: SessionDep, sweep: Sweep) -> SweepDetail:
     owner = owner_names(session, {sweep.owner_id})[sweep.owner_id]
     jobs = trials(session, sweep.id)
     objectives = search_of(sweep).objective_list()
@@ -122,26 +112,9 @@ def detail_of(session: Session, sweep: Sweep) -> SweepDetail:
     responses=errors(401, 403, 413, 415, 422, 429),
 )
 def submit_sweep(
-    user: CurrentUser,
-    submission: SubmissionDep,
-    limits: AdmittedLimits,
-    session: SessionDep,
-    services: ServicesDep,
+    user: CurrentUser, submission: SubmissionDep, session: SessionDep, services: ServicesDep
 ) -> SweepDetail:
-    checked = check_sweep_submission(session, user, submission, services.settings)
-    check_job_quotas(session, user, limits, checked.checked)
-    sweep = create_sweep(
-        session,
-        user,
-        checked.to_new_sweep(
-            spec_yaml=submission.spec_yaml,
-            overrides=submission.overrides,
-            base_dir=submission_base_dir(submission, services.settings),
-            priority=submission.priority,
-        ),
-    )
-    session.commit()
-    announce(services.redis, services.keys, SWEEP, sweep.id)  # its first trials start now
+    sweep = submit.submit_sweep(session, user, submission, services.backends)
     return detail_of(session, sweep)
 
 
@@ -222,7 +195,5 @@ def importance(
 def cancel(
     sweep_id: SweepId, session: SessionDep, user: CurrentUser, services: ServicesDep
 ) -> SweepDetail:
-    sweep = get_sweep(session, user, sweep_id, for_update=True)
-    request_sweep_cancel(session, sweep, services.redis, services.keys)
-    session.commit()
+    sweep = cancel_sweep(session, user, sweep_id, services.redis, services.keys)
     return detail_of(session, sweep)

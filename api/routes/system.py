@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import func, select, text
 
-from api.deps import CurrentUser, Services, ServicesDep, SessionDep
+from api.deps import CurrentUser, ServicesDep, SessionDep
 from api.schemas import Health, LoopHealth, errors
-from contract.codec import decode
-from scheduler.placement.cluster import node_capacities
-from scheduler.store.jobs import job_counts
-from scheduler.store.models import Job, JobState, NodeState
+from scheduler.health import LoopAge, health, stats
+from scheduler.store.models import JobState, NodeState
 
 router = APIRouter(tags=["system"])
-LOOPS = ("schedule", "ingest")
 
 
 @router.get(
@@ -32,42 +27,23 @@ LOOPS = ("schedule", "ingest")
     responses={503: {"model": Health, "description": "the database or Redis is unavailable"}},
 )
 def healthz(services: ServicesDep, response: Response) -> Health:
-    try:
-        with services.db.engine.connect() as connection:
-            connection.execute(text("SELECT 1"))
-        db_ok = True
-    except Exception:  # any failure to reach the database is what this endpoint reports
-        db_ok = False
-    loops: dict[str, LoopHealth] = {}
-    try:
-        redis_ok = bool(services.redis.ping())
-        loops = loop_health(services)
-    except Exception:  # likewise for Redis
-        redis_ok = False
-    if not (db_ok and redis_ok):
+    found = health(
+        services.db, services.redis, services.keys, services.settings.liveness_timeout_seconds
+    )
+    if not (found.db and found.redis):
         response.status_code = 503
-    ok = db_ok and redis_ok and all(loop.alive for loop in loops.values())
+    loops = {name: loop_health(age) for name, age in found.loops.items()}
     return Health(
-        status="ok" if ok else "degraded",
-        db=db_ok,
-        redis=redis_ok,
+        status="ok" if found.ok else "degraded",
+        db=found.db,
+        redis=found.redis,
         scheduler=loops.get("schedule"),
         ingest=loops.get("ingest"),
     )
 
 
-def loop_health(services: Services) -> dict[str, LoopHealth]:
-    """When the scheduler's loops last completed a pass (scheduler/daemon/lease.py records it)."""
-    raw = decode(services.redis.hgetall(services.keys.liveness))
-    limit = services.settings.liveness_timeout_seconds
-    out = {}
-    for loop in LOOPS:
-        ago = max(time.time() - float(raw[loop]), 0.0) if loop in raw else None
-        out[loop] = LoopHealth(
-            last_pass_seconds_ago=None if ago is None else round(ago, 3),
-            alive=ago is None or ago <= limit,
-        )
-    return out
+def loop_health(age: LoopAge) -> LoopHealth:
+    return LoopHealth(last_pass_seconds_ago=age.seconds_ago, alive=age.alive)
 
 
 @router.get(
@@ -82,16 +58,18 @@ def loop_health(services: Services) -> dict[str, LoopHealth]:
     },
 )
 def prometheus(session: SessionDep, services: ServicesDep, _: CurrentUser) -> Response:
+    found = stats(
+        session, services.redis, services.keys, services.settings.liveness_timeout_seconds
+    )
     jobs = GaugeMetricFamily("trainyard_jobs", "Jobs by state", labels=["state"])
-    for state, count in job_counts(session).items():
+    for state, count in found.jobs.items():
         jobs.add_metric([state], count)
-    queued = session.scalar(select(func.count()).where(Job.state == JobState.QUEUED)) or 0
+    queued = found.jobs[JobState.QUEUED]
     queue = GaugeMetricFamily("trainyard_queue_length", "Jobs waiting to be placed", value=queued)
-    capacity = node_capacities(session)
-    alive = [n for n in capacity if n.alive]
+    alive = [n for n in found.nodes if n.alive]
     nodes = GaugeMetricFamily("trainyard_nodes", "Node agents by state", labels=["state"])
     nodes.add_metric([NodeState.ALIVE], len(alive))
-    nodes.add_metric([NodeState.LOST], len(capacity) - len(alive))
+    nodes.add_metric([NodeState.LOST], len(found.nodes) - len(alive))
     slots = GaugeMetricFamily("trainyard_slots", "CPU slots of alive nodes", labels=["use"])
     slots.add_metric(["total"], sum(n.slots for n in alive))
     slots.add_metric(["used"], sum(min(n.slots_used, n.slots) for n in alive))
@@ -101,16 +79,16 @@ def prometheus(session: SessionDep, services: ServicesDep, _: CurrentUser) -> Re
     points = CounterMetricFamily(
         "trainyard_ingested_points",
         "Metric points the ingester has written to SQL",
-        value=int(services.redis.get(services.keys.ingested_points) or 0),
+        value=found.ingested_points,
     )
     ages = GaugeMetricFamily(
         "trainyard_loop_last_pass_seconds",
         "Seconds since the scheduler's loop last completed a pass",
         labels=["loop"],
     )
-    for loop, health in loop_health(services).items():
-        if health.last_pass_seconds_ago is not None:
-            ages.add_metric([loop], health.last_pass_seconds_ago)
+    for loop, age in found.loops.items():
+        if age.seconds_ago is not None:
+            ages.add_metric([loop], age.seconds_ago)
     registry = CollectorRegistry()
     registry.register(Snapshot([jobs, queue, nodes, slots, gpus, points, ages]))
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

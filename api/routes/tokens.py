@@ -5,15 +5,12 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response
-from sqlalchemy.orm import Session
 
-from api.deps import MAX_INT, CurrentUser, ServicesDep, SessionDep, announce_revocation
-from api.policy import admins_only
+from api.deps import MAX_INT, CurrentUser, ServicesDep, SessionDep
 from api.schemas import errors
 from api.schemas_access import TokenCreate, TokenCreated, TokenOut
-from scheduler.store.errors import NotFound
-from scheduler.store.models import ApiToken, User, aware
-from scheduler.store.users import find_token_by_id, get_user, issue_token, list_tokens, revoke_token
+from scheduler.admission import tokens
+from scheduler.store.models import ApiToken, aware
 
 router = APIRouter(prefix="/tokens", tags=["tokens"])
 
@@ -31,17 +28,6 @@ def token_out(token: ApiToken, owner: str) -> TokenOut:
     )
 
 
-def subject(session: Session, caller: User, name: str | None) -> User:
-    """The user whose tokens the caller names: their own, or (admins) anyone's."""
-    if name is None or name == caller.name:
-        return caller
-    admins_only(caller, f"the tokens of user '{name}'")
-    user = get_user(session, name)
-    if user is None:
-        raise NotFound(f"no user named '{name}'")
-    return user
-
-
 @router.get(
     "",
     response_model=list[TokenOut],
@@ -56,12 +42,8 @@ def get_tokens(
     user: Annotated[str | None, Query(max_length=100, description="admins: whose")] = None,
     all_users: Annotated[bool, Query(alias="all", description="admins: every user's")] = False,
 ) -> list[TokenOut]:
-    if all_users:
-        admins_only(caller, "every user's tokens")
-        owner = None
-    else:
-        owner = subject(session, caller, user)
-    return [token_out(token, name) for token, name in list_tokens(session, owner)]
+    found = tokens.visible_tokens(session, caller, user=user, all_users=all_users)
+    return [token_out(token, name) for token, name in found]
 
 
 @router.post(
@@ -75,10 +57,10 @@ def get_tokens(
     responses=errors(400, 401, 403, 404, 409, 422),
 )
 def create_token(body: TokenCreate, session: SessionDep, caller: CurrentUser) -> TokenCreated:
-    owner = subject(session, caller, body.user)
-    token, secret = issue_token(session, owner, body.name, body.expires_in_days)
-    session.commit()
-    return TokenCreated(**token_out(token, owner.name).model_dump(), token=secret)
+    issued = tokens.issue(
+        session, caller, user=body.user, name=body.name, expires_in_days=body.expires_in_days
+    )
+    return TokenCreated(**token_out(issued.token, issued.owner).model_dump(), token=issued.secret)
 
 
 @router.delete(
@@ -93,8 +75,7 @@ def create_token(body: TokenCreate, session: SessionDep, caller: CurrentUser) ->
 def delete_token(
     token_id: TokenId, session: SessionDep, caller: CurrentUser, services: ServicesDep
 ) -> Response:
-    token_hash = revoke_token(session, find_token_by_id(session, caller, token_id))
-    session.commit()
-    services.tokens.drop(token_hash)
-    announce_revocation(services.redis, services.keys, token_hash)
+    tokens.revoke(
+        session, caller, token_id, services.redis, services.keys, forget=services.tokens.drop
+    )
     return Response(status_code=204)

@@ -5,7 +5,8 @@
 describes the data and compiles the net from that description on torch's meta device (shapes
 and parameter counts, no weights). Its `execution_spec` is what workers run: the validated job
 with every file given by an absolute path and a pipeline's stages as the planner cut them.
-Every failure is a located `JobSpecError`.
+Every failure is a located `JobSpecError`. `kind_of` tells a sweep from a job before any of
+that, from the parsed document.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +25,12 @@ from dsl.compiler import CompiledJob, compile_job
 from dsl.data_config import CsvData, DatasetData, DataSourceConfig, NpzData, TextData
 from dsl.errors import DataSourceError, JobSpecError, SpecIssue
 from dsl.layers.base import BuildContext
+from dsl.overrides import apply_overrides
 from dsl.planner import PipelinePlan, plan_pipeline
 from dsl.schema import JobSpec
 from dsl.search import SearchConfig, base_document
 from dsl.search_checks import space_issues
-from dsl.source import SourceMap
+from dsl.source import SourceMap, parse_document
 from dsl.topology import Topology, resolve_topology
 from scheduler.store.datasets import dataset_names, get_dataset
 from scheduler.store.jobs import NewJob
@@ -43,6 +46,43 @@ UPLOAD_HINT = (
     "only admins may read files on the server; upload the data (POST /api/v1/datasets) and "
     "write data: {source: dataset, name: <its name>}"
 )
+
+
+class Kind(StrEnum):
+    """What a document is: a job, or a sweep (a job with a `search` section)."""
+
+    JOB = "job"
+    SWEEP = "sweep"
+
+
+def kind_of(
+    document: str | Mapping[str, Any],
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    expect: Kind | None = None,
+) -> Kind:
+    """Whether `document` (with `overrides` applied) is a job or a sweep, read from its parsed
+    `search` key before anything is compiled. A document of another kind than `expect` is
+    refused with an error located in it. A document that does not parse raises the error
+    compiling it would."""
+    if isinstance(document, str):
+        raw, source = parse_document(document)
+    else:
+        raw, source = dict(document), SourceMap("<job>")
+    if overrides:
+        raw = apply_overrides(raw, overrides)
+    kind = Kind.JOB if raw.get("search") is None else Kind.SWEEP
+    if expect == Kind.JOB and kind == Kind.SWEEP:
+        raise JobSpecError(
+            source.issue(
+                ("search",),
+                "a document with a search section is a sweep, and this route takes jobs",
+                "submit it to POST /api/v1/sweeps (`trainyard submit` does), or remove search",
+            )
+        )
+    if expect == Kind.SWEEP and kind == Kind.JOB:
+        raise JobSpecError(_not_a_sweep(source))
+    return kind
 
 
 @dataclass(frozen=True)
@@ -168,13 +208,7 @@ def check_sweep(
     )
     search = checked.spec.search
     if search is None:
-        raise JobSpecError(
-            checked.compiled.source.issue(
-                (),
-                "the document has no search section, so it is a job, not a sweep",
-                "submit it as a job (POST /jobs), or add search: to sweep it",
-            )
-        )
+        raise JobSpecError(_not_a_sweep(checked.compiled.source))
     base = base_document(document, overrides)
 
     def compile_trial(values: Mapping[str, Any]) -> object:
@@ -192,6 +226,14 @@ def check_sweep(
     if issues:
         raise JobSpecError(issues)
     return CheckedSweep(checked, search, base)
+
+
+def _not_a_sweep(source: SourceMap) -> SpecIssue:
+    return source.issue(
+        (),
+        "the document has no search section, so it is a job, not a sweep",
+        "submit it as a job (POST /jobs), or add search: to sweep it",
+    )
 
 
 def _service_rules(owner: User, spec: JobSpec, source: SourceMap) -> list[SpecIssue]:

@@ -1,146 +1,19 @@
-"""Per-user quotas: the operator's defaults (settings `quota_*`) and what an admin changed.
-
-Two kinds, enforced in two places:
-- at submission (the API refuses with 403, nothing is stored): `train_steps`, storage
-  (`dataset_bytes` on upload, `artifact_bytes` kept by the user's jobs), and a job that asks
-  for more slots or GPUs than the user may ever hold;
-- at placement (scheduler/placement/plan.py): `running_jobs`, `slots` and `gpus` held at once. A job
-  past them waits in the queue, with the quota as its reason, and starts when the user's other
-  jobs end: users of a training service expect to queue work, not to resubmit it.
-`submissions_per_minute` is the API's rate limit (api/ratelimit.py).
-"""
+"""The quotas checked at submission: a job the user's quotas can never let run, and uploads
+past the user's storage (the quotas themselves: scheduler/store/quotas.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from contract.allocation import AllocationState
-from contract.settings import Settings
-from scheduler.placement.plan import OwnerShare
 from scheduler.store.errors import StoreError
-from scheduler.store.models import (
-    QUOTA_NAMES,
-    Allocation,
-    CheckpointRecord,
-    DatasetRecord,
-    Job,
-    JobState,
-    User,
-    UserQuota,
-    utcnow,
-)
-
-ACTIVE = (AllocationState.PENDING, AllocationState.RUNNING)
-LIVE = (JobState.SCHEDULED, JobState.RUNNING)
+from scheduler.store.models import DatasetRecord, User
+from scheduler.store.quotas import Limits, artifact_bytes, dataset_bytes
 
 
 class QuotaExceeded(StoreError):
     """A request past one of the user's quotas; the message names it."""
-
-
-@dataclass(frozen=True)
-class Limits:
-    """The quotas in force for one user; None: no limit."""
-
-    running_jobs: int | None = None
-    slots: int | None = None
-    gpus: int | None = None
-    train_steps: int | None = None
-    dataset_bytes: int | None = None
-    artifact_bytes: int | None = None
-    submissions_per_minute: int | None = None
-
-    @classmethod
-    def defaults(cls, settings: Settings) -> Limits:
-        return cls(**{name: getattr(settings, f"quota_{name}") for name in QUOTA_NAMES})
-
-    def with_overrides(self, row: UserQuota | None) -> Limits:
-        if row is None:
-            return self
-        given = {name: getattr(row, name) for name in QUOTA_NAMES}
-        return Limits(
-            **{
-                name: given[name] if given[name] is not None else getattr(self, name)
-                for name in QUOTA_NAMES
-            }
-        )
-
-
-@dataclass(frozen=True)
-class Usage:
-    running_jobs: int = 0
-    slots: int = 0
-    gpus: int = 0
-    dataset_bytes: int = 0
-    artifact_bytes: int = 0
-
-
-def overrides(session: Session, user_id: int) -> UserQuota | None:
-    return session.get(UserQuota, user_id)
-
-
-def limits_for(session: Session, user: User, settings: Settings) -> Limits:
-    return Limits.defaults(settings).with_overrides(overrides(session, user.id))
-
-
-def set_quotas(session: Session, user: User, changes: dict[str, Any]) -> UserQuota:
-    """Set the user's own quotas in `changes` (a None value: back to the default)."""
-    unknown = sorted(set(changes) - set(QUOTA_NAMES))
-    if unknown:
-        raise ValueError(f"unknown quota(s) {unknown}; quotas are {list(QUOTA_NAMES)}")
-    row = overrides(session, user.id)
-    if row is None:
-        row = UserQuota(user_id=user.id)
-        session.add(row)
-    for name, value in changes.items():
-        setattr(row, name, value)
-    row.updated_at = utcnow()
-    session.flush()
-    return row
-
-
-def usage_of(session: Session, user: User) -> Usage:
-    running = session.scalar(
-        select(func.count()).where(Job.owner_id == user.id, Job.state.in_(LIVE))
-    )
-    slots, gpus = session.execute(
-        select(
-            func.coalesce(func.sum(Allocation.slots), 0),
-            func.coalesce(func.sum(Allocation.gpus), 0),
-        )
-        .join(Job, Job.id == Allocation.job_id)
-        .where(Job.owner_id == user.id, Allocation.state.in_(ACTIVE))
-    ).one()
-    return Usage(
-        running_jobs=int(running or 0),
-        slots=int(slots),
-        gpus=int(gpus),
-        dataset_bytes=dataset_bytes(session, user.id),
-        artifact_bytes=artifact_bytes(session, user.id),
-    )
-
-
-def dataset_bytes(session: Session, user_id: int) -> int:
-    total = session.scalar(
-        select(func.coalesce(func.sum(DatasetRecord.size), 0)).where(
-            DatasetRecord.owner_id == user_id
-        )
-    )
-    return int(total or 0)
-
-
-def artifact_bytes(session: Session, user_id: int) -> int:
-    total = session.scalar(
-        select(func.coalesce(func.sum(CheckpointRecord.size), 0))
-        .join(Job, Job.id == CheckpointRecord.job_id)
-        .where(Job.owner_id == user_id)
-    )
-    return int(total or 0)
 
 
 def check_new_job(
@@ -185,44 +58,3 @@ def check_dataset_storage(
             f"with this upload your datasets would take {used} bytes, over your quota "
             f"dataset_bytes of {limits.dataset_bytes}; delete a dataset first"
         )
-
-
-def owner_shares(session: Session, defaults: Limits, owner_ids: set[int]) -> dict[int, OwnerShare]:
-    """What each owner's placed jobs hold now, and their placement quotas (`defaults` unless
-    set for the owner), for plan_queue."""
-    if not owner_ids:
-        return {}
-    rows = {
-        row.user_id: row
-        for row in session.scalars(select(UserQuota).where(UserQuota.user_id.in_(owner_ids)))
-    }
-    running = {
-        owner: int(count)
-        for owner, count in session.execute(
-            select(Job.owner_id, func.count())
-            .where(Job.owner_id.in_(owner_ids), Job.state.in_(LIVE))
-            .group_by(Job.owner_id)
-        )
-    }
-    held = {
-        owner: (int(slots or 0), int(gpus or 0))
-        for owner, slots, gpus in session.execute(
-            select(Job.owner_id, func.sum(Allocation.slots), func.sum(Allocation.gpus))
-            .join(Job, Job.id == Allocation.job_id)
-            .where(Job.owner_id.in_(owner_ids), Allocation.state.in_(ACTIVE))
-            .group_by(Job.owner_id)
-        )
-    }
-    shares = {}
-    for owner in owner_ids:
-        limits = defaults.with_overrides(rows.get(owner))
-        slots, gpus = held.get(owner, (0, 0))
-        shares[owner] = OwnerShare(
-            jobs=int(running.get(owner, 0)),
-            slots=slots,
-            gpus=gpus,
-            max_jobs=limits.running_jobs,
-            max_slots=limits.slots,
-            max_gpus=limits.gpus,
-        )
-    return shares

@@ -159,6 +159,7 @@ def announce(settings: Settings, token_hash: str) -> bool:
     import redis
 
     from contract.keys import Keys
+    from scheduler.admission.tokens import announce_revocation
     from scheduler.cli.stack import read_stack_file
 
     stack = read_stack_file(settings.stack_file())
@@ -167,7 +168,7 @@ def announce(settings: Settings, token_hash: str) -> bool:
         return False
     client = redis.Redis.from_url(url, socket_timeout=5)
     try:
-        client.publish(Keys(settings.redis_prefix).tokens_revoked, token_hash)
+        announce_revocation(client, Keys(settings.redis_prefix), token_hash)
     except redis.RedisError:
         return False
     finally:
@@ -178,15 +179,15 @@ def announce(settings: Settings, token_hash: str) -> bool:
 @quota_app.command("show")
 def show_quota(user: Annotated[str, typer.Argument(help="the user")]) -> None:
     """The user's quotas in force (own or default) and what they use now."""
-    from scheduler.admission import quotas
     from scheduler.store.models import QUOTA_NAMES
+    from scheduler.store.quotas import Limits, overrides, usage_of
 
     settings = Settings()
     with database(settings) as session:
         owner = existing_user(session, user)
-        own = quotas.overrides(session, owner.id)
-        limits = quotas.Limits.defaults(settings).with_overrides(own)
-        usage = quotas.usage_of(session, owner)
+        own = overrides(session, owner.id)
+        limits = Limits.defaults(settings).with_overrides(own)
+        usage = usage_of(session, owner)
     table = Table("quota", "limit", "set for the user", "in use")
     for name in QUOTA_NAMES:
         limit = getattr(limits, name)
@@ -228,7 +229,7 @@ def set_quota(
     submissions_per_minute: Value = None,
 ) -> None:
     """Set the user's own quotas (the ones given; 'default' returns one to the default)."""
-    from scheduler.admission import quotas
+    from scheduler.store.quotas import set_quotas
 
     given = {
         "running_jobs": running_jobs,
@@ -243,5 +244,5 @@ def set_quota(
     if not changes:
         raise fail("give at least one quota to set, e.g. --running-jobs 2")
     with database(Settings()) as session:
-        quotas.set_quotas(session, existing_user(session, user), changes)
+        set_quotas(session, existing_user(session, user), changes)
     console.print(f"set {', '.join(f'{k}={v}' for k, v in changes.items())} for {user}")

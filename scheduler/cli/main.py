@@ -3,7 +3,7 @@ train in this process (scheduler/cli/local.py), and the server's: `up` (the whol
 `api` (one server), `scheduler`, `worker` (a node agent) and `admin` (direct database access).
 
 The heavy imports (torch, SQLAlchemy, uvicorn, Celery) wait inside the commands' bodies, so
-the client commands start fast (tests/trainyard/test_imports.py).
+the client commands start fast (tests/test_structure.py).
 """
 
 from __future__ import annotations

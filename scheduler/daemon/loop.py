@@ -31,7 +31,6 @@ from contract.keys import Keys, delete_matching
 from contract.liveness import record_pass
 from contract.rundir import job_run_dir
 from contract.settings import Settings
-from scheduler.admission.quotas import Limits, owner_shares
 from scheduler.celery_app import RUN_ALLOCATION, create_celery
 from scheduler.daemon.lease import SchedulerLease
 from scheduler.daemon.nodes import (
@@ -41,12 +40,14 @@ from scheduler.daemon.nodes import (
     sync_nodes,
     write_off_silent,
 )
+from scheduler.daemon.sweep_thread import TrialPruning, run_sweeps
 from scheduler.ingest.ingester import Ingester
 from scheduler.placement.cluster import (
     ACTIVE_ALLOCATIONS,
     LIVE_JOBS,
     job_topology,
     node_capacities,
+    owner_shares,
     placement_request,
     queued_jobs,
 )
@@ -56,7 +57,7 @@ from scheduler.recovery.policy import PlaceAgain, Vacant, decide
 from scheduler.store.database import Database
 from scheduler.store.lifecycle import transition
 from scheduler.store.models import Allocation, Job, JobState, Node, NodeState, utcnow
-from scheduler.sweeps.runner import TrialPruning, run_sweeps
+from scheduler.store.quotas import Limits
 
 log = logging.getLogger("trainyard.scheduler")
 

@@ -14,9 +14,17 @@ from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session, load_only
 
 from contract.allocation import AllocationState
-from scheduler.admission.quotas import Limits, owner_shares
-from scheduler.placement.plan import NodeCapacity, PlacementRequest, plan_queue
-from scheduler.store.models import QUEUE_ORDER, Allocation, Job, JobState, Node, NodeState
+from scheduler.placement.plan import NodeCapacity, OwnerShare, PlacementRequest, plan_queue
+from scheduler.store.models import (
+    QUEUE_ORDER,
+    Allocation,
+    Job,
+    JobState,
+    Node,
+    NodeState,
+    UserQuota,
+)
+from scheduler.store.quotas import Limits
 
 ACTIVE_ALLOCATIONS = (AllocationState.PENDING, AllocationState.RUNNING)
 LIVE_JOBS = (JobState.SCHEDULED, JobState.RUNNING)  # placed: their processes run or start
@@ -100,6 +108,47 @@ class QueueEntry:
 
 # The queue as shown (GET /cluster, which the dashboard polls, and POST /jobs/validate): plain
 # rows, not ORM objects, in placement order.
+def owner_shares(session: Session, defaults: Limits, owner_ids: set[int]) -> dict[int, OwnerShare]:
+    """What each owner's placed jobs hold now, and their placement quotas (`defaults` unless
+    set for the owner), for plan_queue."""
+    if not owner_ids:
+        return {}
+    rows = {
+        row.user_id: row
+        for row in session.scalars(select(UserQuota).where(UserQuota.user_id.in_(owner_ids)))
+    }
+    running = {
+        owner: int(count)
+        for owner, count in session.execute(
+            select(Job.owner_id, func.count())
+            .where(Job.owner_id.in_(owner_ids), Job.state.in_(LIVE_JOBS))
+            .group_by(Job.owner_id)
+        )
+    }
+    held = {
+        owner: (int(slots or 0), int(gpus or 0))
+        for owner, slots, gpus in session.execute(
+            select(Job.owner_id, func.sum(Allocation.slots), func.sum(Allocation.gpus))
+            .join(Job, Job.id == Allocation.job_id)
+            .where(Job.owner_id.in_(owner_ids), Allocation.state.in_(ACTIVE_ALLOCATIONS))
+            .group_by(Job.owner_id)
+        )
+    }
+    shares = {}
+    for owner in owner_ids:
+        limits = defaults.with_overrides(rows.get(owner))
+        slots, gpus = held.get(owner, (0, 0))
+        shares[owner] = OwnerShare(
+            jobs=int(running.get(owner, 0)),
+            slots=slots,
+            gpus=gpus,
+            max_jobs=limits.running_jobs,
+            max_slots=limits.slots,
+            max_gpus=limits.gpus,
+        )
+    return shares
+
+
 _QUEUED_ROWS = (
     select(Job.id, Job.owner_id, Job.name, Job.priority, Job.topology)
     .where(Job.state == JobState.QUEUED)
@@ -139,3 +188,51 @@ def queue_view(
         )
         for position, job_id in enumerate(decision.order, start=1)
     ]
+
+
+# Allocations of earlier attempts (before a lost node sent the job back to the queue) ended
+# FAILED or CANCELLED; the current attempt's are live or done.
+SHOWN_ALLOCATIONS = (AllocationState.PENDING, AllocationState.RUNNING, AllocationState.DONE)
+
+
+@dataclass(frozen=True)
+class PlacedJob:
+    job: Job  # placement's columns only (PLACEMENT_COLUMNS)
+    allocations: list[tuple[str, Allocation]]  # (node name, allocation), workers by rank
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """The cluster as GET /cluster shows it: nodes, placed jobs, the queue with its reasons."""
+
+    nodes: list[tuple[Node, NodeCapacity]]
+    placed: list[PlacedJob]
+    queue: list[QueueEntry]
+
+
+def cluster_view(session: Session, *, quotas: Limits) -> ClusterView:
+    """Every node with its capacity and use, the processes of scheduled and running jobs, and
+    the queue in placement order (`quotas`: the default quotas, Limits.defaults(settings))."""
+    capacities = node_capacities(session)
+    capacity = {node.name: node for node in capacities}
+    nodes = list(session.scalars(select(Node).order_by(Node.name)))
+    node_names = {node.id: node.name for node in nodes}
+    jobs = list(
+        session.scalars(
+            select(Job).options(PLACEMENT_COLUMNS).where(Job.state.in_(LIVE_JOBS)).order_by(Job.id)
+        )
+    )
+    allocations: dict[int, list[tuple[str, Allocation]]] = {job.id: [] for job in jobs}
+    if jobs:
+        rows = session.scalars(
+            select(Allocation)
+            .where(Allocation.job_id.in_(allocations), Allocation.state.in_(SHOWN_ALLOCATIONS))
+            .order_by(Allocation.job_id, Allocation.role.desc(), Allocation.group, Allocation.rank)
+        )
+        for alloc in rows:
+            allocations[alloc.job_id].append((node_names.get(alloc.node_id, "?"), alloc))
+    return ClusterView(
+        nodes=[(node, capacity[node.name]) for node in nodes],
+        placed=[PlacedJob(job, allocations[job.id]) for job in jobs],
+        queue=queue_view(session, capacities, quotas=quotas),
+    )

@@ -1,5 +1,6 @@
 """Jobs in the store: create, read, list, cancel and delete them (plain functions over a
-SQLAlchemy Session; the caller commits).
+SQLAlchemy Session; the caller commits, except for a user's whole request: `cancel_job` and
+`delete_job` commit it).
 
 A user sees only their own jobs; an admin sees every job; another user's job is `NotFound`, so
 ids don't leak.
@@ -40,9 +41,13 @@ class NewJob:
     framework: str
     train_steps: int
     priority: int = 0
+    sweep_id: int | None = None  # a sweep's trial: its sweep and its number there
+    trial_number: int | None = None
 
 
 def create_job(session: Session, owner: User, new: NewJob) -> Job:
+    """Queue `new`. A sweep's (sweep, trial number) pair is unique: a second job for one trial
+    fails here, at the flush."""
     job = Job(
         owner_id=owner.id,
         name=new.name,
@@ -54,6 +59,8 @@ def create_job(session: Session, owner: User, new: NewJob) -> Job:
         topology=new.topology,
         framework=new.framework,
         train_steps=new.train_steps,
+        sweep_id=new.sweep_id,
+        trial_number=new.trial_number,
         summary={},
     )
     session.add(job)
@@ -151,10 +158,19 @@ def request_cancel(session: Session, job: Job, client: redis.Redis, keys: Keys) 
     return job
 
 
+def cancel_job(session: Session, user: User, job_id: int, client: redis.Redis, keys: Keys) -> Job:
+    """The user's request to cancel their job (an admin's: any), committed."""
+    job = get_job(session, user, job_id, for_update=True)
+    request_cancel(session, job, client, keys)
+    session.commit()
+    return job
+
+
 def delete_job(
     session: Session, job: Job, *, artifacts: Path, client: redis.Redis, keys: Keys
 ) -> None:
-    """Remove a finished job: its rows (records cascade), its files and its Redis keys."""
+    """Remove a finished job: its rows (records cascade), its files and its Redis keys;
+    committed."""
     state = JobState(job.state)
     if not state.terminal:
         raise Conflict(f"job {job.id} is {state}; cancel it and wait until it ends to delete it")
@@ -171,6 +187,7 @@ def delete_job(
     pipe.delete(keys.job_stream(job.id), keys.cancel(job.id))
     pipe.srem(keys.streams_with_data, str(job.id))
     pipe.execute()
+    session.commit()
 
 
 def job_events(session: Session, job_id: int) -> list[JobEvent]:

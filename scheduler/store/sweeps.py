@@ -1,9 +1,10 @@
 """The sweep store: plain functions over a Session for sweeps and their trial jobs.
 
 A sweep row is written by the API when a document with a `search:` section is submitted; the
-scheduler's sweep thread (scheduler/sweeps/runner.py) creates its trials, each an ordinary job
+scheduler's sweep thread (scheduler/daemon/sweep_thread.py) creates its trials, each an ordinary job
 with `sweep_id` and `trial_number` set. A user sees only their own sweeps (an admin every
-one); another user's sweep is `NotFound`, as jobs are.
+one); another user's sweep is `NotFound`, as jobs are. The caller commits, except for
+`cancel_sweep`: a user's whole request.
 """
 
 from __future__ import annotations
@@ -122,6 +123,16 @@ def request_sweep_cancel(session: Session, sweep: Sweep, client: redis.Redis, ke
         raise Conflict(f"sweep {sweep.id} is already {state}; only running sweeps can be cancelled")
     sweep.cancel_requested = True
     cancel_live_trials(session, sweep, client, keys)
+    return sweep
+
+
+def cancel_sweep(
+    session: Session, user: User, sweep_id: int, client: redis.Redis, keys: Keys
+) -> Sweep:
+    """The user's request to cancel their sweep (an admin's: any), committed."""
+    sweep = get_sweep(session, user, sweep_id, for_update=True)
+    request_sweep_cancel(session, sweep, client, keys)
+    session.commit()
     return sweep
 
 

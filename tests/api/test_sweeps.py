@@ -8,9 +8,9 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from scheduler.daemon.sweep_thread import SweepRunner
 from scheduler.store.lifecycle import transition
 from scheduler.store.models import Job, JobState, Sweep
-from scheduler.sweeps.runner import SweepRunner
 from scheduler.sweeps.study import close_storages
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,6 @@ from sqlalchemy import select
 from contract.allocation import AllocationState
 from contract.nodes import NodeRegistration
 from contract.settings import Settings
-from scheduler.admission.quotas import Limits, set_quotas
 from scheduler.daemon.loop import NodeTracker, schedule_once, sync_nodes
 from scheduler.placement.cluster import queue_view
 from scheduler.placement.plan import (
@@ -25,6 +24,7 @@ from scheduler.store.database import Database
 from scheduler.store.job_page import QUEUE_POSITIONS
 from scheduler.store.jobs import NewJob, create_job, queue_positions
 from scheduler.store.models import Allocation, Job, JobState
+from scheduler.store.quotas import Limits, set_quotas
 from scheduler.store.users import create_user, get_user
 
 ALICE, BOB = 1, 2

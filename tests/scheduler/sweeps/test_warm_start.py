@@ -11,7 +11,7 @@ from scheduler.admission.checks import check_sweep
 from scheduler.store.models import JobState, SweepState
 from scheduler.store.users import create_user, get_user
 from scheduler.sweeps.study import WARM_ATTR
-from tests.scheduler.sweeps.test_sweep_runner import BASE, ROOT, SEARCH, Env, env  # noqa: F401
+from tests.scheduler.daemon.test_sweep_thread import BASE, ROOT, SEARCH, Env, env  # noqa: F401
 
 ACCURACY = [0.6, 0.9, 0.7, 0.8]
 

@@ -3,7 +3,7 @@
 Every pass, for each running sweep: tell its study the result of every trial job that ended
 (COMPLETE with its metrics, PRUNED, or FAIL), then ask for new trials while fewer than
 `max_parallel` are live and fewer than the sweep's trial count exist. A trial is an ordinary
-job, checked as a submitted one is (scheduler.admission.checks.check_job) and queued with the
+job, checked and queued by the submission pipeline (scheduler/admission/submit.py) with the
 sweep's priority, so trials take their turn with other users' jobs.
 
 Restarts lose and repeat nothing: Optuna numbers a trial when it is asked, and the trial's job
@@ -13,16 +13,13 @@ between the two) gets its job at the next pass, with the parameters it was asked
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import redis
-import yaml
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -33,7 +30,6 @@ from dsl.errors import JobSpecError
 from dsl.search import SearchConfig
 from scheduler.ingest.batch import Pruned
 from scheduler.store.database import Database
-from scheduler.store.jobs import create_job
 from scheduler.store.models import Job, JobState, Sweep, SweepState, User
 from scheduler.store.sweeps import cancel_live_trials, end_sweep, search_of, trial_values
 from scheduler.sweeps.pbt import (
@@ -47,12 +43,11 @@ from scheduler.sweeps.study import Asked, StudyUnavailable, SweepStudy, open_sto
 from scheduler.sweeps.warm_start import seed_sweep
 
 if TYPE_CHECKING:
-    from scheduler.admission.checks import CheckedJob
+    from scheduler.admission.submit import Checked
 
 log = logging.getLogger("trainyard.sweeps")
 
 SWEEP_SECONDS = 1.0
-NAME_LENGTH = 100  # Job.name's column width
 STUDY_CACHE = 64
 TRIAL_CACHE = 4096  # jobs the ingester remembers as trials (or not)
 
@@ -189,8 +184,8 @@ class SweepRunner:
         ]
         done = live == 0 and (sweep.cancel_requested or count >= total or stuck)
         best = study.best() if told or done else None
-        for trial, job in checked:
-            jobs[trial.number] = self._create_trial(session, sweep, owner, trial, job)
+        for trial, submission in checked:
+            jobs[trial.number] = self._create_trial(session, sweep, owner, submission)
             if trial.pbt is not None:
                 try:
                     continue_member(
@@ -232,40 +227,39 @@ class SweepRunner:
 
     def _check_trial(
         self, session: Session, sweep: Sweep, owner: User, study: SweepStudy, trial: Asked
-    ) -> CheckedJob:
-        """The trial's job, checked as a submitted one is; an invalid one fails the sweep."""
-        from scheduler.admission.checks import check_job
+    ) -> Checked:
+        """The trial's job, through a submission's checks (not its owner's rate and quotas:
+        the sweep was held to them when it was submitted); an invalid one fails the sweep."""
+        # The job language imports torch: on first use.
+        from scheduler.admission.checks import Kind
+        from scheduler.admission.submit import Backends, check, trial_submission
 
+        submission = trial_submission(
+            sweep,
+            trial.number,
+            trial.params,
+            extra=segment_overrides(study.search, trial),
+            settings=self.settings,
+        )
+        backends = Backends(self.settings, self.client, self.keys)
         try:
-            return check_job(
-                sweep.base_job,
-                session=session,
-                owner=owner,
-                cache_dir=self.settings.cache_dir(),
-                base_dir=Path(sweep.base_dir or self.settings.resolved_data_dir()),
-                overrides={**trial.params, **segment_overrides(study.search, trial)},
-            )
+            return check(session, owner, submission, backends, expect=Kind.JOB, admit=False)
         except JobSpecError as exc:
             study.tell(trial.number, None, TrialState.FAIL)
             raise SweepFailed(
                 f"trial {trial.number} with {trial.params} is not a valid job: {exc}"
             ) from None
 
-    def _create_trial(
-        self, session: Session, sweep: Sweep, owner: User, trial: Asked, checked: CheckedJob
-    ) -> Job:
-        new = checked.to_new_job(
-            spec_yaml=yaml.safe_dump(sweep.base_job, sort_keys=False),
-            overrides=trial.params,
-            priority=sweep.priority,
-        )
-        suffix = f"-trial{trial.number}"
-        name = sweep.name[: NAME_LENGTH - len(suffix)] + suffix
-        job = create_job(session, owner, dataclasses.replace(new, name=name))
-        job.sweep_id, job.trial_number = sweep.id, trial.number
-        session.flush()  # the (sweep, trial number) pair is unique: a second job fails here
+    def _create_trial(self, session: Session, sweep: Sweep, owner: User, checked: Checked) -> Job:
+        from scheduler.admission.submit import queue_job
+
+        job = queue_job(session, owner, checked)
         log.info(
-            "sweep %s: trial %s is job %s with %s", sweep.id, trial.number, job.id, trial.params
+            "sweep %s: trial %s is job %s with %s",
+            sweep.id,
+            job.trial_number,
+            job.id,
+            job.overrides,
         )
         return job
 

@@ -17,6 +17,7 @@ from contract.keys import Keys
 from contract.settings import Settings
 from contract.stream import JobStream, MetricRecord
 from scheduler.admission.checks import check_sweep
+from scheduler.daemon.sweep_thread import SweepRunner, TrialPruning
 from scheduler.ingest.ingester import Ingester
 from scheduler.store.database import Database, migrate
 from scheduler.store.errors import Conflict
@@ -24,7 +25,6 @@ from scheduler.store.lifecycle import transition
 from scheduler.store.models import Job, JobEvent, JobState, Sweep, SweepState
 from scheduler.store.sweeps import create_sweep, request_sweep_cancel, trials
 from scheduler.store.users import create_user, get_user
-from scheduler.sweeps.runner import SweepRunner, TrialPruning
 from scheduler.sweeps.study import close_storages
 
 ROOT = Path(__file__).resolve().parents[3]
