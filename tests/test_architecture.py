@@ -37,7 +37,9 @@ def _follow(tag: str, tree: Path) -> None:
             assert not path.exists(), f"recipe '{tag}' writes {target}, which exists"
             path.write_text(code)
         elif what == "line":
-            path.write_text(path.read_text() + code)
+            # A new top-level definition goes two blank lines below the last one.
+            gap = "" if code.startswith(("from ", "import ")) else "\n\n"
+            path.write_text(path.read_text() + gap + code)
         elif what == "after":
             anchor, _, added = code.partition("\n")
             text = path.read_text()
