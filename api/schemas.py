@@ -10,7 +10,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from contract.allocation import AllocationState
-from scheduler.store.models import JobOut, JobState, NodeState, SweepState
+from scheduler.store.models import JobOut
+from scheduler.store.states import JobState, NodeState, SweepState
 
 PRIORITY_RANGE = 1_000_000
 

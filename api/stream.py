@@ -44,7 +44,8 @@ from contract.stream import (
     decode_record,
 )
 from scheduler.store.jobs import get_job
-from scheduler.store.models import Job, JobState, User
+from scheduler.store.models import Job, User
+from scheduler.store.states import JobState
 
 router = APIRouter(tags=["jobs"])
 

@@ -33,7 +33,8 @@ from sqlalchemy import select
 
 from bench.service_cluster import Cluster, start_cluster, stop_cluster, stop_process
 from scheduler.cli.redis_server import RedisServer
-from scheduler.store.models import JobState, Metric
+from scheduler.store.models import Metric
+from scheduler.store.states import JobState
 
 STEPS, EVERY = 2000, 50
 AGAIN = re.compile(r"\((\d+) steps to train again\)")

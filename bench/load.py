@@ -45,7 +45,8 @@ from contract.settings import Settings
 from scheduler.cli.redis_server import free_port
 from scheduler.cli.stack import read_stack_file
 from scheduler.store.database import Database
-from scheduler.store.models import Allocation, Job, JobEvent, JobState, Metric, User
+from scheduler.store.models import Allocation, Job, JobEvent, Metric, User
+from scheduler.store.states import JobState
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB_TEXT = (ROOT / "examples" / "digits_mlp.yaml").read_text()

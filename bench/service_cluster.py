@@ -28,7 +28,8 @@ from dsl.topology import resolve_topology
 from scheduler.placement.cluster import node_capacities
 from scheduler.store.database import Database, migrate
 from scheduler.store.jobs import NewJob, create_job, request_cancel
-from scheduler.store.models import Allocation, Job, JobEvent, JobState, Metric, Node
+from scheduler.store.models import Allocation, Job, JobEvent, Metric, Node
+from scheduler.store.states import JobState
 from scheduler.store.users import create_user, get_user
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -60,7 +60,8 @@ from sweep_report import SweepRun, Trial, figures, plot, show
 from contract.settings import Settings
 from scheduler.cli.stack import Stack
 from scheduler.store.database import Database
-from scheduler.store.models import Job, JobState, Metric, Sweep
+from scheduler.store.models import Job, Metric, Sweep
+from scheduler.store.states import JobState
 from trainyard import Client
 from trainyard.sweeps import Sweep as SweepHandle
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from sweep_ray import RayRun
 
-from scheduler.store.models import JobState
+from scheduler.store.states import JobState
 
 
 @dataclass

@@ -33,7 +33,8 @@ from sweep import MIN_STEPS, REDUCTION, SLOTS, run_sweep, service, sweep_documen
 from sweep_report import SweepRun
 
 from scheduler.store.database import Database
-from scheduler.store.models import Job, JobState, Metric
+from scheduler.store.models import Job, Metric
+from scheduler.store.states import JobState
 
 TARGET = 1 / 3
 

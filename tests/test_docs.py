@@ -391,3 +391,29 @@ def test_yaml_snippet_is_valid(line: int, text: str, tmp_path: Path) -> None:
     job = compile_job(document, described)
     assert [row.name for row in job.table]
     assert sum(p.numel() for p in job.net.parameters()) > 0
+
+
+def _rooms() -> list[str]:
+    """scheduler/'s rooms: its sub-packages and its modules at the top."""
+    folder = Path(__file__).resolve().parents[1] / "scheduler"
+    rooms = [p.name for p in folder.iterdir() if (p / "__init__.py").exists()]
+    rooms += [p.stem for p in folder.glob("*.py") if not p.stem.startswith("__")]
+    return sorted(rooms)
+
+
+def test_the_layout_tables_name_every_room() -> None:
+    """README's layout and docs/architecture.md's rooms say what every folder of scheduler/
+    holds; a room added or renamed fails here until they do."""
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    architecture = (root / "docs" / "architecture.md").read_text()
+    rooms = _rooms()
+    assert len(rooms) >= 10
+    for room in rooms:
+        folder = (root / "scheduler" / room).is_dir()
+        if folder:
+            assert f"| `scheduler/{room}/` |" in readme, f"README's layout lacks scheduler/{room}/"
+        name = f"`{room}/`" if folder else f"`{room}.py`"
+        assert f"| {name} |" in architecture, f"docs/architecture.md's rooms lack {name}"
+    for package in ("contract", "dsl", "workers", "api", "trainyard", "web"):
+        assert f"| `{package}/` |" in readme and f"| `{package}/` |" in architecture

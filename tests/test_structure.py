@@ -259,6 +259,17 @@ def test_the_client_loads_neither_torch_nor_the_server(code: str) -> None:
     assert not heavy, f"{code!r} loads {heavy}"
 
 
+def test_the_recovery_policy_is_pure() -> None:
+    """Its decisions come from plain facts: importing it loads no SQL, nor anything of the
+    scheduler but the states it decides between."""
+    loaded = _loaded_by("import scheduler.recovery.policy")
+    assert not [n for n in loaded if n.split(".")[0] in ("sqlalchemy", "alembic", "celery")]
+    ours = {n for n in loaded if n.startswith("scheduler.")}
+    assert ours == {"scheduler.recovery", "scheduler.recovery.policy", "scheduler.store"} | {
+        "scheduler.store.states"
+    }
+
+
 def test_the_installed_command_starts_without_the_server_or_torch() -> None:
     """`trainyard` (scheduler/cli/main.py) holds the server's commands too: their work, and
     the local commands' torch, wait inside their bodies."""

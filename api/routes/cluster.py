@@ -15,8 +15,9 @@ from api.schemas import (
 )
 from contract.allocation import AllocationState
 from scheduler.placement.cluster import cluster_view
-from scheduler.store.models import Allocation, JobState, NodeState, aware
+from scheduler.store.models import Allocation, aware
 from scheduler.store.quotas import Limits
+from scheduler.store.states import JobState, NodeState
 
 router = APIRouter(tags=["cluster"])
 

@@ -46,7 +46,8 @@ from scheduler.admission import submit
 from scheduler.admission.checks import check_job
 from scheduler.store import jobs as job_store
 from scheduler.store import reports as report_store
-from scheduler.store.models import JOB_FIELD_KINDS, FieldKind, Job, JobState, User, aware, utcnow
+from scheduler.store.models import JOB_FIELD_KINDS, FieldKind, Job, User, aware, utcnow
+from scheduler.store.states import JobState
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 

@@ -23,7 +23,8 @@ from api.submission import SUBMIT_BODY, SubmissionDep
 from dsl.search import Objective
 from scheduler.admission import submit
 from scheduler.store.jobs import owner_names
-from scheduler.store.models import Job, JobState, Sweep, SweepState, aware
+from scheduler.store.models import Job, Sweep, aware
+from scheduler.store.states import JobState, SweepState
 from scheduler.store.sweeps import (
     cancel_sweep,
     get_sweep,

@@ -12,7 +12,7 @@ from prometheus_client.registry import Collector
 from api.deps import CurrentUser, ServicesDep, SessionDep
 from api.schemas import Health, LoopHealth, errors
 from scheduler.health import LoopAge, health, stats
-from scheduler.store.models import JobState, NodeState
+from scheduler.store.states import JobState, NodeState
 
 router = APIRouter(tags=["system"])
 

@@ -56,8 +56,9 @@ from scheduler.recovery.actions import job_facts, prune_restart_points, worker_s
 from scheduler.recovery.policy import PlaceAgain, Vacant, decide
 from scheduler.store.database import Database
 from scheduler.store.lifecycle import transition
-from scheduler.store.models import Allocation, Job, JobState, Node, NodeState, utcnow
+from scheduler.store.models import Allocation, Job, Node, utcnow
 from scheduler.store.quotas import Limits
+from scheduler.store.states import JobState, NodeState
 
 log = logging.getLogger("trainyard.scheduler")
 

@@ -25,7 +25,8 @@ from contract.nodes import NodeRegistration
 from scheduler.placement.cluster import ACTIVE_ALLOCATIONS
 from scheduler.recovery.actions import fail, job_facts, requeue, write_off
 from scheduler.recovery.policy import Continue, Fail, NodeLost, Requeue, Silent, decide
-from scheduler.store.models import Allocation, Job, Node, NodeState
+from scheduler.store.models import Allocation, Job, Node
+from scheduler.store.states import NodeState
 
 log = logging.getLogger("trainyard.scheduler")
 

@@ -30,7 +30,8 @@ from dsl.errors import JobSpecError
 from dsl.search import SearchConfig
 from scheduler.ingest.batch import Pruned
 from scheduler.store.database import Database
-from scheduler.store.models import Job, JobState, Sweep, SweepState, User
+from scheduler.store.models import Job, Sweep, User
+from scheduler.store.states import JobState, SweepState
 from scheduler.store.sweeps import cancel_live_trials, end_sweep, search_of, trial_values
 from scheduler.sweeps.pbt import (
     PBT_ATTR,

@@ -40,18 +40,18 @@ from scheduler.recovery.policy import (
     decide,
 )
 from scheduler.store.artifacts import confine
-from scheduler.store.lifecycle import can_transition, transition
+from scheduler.store.lifecycle import transition
 from scheduler.store.models import (
     Allocation,
     CheckpointRecord,
     Job,
-    JobState,
     LogLine,
     Metric,
     Node,
     PipelineTimeline,
     utcnow,
 )
+from scheduler.store.states import JobState, can_transition
 
 log = logging.getLogger("trainyard.ingest")
 

@@ -25,7 +25,8 @@ from contract.keys import CANCEL_TTL_SECONDS, STREAM_TTL_SECONDS, Keys
 from contract.liveness import record_pass
 from scheduler.ingest.batch import Effects, Pruning, apply_batch, parse_batch
 from scheduler.store.database import Database
-from scheduler.store.models import Job, JobState
+from scheduler.store.models import Job
+from scheduler.store.states import JobState
 
 log = logging.getLogger("trainyard.ingest")
 

@@ -15,16 +15,9 @@ from sqlalchemy.orm import Session, load_only
 
 from contract.allocation import AllocationState
 from scheduler.placement.plan import NodeCapacity, OwnerShare, PlacementRequest, plan_queue
-from scheduler.store.models import (
-    QUEUE_ORDER,
-    Allocation,
-    Job,
-    JobState,
-    Node,
-    NodeState,
-    UserQuota,
-)
+from scheduler.store.models import QUEUE_ORDER, Allocation, Job, Node, UserQuota
 from scheduler.store.quotas import Limits
+from scheduler.store.states import JobState, NodeState
 
 ACTIVE_ALLOCATIONS = (AllocationState.PENDING, AllocationState.RUNNING)
 LIVE_JOBS = (JobState.SCHEDULED, JobState.RUNNING)  # placed: their processes run or start

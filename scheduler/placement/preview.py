@@ -17,7 +17,8 @@ from scheduler.placement.plan import (
     plan_placement,
     unreachable_note,
 )
-from scheduler.store.models import Job, JobState
+from scheduler.store.models import Job
+from scheduler.store.states import JobState
 
 if TYPE_CHECKING:  # dsl.topology imports the job language, and with it torch
     from dsl.topology import Topology

@@ -40,7 +40,8 @@ from dsl.frameworks import restarting_alone
 from scheduler.placement.cluster import ACTIVE_ALLOCATIONS
 from scheduler.recovery.policy import Fail, JobFacts, ReplaceShard
 from scheduler.store.lifecycle import transition
-from scheduler.store.models import Allocation, Job, JobEvent, JobState, Metric, utcnow
+from scheduler.store.models import Allocation, Job, JobEvent, Metric, utcnow
+from scheduler.store.states import JobState
 
 log = logging.getLogger("trainyard.recovery")
 

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from typing import Literal, overload
 
 from contract.allocation import AllocationState, ExitCode
-from scheduler.store.lifecycle import can_transition
-from scheduler.store.models import JobState
+from scheduler.store.states import JobState, can_transition
 
 # A job's server shards keep their state in Redis, so a dead one is placed again (by the
 # scheduler) and continues where it stopped, this many times per placement of the job.

@@ -48,10 +48,10 @@ from scheduler.store.models import (
     FieldKind,
     Job,
     JobOut,
-    JobState,
     User,
     utcnow,
 )
+from scheduler.store.states import JobState
 
 NOW = bindparam("now", type_=Job.created_at.type)
 LIMIT = bindparam("limit", type_=Job.id.type)

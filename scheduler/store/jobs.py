@@ -26,7 +26,8 @@ from scheduler.store import job_page
 from scheduler.store.artifacts import confine
 from scheduler.store.errors import Conflict, InvalidRequest, NotFound
 from scheduler.store.lifecycle import transition
-from scheduler.store.models import CheckpointRecord, Job, JobEvent, JobState, User
+from scheduler.store.models import CheckpointRecord, Job, JobEvent, User
+from scheduler.store.states import JobState
 
 
 @dataclass(frozen=True)

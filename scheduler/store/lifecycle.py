@@ -1,38 +1,12 @@
-"""Job states and their transitions; every transition is an event with a time and a reason.
-
-QUEUED -> SCHEDULED -> RUNNING -> SUCCEEDED | FAILED | CANCELLED. A job whose node is lost
-goes back to QUEUED to be placed again; any live state may end in FAILED or CANCELLED. A
-sweep's trial that trails the others is PRUNED by the sweep's pruner once placed.
-"""
+"""A job's transitions, each an event with a time and a reason (the states and the moves they
+allow: scheduler/store/states.py)."""
 
 from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from scheduler.store.models import Job, JobEvent, JobState, utcnow
-
-_ALLOWED: dict[JobState, set[JobState]] = {
-    JobState.QUEUED: {JobState.SCHEDULED, JobState.CANCELLED, JobState.FAILED},
-    JobState.SCHEDULED: {
-        JobState.RUNNING,
-        JobState.QUEUED,
-        JobState.SUCCEEDED,
-        JobState.FAILED,
-        JobState.CANCELLED,
-        JobState.PRUNED,
-    },
-    JobState.RUNNING: {
-        JobState.SUCCEEDED,
-        JobState.FAILED,
-        JobState.CANCELLED,
-        JobState.QUEUED,
-        JobState.PRUNED,
-    },
-    JobState.SUCCEEDED: set(),
-    JobState.FAILED: set(),
-    JobState.CANCELLED: set(),
-    JobState.PRUNED: set(),
-}
+from scheduler.store.models import Job, JobEvent, utcnow
+from scheduler.store.states import ALLOWED, JobState
 
 
 class IllegalTransition(ValueError):
@@ -45,7 +19,7 @@ def transition(session: Session, job: Job, new: JobState, reason: str) -> bool:
     current = JobState(job.state)
     if current == new:
         return False
-    if new not in _ALLOWED[current]:
+    if new not in ALLOWED[current]:
         raise IllegalTransition(job.id, current, new)
     now = utcnow()
     job.state = new
@@ -59,7 +33,3 @@ def transition(session: Session, job: Job, new: JobState, reason: str) -> bool:
         job.ended_at = now
     session.add(JobEvent(job_id=job.id, at=now, state=new, reason=reason))
     return True
-
-
-def can_transition(current: str, new: JobState) -> bool:
-    return new in _ALLOWED[JobState(current)]

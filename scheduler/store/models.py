@@ -5,7 +5,6 @@ Changes to these models go through an Alembic migration in scheduler/store/migra
 
 from __future__ import annotations
 
-import enum
 import types
 import typing
 from datetime import UTC, datetime
@@ -28,6 +27,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from contract.allocation import AllocationState
+from scheduler.store.states import JobState, NodeState, SweepState
 
 
 def utcnow() -> datetime:
@@ -41,37 +41,6 @@ def aware(moment: datetime) -> datetime:
 
 class Base(DeclarativeBase):
     pass
-
-
-class JobState(enum.StrEnum):
-    QUEUED = "QUEUED"
-    SCHEDULED = "SCHEDULED"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-    PRUNED = "PRUNED"  # a sweep's trial stopped early by the sweep's pruner
-
-    @property
-    def terminal(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PRUNED)
-
-
-class SweepState(enum.StrEnum):
-    RUNNING = "RUNNING"  # asking for trials, or waiting for them to end
-    SUCCEEDED = "SUCCEEDED"  # every trial ended, and at least one completed
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-
-    @property
-    def terminal(self) -> bool:
-        return self != SweepState.RUNNING
-
-
-class NodeState(enum.StrEnum):
-    ALIVE = "ALIVE"
-    DRAINING = "DRAINING"  # its agent is stopping: takes no new work
-    LOST = "LOST"
 
 
 class User(Base):

@@ -27,11 +27,11 @@ from scheduler.store.models import (
     CheckpointRecord,
     DatasetRecord,
     Job,
-    JobState,
     User,
     UserQuota,
     utcnow,
 )
+from scheduler.store.states import JobState
 
 ACTIVE = (AllocationState.PENDING, AllocationState.RUNNING)
 LIVE = (JobState.SCHEDULED, JobState.RUNNING)

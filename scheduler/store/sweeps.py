@@ -21,7 +21,8 @@ from contract.keys import Keys
 from dsl.search import Objective, SearchConfig
 from scheduler.store.errors import Conflict, NotFound
 from scheduler.store.jobs import request_cancel
-from scheduler.store.models import Job, JobState, Sweep, SweepState, User, utcnow
+from scheduler.store.models import Job, Sweep, User, utcnow
+from scheduler.store.states import JobState, SweepState
 
 
 @dataclass(frozen=True)

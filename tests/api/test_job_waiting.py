@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from scheduler.store.models import Node, NodeState
+from scheduler.store.models import Node
+from scheduler.store.states import NodeState
 from tests.api.conftest import example
 
 MLP = example("digits_mlp.yaml")

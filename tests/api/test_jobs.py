@@ -13,16 +13,8 @@ from sqlalchemy import select
 
 from contract.allocation import AllocationState
 from scheduler.store.lifecycle import transition
-from scheduler.store.models import (
-    Allocation,
-    CheckpointRecord,
-    Job,
-    JobState,
-    LogLine,
-    Metric,
-    Node,
-    NodeState,
-)
+from scheduler.store.models import Allocation, CheckpointRecord, Job, LogLine, Metric, Node
+from scheduler.store.states import JobState, NodeState
 
 ROOT = Path(__file__).resolve().parents[2]
 MLP = (ROOT / "examples" / "digits_mlp.yaml").read_text()

@@ -23,7 +23,8 @@ from contract.stream import (
     TimelineRecord,
 )
 from scheduler.store.lifecycle import transition
-from scheduler.store.models import Job, JobState
+from scheduler.store.models import Job
+from scheduler.store.states import JobState
 from scheduler.store.users import create_token, create_user
 
 ROOT = Path(__file__).resolve().parents[2]

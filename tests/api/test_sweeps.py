@@ -10,7 +10,8 @@ from sqlalchemy import func, select
 
 from scheduler.daemon.sweep_thread import SweepRunner
 from scheduler.store.lifecycle import transition
-from scheduler.store.models import Job, JobState, Sweep
+from scheduler.store.models import Job, Sweep
+from scheduler.store.states import JobState
 from scheduler.sweeps.study import close_storages
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,8 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from api.routes.examples import leading_comment
 from scheduler.store.lifecycle import transition
-from scheduler.store.models import Job, JobState
+from scheduler.store.models import Job
+from scheduler.store.states import JobState
 
 ROOT = Path(__file__).resolve().parents[2]
 MLP = (ROOT / "examples" / "digits_mlp.yaml").read_text()

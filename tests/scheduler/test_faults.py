@@ -23,7 +23,8 @@ from sqlalchemy import func, select
 from bench.service_cluster import Cluster, start_cluster, stop_cluster, stop_process
 from contract.allocation import AllocationState
 from scheduler.cli.redis_server import RedisServer
-from scheduler.store.models import JobState, Metric
+from scheduler.store.models import Metric
+from scheduler.store.states import JobState
 
 pytestmark = pytest.mark.slow
 

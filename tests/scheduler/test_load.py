@@ -31,7 +31,8 @@ from bench.load import (
     submit_all,
 )
 from contract.allocation import AllocationState
-from scheduler.store.models import Allocation, JobState
+from scheduler.store.models import Allocation
+from scheduler.store.states import JobState
 from scheduler.store.users import create_token, create_user
 
 if TYPE_CHECKING:

@@ -37,8 +37,9 @@ from scheduler.admission.submit import (
 )
 from scheduler.daemon.sweep_thread import SweepRunner
 from scheduler.store.database import Database
-from scheduler.store.models import Job, JobState, Sweep, SweepState, User
+from scheduler.store.models import Job, Sweep, User
 from scheduler.store.quotas import set_quotas
+from scheduler.store.states import JobState, SweepState
 from scheduler.store.sweeps import create_sweep
 from scheduler.store.users import create_user, get_user
 from scheduler.sweeps.study import close_storages

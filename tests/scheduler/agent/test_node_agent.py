@@ -25,7 +25,8 @@ from contract.keys import Keys
 from contract.settings import Settings
 from scheduler.daemon.loop import run_scheduler
 from scheduler.store.database import Database, migrate
-from scheduler.store.models import CheckpointRecord, JobState, Metric, Node, NodeState
+from scheduler.store.models import CheckpointRecord, Metric, Node
+from scheduler.store.states import JobState, NodeState
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,8 @@ from scheduler.placement.cluster import node_capacities, queue_view
 from scheduler.recovery.policy import MAX_SHARD_REPLACEMENTS
 from scheduler.store.database import Database
 from scheduler.store.jobs import NewJob, create_job
-from scheduler.store.models import Allocation, Job, JobEvent, JobState, Node, NodeState
+from scheduler.store.models import Allocation, Job, JobEvent, Node
+from scheduler.store.states import JobState, NodeState
 from scheduler.store.users import create_user, get_user
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -26,7 +26,8 @@ from scheduler.ingest.batch import apply_state
 from scheduler.placement.cluster import queue_view
 from scheduler.store.database import Database
 from scheduler.store.jobs import NewJob, create_job
-from scheduler.store.models import Allocation, Job, JobState, Node
+from scheduler.store.models import Allocation, Job, Node
+from scheduler.store.states import JobState
 from scheduler.store.users import create_user, get_user
 
 TIMEOUT = 3.0

@@ -22,7 +22,8 @@ from scheduler.ingest.ingester import Ingester
 from scheduler.store.database import Database, migrate
 from scheduler.store.errors import Conflict
 from scheduler.store.lifecycle import transition
-from scheduler.store.models import Job, JobEvent, JobState, Sweep, SweepState
+from scheduler.store.models import Job, JobEvent, Sweep
+from scheduler.store.states import JobState, SweepState
 from scheduler.store.sweeps import create_sweep, request_sweep_cancel, trials
 from scheduler.store.users import create_user, get_user
 from scheduler.sweeps.study import close_storages

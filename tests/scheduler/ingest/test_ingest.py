@@ -33,12 +33,12 @@ from scheduler.store.models import (
     CheckpointRecord,
     Job,
     JobEvent,
-    JobState,
     LogLine,
     Metric,
     Node,
     PipelineTimeline,
 )
+from scheduler.store.states import JobState
 from scheduler.store.users import create_user, get_user
 
 TOPOLOGY = {

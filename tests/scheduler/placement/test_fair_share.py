@@ -23,8 +23,9 @@ from scheduler.placement.plan import (
 from scheduler.store.database import Database
 from scheduler.store.job_page import QUEUE_POSITIONS
 from scheduler.store.jobs import NewJob, create_job, queue_positions
-from scheduler.store.models import Allocation, Job, JobState
+from scheduler.store.models import Allocation, Job
 from scheduler.store.quotas import Limits, set_quotas
+from scheduler.store.states import JobState
 from scheduler.store.users import create_user, get_user
 
 ALICE, BOB = 1, 2

@@ -27,7 +27,7 @@ from scheduler.recovery.policy import (
     decide,
     headline,
 )
-from scheduler.store.models import JobState
+from scheduler.store.states import JobState
 
 DONE, FAILED, RUNNING = AllocationState.DONE, AllocationState.FAILED, AllocationState.RUNNING
 GANG = JobFacts(

@@ -42,13 +42,13 @@ from scheduler.store.models import (
     CheckpointRecord,
     Job,
     JobEvent,
-    JobState,
     LogLine,
     Metric,
     User,
     aware,
     utcnow,
 )
+from scheduler.store.states import JobState
 from scheduler.store.users import create_token, create_user, get_user, hash_token, user_for_token
 
 

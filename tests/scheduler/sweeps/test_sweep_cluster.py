@@ -21,7 +21,8 @@ from contract.settings import Settings
 from scheduler.admission.checks import check_sweep
 from scheduler.daemon.loop import run_scheduler
 from scheduler.store.database import Database, migrate
-from scheduler.store.models import Allocation, Job, JobState, Sweep, SweepState
+from scheduler.store.models import Allocation, Job, Sweep
+from scheduler.store.states import JobState, SweepState
 from scheduler.store.sweeps import create_sweep, request_sweep_cancel, trials
 from scheduler.store.users import create_user, get_user
 

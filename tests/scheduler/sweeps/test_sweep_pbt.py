@@ -11,7 +11,8 @@ import pytest
 
 from api.routes.sweeps import detail_of
 from contract.rundir import job_run_dir
-from scheduler.store.models import JobState, Sweep, SweepState
+from scheduler.store.models import Sweep
+from scheduler.store.states import JobState, SweepState
 from tests.scheduler.sweeps.test_sweep_cluster import BASE, SweepCluster, cluster  # noqa: F401
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ from optuna.trial import TrialState
 
 from dsl.errors import JobSpecError
 from scheduler.admission.checks import check_sweep
-from scheduler.store.models import JobState, SweepState
+from scheduler.store.states import JobState, SweepState
 from scheduler.store.users import create_user, get_user
 from scheduler.sweeps.study import WARM_ATTR
 from tests.scheduler.daemon.test_sweep_thread import BASE, ROOT, SEARCH, Env, env  # noqa: F401
