@@ -89,7 +89,9 @@ class Result:
         }
 
 
-def start_api(tmp: Path, workers: int) -> tuple[RedisServer, subprocess.Popen[bytes], str, str]:
+def start_api(
+    tmp: Path, workers: int, jobs: int
+) -> tuple[RedisServer, subprocess.Popen[bytes], str, str]:
     redis_server = RedisServer(tmp / "redis", persist=False)
     redis_url = redis_server.start()
     database_url = f"sqlite:///{tmp / 'trainyard.db'}"
@@ -98,6 +100,8 @@ def start_api(tmp: Path, workers: int) -> tuple[RedisServer, subprocess.Popen[by
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINYARD_", "REDIS_"))}
     env.update(TRAINYARD_DATA_DIR=str(tmp), REDIS_URL=redis_url, DATABASE_URL=database_url)
+    # The store is filled through POST /jobs before the clock starts: past the default rate.
+    env.update(TRAINYARD_QUOTA_SUBMISSIONS_PER_MINUTE=str(max(jobs, 1) * 2))
     process = subprocess.Popen(
         [
             *(sys.executable, "-m", "scheduler", "api", "--no-migrate"),
@@ -238,7 +242,7 @@ def main() -> None:
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="trainyard-bench-") as tmp:
-        redis_server, process, url, token = start_api(Path(tmp), args.api_workers)
+        redis_server, process, url, token = start_api(Path(tmp), args.api_workers, args.jobs)
         try:
             results = asyncio.run(load(url, token, args))
         finally:

@@ -26,7 +26,7 @@ from dsl.overrides import apply_overrides
 from dsl.pipeline import pipeline_issues
 from dsl.schema import JobSpec
 from dsl.search_checks import search_issues
-from dsl.source import SourceMap, parse_document
+from dsl.source import ParsedDocument, SourceMap, read_document
 from dsl.topology import Topology, resolve_topology, topology_problems
 from dsl.validation import translate_validation_error
 
@@ -64,7 +64,7 @@ Rules = Callable[[JobSpec, SourceMap], list[SpecIssue]]
 
 
 def compile_job(
-    job: str | Mapping[str, Any] | JobSpec,
+    job: str | Mapping[str, Any] | ParsedDocument | JobSpec,
     data: DataDescription,
     *,
     overrides: Mapping[str, Any] | None = None,
@@ -73,7 +73,8 @@ def compile_job(
 ) -> CompiledJob:
     """The one way from a job to its checked, compiled net.
 
-    `job` is the document (YAML text or a mapping, with `overrides` applied) or a `JobSpec`
+    `job` is the document (YAML text, a mapping or a `ParsedDocument`, with `overrides` applied)
+    or a `JobSpec`
     that was validated before (a stored execution spec): that one is trusted and goes straight
     to the build. `data` describes the samples, or is called with the spec to describe them
     (and may load them); its `DataSourceError`s are reported at `data.<field>`. `rules` adds
@@ -94,12 +95,12 @@ def compile_job(
 
 
 def _validate(
-    document: str | Mapping[str, Any], overrides: Mapping[str, Any] | None, filename: str
+    document: str | Mapping[str, Any] | ParsedDocument,
+    overrides: Mapping[str, Any] | None,
+    filename: str,
 ) -> tuple[JobSpec, SourceMap]:
-    if isinstance(document, str):
-        raw, source = parse_document(document, filename)
-    else:
-        raw, source = dict(document), SourceMap(filename)
+    parsed = read_document(document, filename)
+    raw, source = parsed.raw, parsed.source
     if overrides:
         raw = apply_overrides(raw, overrides)
     try:

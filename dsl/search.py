@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 
 from dsl.config import StrictModel
 from dsl.overrides import apply_overrides
-from dsl.source import parse_document
+from dsl.source import ParsedDocument, read_document
 
 Algorithm = Literal["grid", "random", "tpe", "cmaes", "gp", "nsga2"]
 PrunerType = Literal["asha", "hyperband", "median", "pbt", "none"]
@@ -256,12 +256,12 @@ class SearchConfig(StrictModel):
 
 
 def base_document(
-    document: str | Mapping[str, Any],
+    document: str | Mapping[str, Any] | ParsedDocument,
     overrides: Mapping[str, Any] | None = None,
     filename: str = "<job>",
 ) -> dict[str, Any]:
     """The base job of a sweep document: parsed, with `overrides` applied, without `search`."""
-    raw = parse_document(document, filename)[0] if isinstance(document, str) else dict(document)
+    raw = read_document(document, filename).raw
     if overrides:
         raw = apply_overrides(raw, overrides)
     return {key: value for key, value in raw.items() if key != "search"}

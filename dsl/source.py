@@ -7,6 +7,7 @@ error can point at the user's file.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,6 +150,26 @@ def _too_deep(text: str) -> tuple[int, int] | None:
                 depth = max(depth - 1, 0)
             previous = char
     return None
+
+
+@dataclass(frozen=True)
+class ParsedDocument:
+    """A job document parsed once, its values with their positions, for every reader of one
+    submission (is it a sweep? the compile, a sweep's base job): parsing costs milliseconds."""
+
+    raw: dict[str, Any]
+    source: SourceMap
+
+
+def read_document(
+    document: str | Mapping[str, Any] | ParsedDocument, filename: str = "<job>"
+) -> ParsedDocument:
+    """YAML text parsed, a mapping as it is (its values have no positions), a parsed one kept."""
+    if isinstance(document, ParsedDocument):
+        return document
+    if isinstance(document, str):
+        return ParsedDocument(*parse_document(document, filename))
+    return ParsedDocument(dict(document), SourceMap(filename))
 
 
 def parse_document(text: str, filename: str = "<job>") -> tuple[dict[str, Any], SourceMap]:

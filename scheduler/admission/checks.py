@@ -25,12 +25,11 @@ from dsl.compiler import CompiledJob, compile_job
 from dsl.data_config import CsvData, DatasetData, DataSourceConfig, NpzData, TextData
 from dsl.errors import DataSourceError, JobSpecError, SpecIssue
 from dsl.layers.base import BuildContext
-from dsl.overrides import apply_overrides
 from dsl.planner import PipelinePlan, plan_pipeline
 from dsl.schema import JobSpec
 from dsl.search import SearchConfig, base_document
 from dsl.search_checks import space_issues
-from dsl.source import SourceMap, parse_document
+from dsl.source import ParsedDocument, SourceMap
 from dsl.topology import Topology, resolve_topology
 from scheduler.store.datasets import dataset_names, get_dataset
 from scheduler.store.jobs import NewJob
@@ -56,22 +55,23 @@ class Kind(StrEnum):
 
 
 def kind_of(
-    document: str | Mapping[str, Any],
+    document: ParsedDocument,
     overrides: Mapping[str, Any] | None = None,
     *,
     expect: Kind | None = None,
 ) -> Kind:
-    """Whether `document` (with `overrides` applied) is a job or a sweep, read from its parsed
+    """Whether `document` (with `overrides` applied) is a job or a sweep, read from its
     `search` key before anything is compiled. A document of another kind than `expect` is
-    refused with an error located in it. A document that does not parse raises the error
-    compiling it would."""
-    if isinstance(document, str):
-        raw, source = parse_document(document)
+    refused with an error located in it."""
+    overrides = overrides or {}
+    if "search" in overrides:
+        search = overrides["search"]
+    elif any(path.startswith("search.") for path in overrides):
+        search = {}  # an override of a value under search makes the section
     else:
-        raw, source = dict(document), SourceMap("<job>")
-    if overrides:
-        raw = apply_overrides(raw, overrides)
-    kind = Kind.JOB if raw.get("search") is None else Kind.SWEEP
+        search = document.raw.get("search")
+    source = document.source
+    kind = Kind.JOB if search is None else Kind.SWEEP
     if expect == Kind.JOB and kind == Kind.SWEEP:
         raise JobSpecError(
             source.issue(
@@ -112,7 +112,7 @@ class CheckedJob:
 
 
 def check_job(
-    job: str | Mapping[str, Any] | JobSpec,
+    job: str | Mapping[str, Any] | ParsedDocument | JobSpec,
     *,
     session: Session,
     owner: User,
@@ -122,7 +122,7 @@ def check_job(
 ) -> CheckedJob:
     """Validate and compile `job` as `owner` would run it: the service's one way in.
 
-    A document (text or mapping) gets the service's rules; a `JobSpec` is a stored execution
+    A document (text, mapping or parsed) gets the service's rules; a `JobSpec` is a stored execution
     spec, checked when it was submitted, and is compiled as it is (its files are absolute).
     Relative file paths (admins only) resolve against `base_dir`.
     """
@@ -187,7 +187,7 @@ class CheckedSweep:
 
 
 def check_sweep(
-    document: str | Mapping[str, Any],
+    document: str | Mapping[str, Any] | ParsedDocument,
     *,
     session: Session,
     owner: User,

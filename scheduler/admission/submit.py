@@ -29,6 +29,7 @@ from contract.announcements import JOB, SWEEP, announce
 from contract.keys import Keys
 from contract.settings import Settings
 from dsl.errors import JobSpecError, SpecIssue
+from dsl.source import read_document
 from scheduler.admission.checks import (
     CheckedJob,
     CheckedSweep,
@@ -136,11 +137,12 @@ def check(
     owner's quotas. `admit` is False for a dry run and for a sweep's trial (its sweep was
     admitted when it was submitted)."""
     limits = _admit(session, owner, submission, backends) if admit else None
-    document, overrides = submission.document, submission.overrides
+    overrides = submission.overrides
     base_dir = _base_dir(submission, backends.settings)
     cache_dir = backends.settings.cache_dir()
     sweep: CheckedSweep | None = None
     try:
+        document = read_document(submission.document)  # parsed once, for every reader below
         if kind_of(document, overrides, expect=expect) == Kind.SWEEP:
             sweep = check_sweep(
                 document,

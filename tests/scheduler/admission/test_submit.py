@@ -21,6 +21,7 @@ from contract.announcements import JOB, SWEEP
 from contract.keys import Keys
 from contract.settings import Settings
 from dsl.errors import JobSpecError
+from dsl.source import read_document
 from scheduler.admission.checks import Kind, check_sweep, kind_of
 from scheduler.admission.policy import NotAllowed
 from scheduler.admission.quotas import QuotaExceeded
@@ -126,16 +127,22 @@ class Announcements:
 
 
 def test_the_kind_is_read_from_the_parsed_document(env: Env) -> None:
-    assert kind_of(JOB_YAML) == Kind.JOB and kind_of(SWEEP_YAML) == Kind.SWEEP
-    assert kind_of({"name": "j", "search": None}) == Kind.JOB
-    assert kind_of({"name": "j", "search": {"metric": "x"}}) == Kind.SWEEP
+    def kind(document: str | dict[str, Any], **overrides: Any) -> Kind:
+        return kind_of(read_document(document), overrides)
+
+    assert kind(JOB_YAML) == Kind.JOB and kind(SWEEP_YAML) == Kind.SWEEP
+    assert kind({"name": "j", "search": None}) == Kind.JOB
+    assert kind({"name": "j", "search": {"metric": "x"}}) == Kind.SWEEP
+    # Overrides decide as they would once applied, without applying them.
+    assert kind(SWEEP_YAML, search=None) == Kind.JOB
+    assert kind(JOB_YAML, **{"search.metric": "test/accuracy"}) == Kind.SWEEP
     with pytest.raises(JobSpecError) as refused:
-        kind_of(SWEEP_YAML, expect=Kind.JOB)
+        kind_of(read_document(SWEEP_YAML), expect=Kind.JOB)
     [issue] = refused.value.issues
     assert issue.path == "search" and "POST /api/v1/sweeps" in (issue.hint or "")
     assert issue.line == SWEEP_YAML.splitlines().index("search:") + 1
     with pytest.raises(JobSpecError, match="malformed YAML"):
-        kind_of("name: [unclosed")
+        read_document("name: [unclosed")
 
 
 def test_a_sweep_is_told_from_a_job_before_anything_is_compiled(env: Env) -> None:
