@@ -201,7 +201,7 @@ def _failed(event: Ended) -> Fail | Requeue | RestartAlone | ReplaceShard:
     # order), would fail the same way again; any other failure (a killed process, a peer's)
     # is restarted.
     if not job.cancel_requested and event.exit_code not in FINAL_EXITS:
-        cause = f"{who} {headline(reason, event.exit_code)}"
+        cause = f"{who} {headline(event.reason, event.exit_code)}" if event.reason else reason
         left = job.restarts < job.max_restarts
         if event.role == "worker" and job.restart == "alone" and not job.pipelined and left:
             return RestartAlone(cause)

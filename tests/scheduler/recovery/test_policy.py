@@ -105,7 +105,7 @@ CASES: list[tuple[str, Event, Decision]] = [
         ended(exit_code=ExitCode.DIVERGED, reason="nan"),
         fail("nan"),
     ),
-    ("a failure without a reason", ended(reason=""), Requeue(f"{WHO} {WHO} failed", counted=True)),
+    ("a failure without a reason", ended(reason=""), Requeue(f"{WHO} failed", counted=True)),
     (
         "the exception's last line",
         ended(exit_code=1, reason="exited 1\nTraceback\nValueError: x"),
