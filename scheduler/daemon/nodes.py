@@ -24,7 +24,8 @@ from contract.keys import Keys
 from contract.nodes import NodeRegistration
 from scheduler.placement.cluster import ACTIVE_ALLOCATIONS
 from scheduler.recovery.actions import fail, job_facts, requeue, write_off
-from scheduler.recovery.policy import Continue, Fail, NodeLost, Requeue, Silent, decide
+from scheduler.recovery.policy import Continue, Fail, Finish, NodeLost, Requeue, Silent, decide
+from scheduler.store.lifecycle import transition
 from scheduler.store.models import Allocation, Job, Node
 from scheduler.store.states import NodeState
 
@@ -207,7 +208,10 @@ def write_off_silent(
 
 
 def carry_out(
-    session: Session, job: Job, decision: Continue | Fail | Requeue, artifacts: Path | None
+    session: Session,
+    job: Job,
+    decision: Continue | Finish | Fail | Requeue,
+    artifacts: Path | None,
 ) -> list[int]:
     """What the policy decided for a job whose processes were lost. A gang is all or nothing,
     and a lost process cannot report its end: whatever the decision, what still runs of the job
@@ -218,6 +222,10 @@ def carry_out(
         case Fail():
             stops = write_off(session, job)
             fail(session, job, decision)
+            return stops
+        case Finish(state=state, reason=reason):
+            stops = write_off(session, job)
+            transition(session, job, state, reason)
             return stops
         case Continue():
             return write_off(session, job)

@@ -152,7 +152,7 @@ Decision = Continue | Finish | Fail | Requeue | RestartAlone | ReplaceShard | Pl
 @overload
 def decide(event: Ended) -> Continue | Finish | Fail | Requeue | RestartAlone | ReplaceShard: ...
 @overload
-def decide(event: NodeLost | Silent) -> Continue | Fail | Requeue: ...
+def decide(event: NodeLost | Silent) -> Continue | Finish | Fail | Requeue: ...
 @overload
 def decide(event: Vacant) -> Continue | PlaceAgain: ...
 def decide(event: Event) -> Decision:
@@ -210,7 +210,7 @@ def _failed(event: Ended) -> Fail | Requeue | RestartAlone | ReplaceShard:
     return Fail(error=reason, reason=f"{who} failed: {reason}")
 
 
-def _lost(event: NodeLost | Silent) -> Continue | Fail | Requeue:
+def _lost(event: NodeLost | Silent) -> Continue | Finish | Fail | Requeue:
     """A lost process cannot report its end: the caller writes off what still runs of the job
     whatever the decision (a requeue does it as its first step)."""
     job = event.job
@@ -224,9 +224,11 @@ def _lost(event: NodeLost | Silent) -> Continue | Fail | Requeue:
         if may_requeue and left:
             return Requeue(event.reason, counted=True)
         return Fail(error=event.reason, reason=event.reason)
-    if not job.cancel_requested and may_requeue and (left or not event.counted):
+    if job.cancel_requested:
+        # Its processes went with the node: the cancellation its user asked for is done.
+        return Finish(JobState.CANCELLED, f"cancelled by the user ({event.reason})")
+    if may_requeue and (left or not event.counted):
         return Requeue(event.reason, counted=event.counted)
-    # A job being cancelled fails here too: its processes went with the node.
     error = f"{event.reason} (no restarts left: cluster.max_restarts is {job.max_restarts})"
     return Fail(error=error, reason=error)
 

@@ -306,6 +306,28 @@ def test_a_dead_shard_is_placed_again_then_the_job_fails(db: Database, settings:
         assert replace_processes(session, settings) == []
 
 
+def test_a_job_being_cancelled_whose_node_is_lost_ends_cancelled(
+    db: Database, settings: Settings
+) -> None:
+    with db.session() as session:
+        sync_nodes(session, {"n1": registration(2)}, NodeTracker(), TIMEOUT, now=0.0)
+    job_id = add_job(db, 2)
+    with db.session() as session:
+        schedule_once(session, settings)
+        job = session.get(Job, job_id)
+        assert job is not None
+        job.cancel_requested = True
+    with db.session() as session:
+        node = session.scalars(select(Node).where(Node.name == "n1")).one()
+        stops = mark_lost(session, node, "node lost: n1 sent no heartbeat for 3s")
+    assert len(stops) == 2
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        assert job is not None and job.state == JobState.CANCELLED and job.error is None
+        allocs = session.scalars(select(Allocation).where(Allocation.job_id == job_id)).all()
+        assert {a.state for a in allocs} == {AllocationState.FAILED}
+
+
 def test_a_dead_shard_waits_for_room_and_is_not_replaced_when_cancelling(
     db: Database, settings: Settings
 ) -> None:

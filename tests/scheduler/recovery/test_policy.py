@@ -236,7 +236,7 @@ CASES: list[tuple[str, Event, Decision]] = [
     (
         "node lost while cancelling",
         NodeLost(replace(GANG, cancel_requested=True), LOST, counted=True),
-        lost_fail(),
+        Finish(JobState.CANCELLED, f"cancelled by the user ({LOST})"),
     ),
     (
         "node lost, a queued job",
