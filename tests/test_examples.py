@@ -34,7 +34,7 @@ class Recorder:
     def log(self, line: str) -> None:
         self.lines.append(line)
 
-    def checkpoint(self, step: int, path: Path) -> None:
+    def checkpoint(self, step: int, path: Path, *, best: bool = False) -> None:
         return None
 
     def close(self) -> None:
