@@ -106,26 +106,43 @@ def resolve_search(spec: JobSpec) -> SearchConfig | None:
     return search
 
 
+BIAS_HINT = "add data.validation_fraction and use val/..."
+
+
 def selection_warnings(spec: JobSpec) -> list[str]:
     """What a submission is warned of, though valid: selecting on the test split (a sweep's
     metric, or the checkpoint keep_best keeps) makes the selected score optimistic."""
-    bias = "add data.validation_fraction and use val/..."
-    warnings = []
     search = resolve_search(spec)
-    if search is not None:
-        for objective in search.objective_list():
-            if objective.metric.startswith(f"{TEST}/"):
-                warnings.append(
-                    f"the sweep selects on {objective.metric}: selecting on the test split "
-                    f"biases the best trial's score; {bias}"
-                )
+    return (search_warnings(search) if search is not None else []) + job_warnings(spec)
+
+
+def search_warnings(search: SearchConfig) -> list[str]:
+    """A sweep that selects its best trial on the test split (its `search` as resolved)."""
+    return [
+        f"the sweep selects on {objective.metric}: selecting on the test split biases the "
+        f"best trial's score; {BIAS_HINT}"
+        for objective in search.objective_list()
+        if objective.metric.startswith(f"{TEST}/")
+    ]
+
+
+def job_warnings(spec: JobSpec) -> list[str]:
+    """A job that keeps the checkpoint that is best on the test split."""
     objective = resolve_objective(spec)
     if spec.checkpoint.keep_best and objective.metric.startswith(f"{TEST}/"):
-        warnings.append(
-            f"checkpoint.keep_best keeps the best {objective.metric}: selecting a checkpoint on "
-            f"the test split biases its score; {bias}"
-        )
-    return warnings
+        return [
+            f"checkpoint.keep_best keeps the best {objective.metric}: selecting a checkpoint "
+            f"on the test split biases its score; {BIAS_HINT}"
+        ]
+    return []
+
+
+def on_test_split(metric: str) -> str | None:
+    """The test split's counterpart of a validation metric (val/accuracy: test/accuracy): what
+    the trial or checkpoint it selected scores on data the selection never saw. None for a
+    metric of no validation."""
+    split, _, name = metric.partition("/")
+    return f"{TEST}/{name}" if split == VALIDATION and name else None
 
 
 def objective_issues(spec: JobSpec, topology: Topology, source: SourceMap) -> list[SpecIssue]:

@@ -106,6 +106,7 @@ class CheckedJob:
     def to_new_job(
         self, *, spec_yaml: str, overrides: Mapping[str, Any], priority: int = 0
     ) -> NewJob:
+        objective = resolve_objective(self.spec)
         return NewJob(
             name=self.spec.name,
             spec_yaml=spec_yaml,
@@ -114,6 +115,8 @@ class CheckedJob:
             topology=self.topology.to_dict(),
             framework=self.spec.cluster.framework,
             train_steps=self.spec.train_steps,
+            objective=objective.metric,
+            objective_mode=objective.mode,
             priority=priority,
         )
 
