@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from contract.rundir import CHECKPOINTS, RESTART, SUMMARY
+from contract.rundir import CHECKPOINTS, RESTART, SUMMARY, checkpoint_path
 from contract.stream import EventRecord, MetricRecord
 from dsl.compiler import CompiledJob
 from dsl.objective import resolve_objective
@@ -516,6 +516,9 @@ class Trainer:
             self.precision.load_state(ckpt.meta)
             self._load_rng_states(ckpt.rng)
             self.selection = Selection.from_meta(ckpt.meta.get(META_KEY))
+            if self.spec.checkpoint.keep_best and self.selection.best_step is not None:
+                kept = checkpoint_path(self.checkpoint_dir, self.selection.best_step)
+                self.best_file = kept if kept.is_file() else None
             self.step = ckpt.step
             self.batches.restore(
                 {"epoch": int(ckpt.meta["epoch"]), "position": int(ckpt.meta["position"])}
