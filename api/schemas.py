@@ -66,8 +66,12 @@ class SubmitRequest(BaseModel):
     )
 
 
+WARNINGS = "what a valid submission is warned of, e.g. selecting on the test split"
+
+
 class JobDetail(JobOut):
     spec_yaml: str = Field(description="the document as submitted")
+    warnings: list[str] = Field(description=WARNINGS)
 
 
 class ObjectiveOut(BaseModel):
@@ -93,6 +97,7 @@ class SweepOut(BaseModel):
     error: str | None = Field(description="why the sweep failed")
     created_at: datetime
     ended_at: datetime | None
+    warnings: list[str] = Field(description=WARNINGS)
 
 
 class ScheduleEntry(BaseModel):
@@ -120,12 +125,24 @@ class TrialOut(BaseModel):
     )
 
 
+class TestEstimate(BaseModel):
+    """What the trial a sweep chose scores on data the choice never saw."""
+
+    __test__ = False  # not a pytest class
+
+    metric: str = Field(description="the test split's counterpart of the sweep's metric")
+    value: float | None = Field(description="the best trial's last reported value of it")
+
+
 class SweepDetail(SweepOut):
     search: dict[str, Any] = Field(description="the search section, as validated")
     spec_yaml: str = Field(description="the document as submitted")
     trials: list[TrialOut] = Field(description="in trial order")
     best: TrialOut | None = Field(description="the best trial so far (one objective)")
     best_job: JobDetail | None = Field(description="the best trial's job, whole")
+    best_test: TestEstimate | None = Field(
+        description="the best trial's test figure: an honest estimate of what was chosen"
+    )
     pareto_front: list[TrialOut] = Field(
         description="several objectives: the trials no other trial beats on every one"
     )
@@ -319,6 +336,7 @@ class CheckpointOut(BaseModel):
     step: int
     size: int = Field(description="bytes")
     created_at: datetime
+    best: bool = Field(description="the checkpoint of the objective's best step (keep_best)")
 
 
 class NodeOut(BaseModel):

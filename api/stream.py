@@ -1,8 +1,9 @@
 """GET /jobs/{id}/stream: a job's live records as server-sent events.
 
 The job's Redis stream is the source: the records workers append (metrics, log lines,
-checkpoints, pipeline stages' timelines) go out as they arrive, each with its stream id as the
-event id, so a client that reconnects with Last-Event-ID continues where it stopped. Job state
+checkpoints, pipeline stages' timelines, the job's events) go out as they arrive, each with its
+stream id as the event id, so a client that reconnects with Last-Event-ID continues where it
+stopped. Job state
 changes come from SQL (where the ingester puts them), polled every second and at once when a
 process reports a state; when the job has ended the stream drains what is left, sends `end` and
 closes.
@@ -35,6 +36,7 @@ from api.schemas import StageTimelineOut, errors, finite
 from api.schemas_access import StreamTicket
 from contract.stream import (
     CheckpointRecord,
+    EventRecord,
     LogRecord,
     MetricRecord,
     Record,
@@ -81,7 +83,14 @@ def record_event(record: Record) -> tuple[str, dict[str, Any]] | None:
             return record.kind, asdict(record)
         case CheckpointRecord():
             # The server path stays on the server; clients download by step.
-            return "checkpoint", {"step": record.step, "size": record.size, "time": record.time}
+            return "checkpoint", {
+                "step": record.step,
+                "size": record.size,
+                "time": record.time,
+                "best": record.best,
+            }
+        case EventRecord():
+            return "event", {"step": record.step, "message": record.message, "time": record.time}
         case TimelineRecord():
             # As GET /jobs/{id}/pipeline lists it, so a page replaces its stage's row.
             timeline = StageTimelineOut.of(record.group, record.rank, record.step, record.events)
@@ -238,8 +247,9 @@ def decode_id(entry_id: bytes | str) -> str:
     summary="Follow a job live (server-sent events)",
     description="Events: `state` (now, then on every change: {state, step, error}), `metric` "
     "({step, group, rank, time, values}), `log` ({group, rank, time, line}), `checkpoint` "
-    "({step, size, time}), `timeline` (a pipeline stage's timeline of a step: {group, rank, "
-    "step, events}, as GET /jobs/{job_id}/pipeline lists it) and `end` (the job has ended; the "
+    "({step, size, time, best}), `event` (the job's: {step, message, time}, e.g. it stopped "
+    "early), `timeline` (a pipeline stage's timeline of a step: {group, rank, step, events}, "
+    "as GET /jobs/{job_id}/pipeline lists it) and `end` (the job has ended; the "
     "stream closes). Record events carry their Redis stream id; reconnect with Last-Event-ID "
     "(or ?last_event_id=) to resume after it. Without one, only records newer than the request "
     "are sent.",

@@ -52,7 +52,7 @@ class TuneReport:
     def log(self, line: str) -> None:
         return None
 
-    def checkpoint(self, step: int, path: Path) -> None:
+    def checkpoint(self, step: int, path: Path, *, best: bool = False) -> None:
         return None
 
     def close(self) -> None:

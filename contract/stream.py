@@ -1,6 +1,6 @@
 """A job's stream: the records its processes append to one Redis stream (metrics, log lines,
-checkpoints, process states, pipeline timelines), which the scheduler's ingester reads into SQL
-in batches and the API's live endpoint follows.
+checkpoints, process states, pipeline timelines, the job's events), which the scheduler's
+ingester reads into SQL in batches and the API's live endpoint follows.
 
 Every record is written by `encode_record` and read by `decode_record`, nowhere else; both go
 through the one codec of contract/codec.py, so a field added to a record is one line of its
@@ -67,10 +67,11 @@ class CheckpointRecord:
     path: str
     size: int
     time: float = field(default_factory=time.time)
+    best: bool = False  # the job objective's best step so far (checkpoint.keep_best keeps it)
 
     @classmethod
-    def of_file(cls, step: int, path: Path) -> CheckpointRecord:
-        return cls(step, str(path), path.stat().st_size)
+    def of_file(cls, step: int, path: Path, *, best: bool = False) -> CheckpointRecord:
+        return cls(step, str(path), path.stat().st_size, best=best)
 
 
 @dataclass(frozen=True)
@@ -113,10 +114,28 @@ class TimelineRecord:
         }
 
 
-Record = MetricRecord | LogRecord | CheckpointRecord | StateRecord | TimelineRecord
+@dataclass(frozen=True)
+class EventRecord:
+    """Something that happened to the job as a whole, which its events list shows (a run that
+    stopped early, and why), written by the job's first worker."""
+
+    kind: ClassVar[str] = "event"
+    step: int
+    message: str
+    time: float = field(default_factory=time.time)
+
+
+Record = MetricRecord | LogRecord | CheckpointRecord | StateRecord | TimelineRecord | EventRecord
 RECORD_TYPES: dict[str, type[Record]] = {
     cls.kind: cls
-    for cls in (MetricRecord, LogRecord, CheckpointRecord, StateRecord, TimelineRecord)
+    for cls in (
+        MetricRecord,
+        LogRecord,
+        CheckpointRecord,
+        StateRecord,
+        TimelineRecord,
+        EventRecord,
+    )
 }
 KINDS = tuple(RECORD_TYPES)
 

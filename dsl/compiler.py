@@ -22,6 +22,7 @@ from dsl.graph import SourceRef, resolve_dag
 from dsl.init import initialise
 from dsl.layers.base import BuildContext, Layer, LayerConfig, LayerShapeError, Shape
 from dsl.net import CompiledLayer, NeuralNet
+from dsl.objective import objective_issues
 from dsl.overrides import apply_overrides
 from dsl.pipeline import pipeline_issues
 from dsl.schema import JobSpec
@@ -132,8 +133,8 @@ def _describe(data: DataDescription, spec: JobSpec, source: SourceMap) -> BuildC
 
 
 def cross_field_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
-    """Rules that span several keys: the DAG, what the training algorithm needs, the topology
-    and the pipeline's stages."""
+    """Rules that span several keys: the DAG, what the training algorithm needs, the topology,
+    the pipeline's stages, the objective and the sections that read it, a sweep's search."""
     layers = spec.neuralnet.layers
     _, issues = resolve_dag(layers, source)
     types = [layer.type for layer in layers]
@@ -168,6 +169,7 @@ def cross_field_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
     issues.extend(pipeline_issues(spec, source))
     issues.extend(_batch_issues(spec, topology, source))
     issues.extend(_precision_issues(spec, topology, source))
+    issues.extend(objective_issues(spec, topology, source))
     issues.extend(search_issues(spec, source))
     return issues
 

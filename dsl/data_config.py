@@ -27,6 +27,32 @@ class DataSourceConfig(StrictModel):
         description="share of the samples held out as the test split, drawn with the job seed",
     )
     shuffle: bool = Field(default=True, description="reshuffle the training split every epoch")
+    validation_fraction: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="share of the training split held out as the validation split, drawn with "
+        "the job seed (the test split stays as it is); 0 = no validation split",
+    )
+
+    # Keys that name a validation split the source reads from its own file(s).
+    validation_keys: ClassVar[tuple[str, ...]] = ()
+
+    def has_validation(self) -> bool:
+        """Whether the job has a validation split: a fraction of the training split, or the
+        source's own validation samples."""
+        given = any(getattr(self, key) is not None for key in self.validation_keys)
+        return self.validation_fraction > 0 or given
+
+    @model_validator(mode="after")
+    def _one_validation_split(self) -> DataSourceConfig:
+        given = [key for key in self.validation_keys if getattr(self, key) is not None]
+        if given and self.validation_fraction > 0:
+            raise ValueError(
+                f"give either validation_fraction or {' and '.join(given)} (the validation "
+                "samples the source reads), not both"
+            )
+        return self
 
 
 class DigitsData(DataSourceConfig):
@@ -57,6 +83,11 @@ class Mnist1dData(DataSourceConfig):
         description="false: x is (1, 40) (channels, length) for conv1d; "
         "true: x is (40, 1) (time, features) for recurrent nets",
     )
+
+
+def _both_or_neither(x_val_key: str | None, y_val_key: str | None) -> None:
+    if (x_val_key is None) != (y_val_key is None):
+        raise ValueError("x_val_key and y_val_key name the validation split together: give both")
 
 
 SyntheticTask = Literal["classification", "images", "sequence"]
@@ -135,6 +166,19 @@ class NpzData(DataSourceConfig):
         "a key set explicitly must be in the file",
     )
     y_test_key: str = Field(default="y_test", description="test labels; see x_test_key")
+    x_val_key: str | None = Field(
+        default=None,
+        description="validation samples in the file: with y_val_key, the validation split "
+        "(instead of validation_fraction)",
+    )
+    y_val_key: str | None = Field(default=None, description="validation labels; see x_val_key")
+
+    validation_keys: ClassVar[tuple[str, ...]] = ("x_val_key",)
+
+    @model_validator(mode="after")
+    def _validation_pair(self) -> NpzData:
+        _both_or_neither(self.x_val_key, self.y_val_key)
+        return self
 
 
 class CsvData(DataSourceConfig):
@@ -148,6 +192,13 @@ class CsvData(DataSourceConfig):
         "integer labels mean classification, decimals regression",
     )
     header: bool = Field(default=True, description="the first row names the columns")
+    val_path: str | None = Field(
+        default=None,
+        description="a second .csv file with the same columns, relative to the job file's "
+        "folder: the validation split (instead of validation_fraction)",
+    )
+
+    validation_keys: ClassVar[tuple[str, ...]] = ("val_path",)
 
     @model_validator(mode="after")
     def _named_label_needs_header(self) -> CsvData:
@@ -168,6 +219,13 @@ class TextData(DataSourceConfig):
     seq_len: int = Field(
         default=64, gt=0, description="characters per sample; windows do not overlap"
     )
+    val_path: str | None = Field(
+        default=None,
+        description="a second UTF-8 text file, relative to the job file's folder: the validation "
+        "split, cut into windows as path is (instead of validation_fraction)",
+    )
+
+    validation_keys: ClassVar[tuple[str, ...]] = ("val_path",)
 
 
 DATASET_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$"
@@ -187,6 +245,8 @@ class DatasetData(DataSourceConfig):
     y_key: str | None = Field(default=None, description="npz datasets: see the npz source")
     x_test_key: str | None = Field(default=None, description="npz datasets: see the npz source")
     y_test_key: str | None = Field(default=None, description="npz datasets: see the npz source")
+    x_val_key: str | None = Field(default=None, description="npz datasets: see the npz source")
+    y_val_key: str | None = Field(default=None, description="npz datasets: see the npz source")
     label_column: int | str | None = Field(
         default=None, description="csv datasets: see the csv source"
     )
@@ -194,9 +254,15 @@ class DatasetData(DataSourceConfig):
 
     # The options only one file kind reads; the rest of the keys apply to both.
     kind_keys: ClassVar[dict[str, tuple[str, ...]]] = {
-        "npz": ("x_key", "y_key", "x_test_key", "y_test_key"),
+        "npz": ("x_key", "y_key", "x_test_key", "y_test_key", "x_val_key", "y_val_key"),
         "csv": ("label_column", "header"),
     }
+    validation_keys: ClassVar[tuple[str, ...]] = ("x_val_key",)
+
+    @model_validator(mode="after")
+    def _validation_pair(self) -> DatasetData:
+        _both_or_neither(self.x_val_key, self.y_val_key)
+        return self
 
     def foreign_keys(self, kind: str) -> list[str]:
         """Keys set here that a dataset of `kind` does not read."""
@@ -209,7 +275,8 @@ class DatasetData(DataSourceConfig):
     def as_file(self, kind: Literal["npz", "csv"], path: str) -> NpzData | CsvData:
         """The npz or csv source reading the stored file; unset options keep that source's
         defaults (and stay unset, which matters to npz's optional test keys)."""
-        common = {"batch_size", "test_fraction", "shuffle"} | set(self.kind_keys[kind])
+        common = {"batch_size", "test_fraction", "shuffle", "validation_fraction"}
+        common |= set(self.kind_keys[kind])
         values = {
             key: getattr(self, key)
             for key in common & self.model_fields_set

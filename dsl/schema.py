@@ -6,6 +6,7 @@ The JSON Schema generated from `JobSpec` is published as docs/job.schema.json fo
 from __future__ import annotations
 
 import json
+import warnings
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import Field
@@ -15,6 +16,7 @@ from dsl.config import StrictModel
 from dsl.data_config import DataConfig
 from dsl.frameworks import FRAMEWORK_SPECS
 from dsl.layers.base import LAYERS, LayerConfig
+from dsl.objective import ObjectiveConfig
 from dsl.search import SearchConfig
 from dsl.updater_config import UpdaterConfig
 
@@ -79,9 +81,45 @@ class TestConfig(StrictModel):
     steps: int = Field(default=0, ge=0, description="test batches per evaluation; 0 = whole split")
 
 
+class ValidateConfig(StrictModel):
+    """Evaluations on the validation split, which model selection reads (the test split is
+    left for the final, honest figure)."""
+
+    freq: int = Field(
+        default=0,
+        ge=0,
+        description="evaluate the validation split every N steps; 0 = only at the end",
+    )
+    steps: int = Field(
+        default=0, ge=0, description="validation batches per evaluation; 0 = the whole split"
+    )
+
+
+class EarlyStopConfig(StrictModel):
+    """Stop when the objective (on the validation split) has stopped improving."""
+
+    patience: int = Field(
+        default=5,
+        ge=1,
+        description="validations in a row without an improvement of the objective before the "
+        "job stops",
+    )
+    min_delta: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="the least change of the objective, in its better direction, that counts as "
+        "an improvement",
+    )
+
+
 class CheckpointConfig(StrictModel):
     freq: int = Field(default=0, ge=0, description="save every N steps; 0 = only at the end")
     keep: int = Field(default=3, ge=1, description="how many recent checkpoints to keep")
+    keep_best: bool = Field(
+        default=False,
+        description="also keep the checkpoint of the objective's best step, whatever `keep` "
+        "deletes (saved at the validation that finds it)",
+    )
     init_from: str | None = Field(
         default=None,
         description="a checkpoint file (or run directory) whose parameters initialise this net, "
@@ -148,6 +186,9 @@ class ClusterConfig(StrictModel):
     )
 
 
+warnings.filterwarnings("ignore", message='Field name "validate" in "JobSpec" shadows')
+
+
 class JobSpec(StrictModel):
     """One training job: data, net, algorithm, updater, schedule of tests and checkpoints."""
 
@@ -166,6 +207,20 @@ class JobSpec(StrictModel):
     train_steps: int = Field(gt=0, description="number of training iterations")
     disp_freq: int = Field(default=100, gt=0, description="report training metrics every N steps")
     test: TestConfig = Field(default_factory=TestConfig)
+    # The language's key; on the model it shadows pydantic's deprecated classmethod
+    # BaseModel.validate, which nothing calls (model_validate is the one used).
+    validate: ValidateConfig = Field(  # type: ignore[assignment]
+        default_factory=ValidateConfig,
+        description="when and how much to evaluate the validation split (data.validation_fraction)",
+    )
+    objective: ObjectiveConfig | None = Field(
+        default=None,
+        description="what 'best' means for this job; default val/accuracy or val/loss with a "
+        "validation split, else test/accuracy or test/loss",
+    )
+    early_stop: EarlyStopConfig | None = Field(
+        default=None, description="stop when the objective stops improving on the validation split"
+    )
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     pipeline: PipelineConfig | None = Field(

@@ -16,12 +16,12 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from dsl.config import StrictModel
+from dsl.objective import Mode, Objective
 from dsl.overrides import apply_overrides
 from dsl.source import ParsedDocument, read_document
 
 Algorithm = Literal["grid", "random", "tpe", "cmaes", "gp", "nsga2"]
 PrunerType = Literal["asha", "hyperband", "median", "pbt", "none"]
-Mode = Literal["min", "max"]
 # Algorithms that optimise several objectives at once (Optuna's multi-objective samplers).
 MULTI_OBJECTIVE = ("nsga2", "random", "tpe", "grid")
 MAX_TRIALS = 10_000
@@ -34,11 +34,6 @@ SPACE_FORMS = (
     "{loguniform: [low, high]}, {uniform: [low, high]}, {int: [low, high]} or "
     "{choice: [value, ...]}"
 )
-
-
-class Objective(StrictModel):
-    metric: str = Field(min_length=1, max_length=64, description="a metric the trials report")
-    mode: Mode = Field(description="max: higher is better; min: lower is better")
 
 
 class PrunerConfig(StrictModel):
@@ -184,10 +179,13 @@ class SearchConfig(StrictModel):
         default=None,
         min_length=1,
         max_length=64,
-        description="the metric a trial is judged by (its last reported value), e.g. test/accuracy",
+        description="the metric a trial is judged by (its last reported value), e.g. "
+        "val/accuracy; default the base job's objective",
     )
     mode: Mode | None = Field(
-        default=None, description="max: higher `metric` is better; min: lower is better"
+        default=None,
+        description="max: higher `metric` is better; min: lower is better; default the metric's "
+        "own (accuracy max; loss min)",
     )
     objectives: list[Objective] | None = Field(
         default=None,
@@ -233,7 +231,8 @@ class SearchConfig(StrictModel):
     )
 
     def objective_list(self) -> list[Objective]:
-        """The objectives, one for a single `metric`."""
+        """The objectives, one for a single `metric` (dsl.objective.resolve_search fills in
+        the metric and mode a search leaves out)."""
         if self.objectives:
             return list(self.objectives)
         return [Objective(metric=self.metric or "", mode=self.mode or "max")]

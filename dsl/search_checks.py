@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from dsl.errors import JobSpecError, Path, SpecIssue
 from dsl.frameworks import FRAMEWORK_SPECS
+from dsl.objective import mode_of
 from dsl.registry import did_you_mean
 from dsl.search import MAX_PROBES, MAX_TRIALS, MULTI_OBJECTIVE, SearchConfig, SpaceEntry
 from dsl.source import SourceMap
@@ -61,15 +62,7 @@ def _objective_issues(search: SearchConfig, source: SourceMap) -> list[SpecIssue
                 "give either metric and mode (one objective) or objectives (several), not both",
             )
         )
-    elif not search.objectives and not search.metric:
-        issues.append(
-            source.issue(
-                at,
-                "a search needs the metric that judges the trials",
-                "e.g. metric: test/accuracy and mode: max",
-            )
-        )
-    elif search.metric and search.mode is None:
+    elif search.metric and search.mode is None and mode_of(search.metric) is None:
         issues.append(
             source.issue(
                 (*at, "metric"),
@@ -82,7 +75,7 @@ def _objective_issues(search: SearchConfig, source: SourceMap) -> list[SpecIssue
             source.issue(
                 (*at, "algorithm"),
                 "algorithm nsga2 searches several objectives, and the search names one",
-                "list them: objectives: [{metric: test/accuracy, mode: max}, "
+                "list them: objectives: [{metric: val/accuracy, mode: max}, "
                 "{metric: train/loss, mode: min}], or use algorithm tpe for one metric",
             )
         )

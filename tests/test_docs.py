@@ -24,16 +24,19 @@ from dsl.data_config import DataConfig, DataSourceConfig
 from dsl.frameworks import FRAMEWORK_SPECS
 from dsl.init import ParamSpec
 from dsl.layers.base import LAYERS, BuildContext, LayerConfig
+from dsl.objective import ObjectiveConfig
 from dsl.schema import (
     BPTTConfig,
     CDConfig,
     CheckpointConfig,
     ClusterConfig,
+    EarlyStopConfig,
     JobSpec,
     NeuralNetConfig,
     PipelineConfig,
     ResourcesConfig,
     TestConfig,
+    ValidateConfig,
     json_schema_text,
 )
 from dsl.updater_config import (
@@ -86,6 +89,9 @@ SHARED_TABLES: dict[str, tuple[type[BaseModel], ...]] = {
     "Clipping": (ClipConfig,),
     "`test`": (TestConfig,),
     "`checkpoint`": (CheckpointConfig,),
+    "`validate`": (ValidateConfig,),
+    "`objective`": (ObjectiveConfig,),
+    "`early_stop`": (EarlyStopConfig,),
     "cluster: the topology": (ClusterConfig, ResourcesConfig),
     "pipeline: pipeline stages": (PipelineConfig,),
 }

@@ -34,7 +34,7 @@ class Recorder:
     def log(self, line: str) -> None:
         self.lines.append(line)
 
-    def checkpoint(self, step: int, path: Path) -> None:
+    def checkpoint(self, step: int, path: Path, *, best: bool = False) -> None:
         return None
 
     def close(self) -> None:
@@ -122,14 +122,16 @@ def test_mnist1d_cnn_through_the_cli(tmp_path: Path, cli_env: Path) -> None:
     [
         ("digits_mlp", 0.95),  # 97.8% in 2.5 s
         ("digits_cnn", 0.95),  # 98.3% in 14 s
-        ("mnist1d_mlp", 0.60),  # 66.4% in 8 s (65.8% and 67.6% with seeds 1 and 2)
+        # 65.1% in 4 s: it stops early at step 3250 (its best validation at 2250)
+        ("mnist1d_mlp", 0.60),
     ],
 )
 def test_classifier_reaches_its_accuracy(
     name: str, target: float, tmp_path: Path, cache_dir: Path
 ) -> None:
     run = train(name, tmp_path, cache_dir)
-    assert run.summary.steps == run.trainer.spec.train_steps  # full length
+    # Full length, or to the validation that stopped it early.
+    assert run.summary.steps == run.trainer.spec.train_steps or run.summary.stopped_early
     assert run.summary.metrics["test/accuracy"] >= target
 
 

@@ -31,6 +31,7 @@ from trainyard.console import (
     print_issues,
 )
 from trainyard.errors import JobSpecRejected, TrainyardError, Unreachable
+from trainyard.models import JobOut
 from trainyard.sweeps import Sweep, format_value
 
 console = Console()
@@ -83,6 +84,8 @@ def submit(
     client = connect()
     with reporting(str(job_file)):
         job = client.submit(text, overrides=overrides, priority=priority)
+        for warning in job.warnings:
+            err_console.print(f"[yellow]warning[/] {warning}")
         if isinstance(job, Sweep):
             follow_submitted_sweep(job, follow)
             return
@@ -125,6 +128,8 @@ def best_line(sweep: Sweep) -> str:
         )
     params = "  ".join(f"{path}={format_value(value)}" for path, value in best.params.items())
     metric = f"{detail.objectives[0].metric} {format_value(best.value)}"
+    if detail.best_test is not None:  # chosen on the validation split: its honest test figure
+        metric += f" ({detail.best_test.metric} {format_value(detail.best_test.value)})"
     return f"best: trial {best.number} (job {best.job_id}) {metric}   {params}"
 
 
@@ -190,11 +195,18 @@ def jobs(
             info.name,
             info.state,
             f"{info.step}/{info.train_steps}",
-            f"{info.best_metric:.4f}" if info.best_metric is not None else "-",
+            best_text(info),
             info.created_at.strftime("%Y-%m-%d %H:%M:%S") if info.created_at else "-",
             f"{info.duration_seconds:.1f}s" if info.duration_seconds is not None else "-",
         )
     console.print(table)
+
+
+def best_text(info: JobOut) -> str:
+    """The job's best value of its objective, and where: `val/accuracy 0.9710 @1400`."""
+    if info.best_metric is None:
+        return f"{info.objective} -"
+    return f"{info.objective} {info.best_metric:.4f} @{info.best_step}"
 
 
 def show(job_id: JobId, as_json: AsJson = False) -> None:
@@ -230,6 +242,7 @@ def show(job_id: JobId, as_json: AsJson = False) -> None:
             console.print(f"{label:>9} {at.isoformat(timespec='seconds')}")
     if info.error:
         console.print(f"[red]error[/] {info.error}")
+    console.print(f"objective {info.objective} ({info.objective_mode})   best {best_text(info)}")
     for key, value in sorted(info.summary.items()):
         console.print(f"  {key} = {value}")
     for event in events:
@@ -302,12 +315,18 @@ def cancel(job_id: JobId) -> None:
 def download(
     job_id: JobId,
     step: Annotated[int | None, typer.Option(help="this checkpoint's step; default newest")] = None,
+    best: Annotated[
+        bool, typer.Option("--best", help="the objective's best checkpoint (keep_best)")
+    ] = False,
     output: Annotated[Path, typer.Option(help="directory to save it in")] = Path("."),
 ) -> None:
-    """Download a checkpoint (safetensors)."""
+    """Download a checkpoint (safetensors): the newest, the one of --step, or the --best."""
+    if best and step is not None:
+        err_console.print("[bold red]error[/] give --step or --best, not both")
+        raise typer.Exit(2)
     client = connect()
     with reporting():
-        path = client.job(job_id).download_checkpoint(output, step=step)
+        path = client.job(job_id).download_checkpoint(output, step=step, best=best)
     console.print(f"saved {path}")
 
 

@@ -65,6 +65,13 @@ def show(sweep_id: SweepId, as_json: AsJson = False) -> None:
         return
     console.print(trial_table(detail))
     console.print(summary_line(detail))
+    if detail.best_test is not None and detail.best_test.value is not None:
+        console.print(
+            f"its {detail.best_test.metric}: {detail.best_test.value:.4g} "
+            "(the test split, which the choice never saw)"
+        )
+    for warning in detail.warnings:
+        console.print(f"[yellow]warning[/] {warning}")
     if detail.pareto_front:
         numbers = ", ".join(str(trial.number) for trial in detail.pareto_front)
         console.print(f"Pareto front: trials {numbers}")

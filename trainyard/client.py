@@ -244,6 +244,11 @@ class Job:
     def done(self) -> bool:
         return self.info.state in TERMINAL_STATES
 
+    @property
+    def warnings(self) -> list[str]:
+        """What its submission was warned of (a JobDetail's; a listed job has none)."""
+        return self.info.warnings if isinstance(self.info, JobDetail) else []
+
     def refresh(self) -> Job:
         self.info = JobDetail.model_validate(self.client.get_json(f"/jobs/{self.id}"))
         return self
@@ -336,9 +341,21 @@ class Job:
         data = self.client.get_json(f"/jobs/{self.id}/checkpoints")
         return [CheckpointOut.model_validate(c) for c in data]
 
-    def download_checkpoint(self, directory: str | Path, step: int | None = None) -> Path:
-        """Save a checkpoint (default: the newest) as <dir>/step-NNNNNNNN.safetensors."""
-        if step is None:
+    def download_checkpoint(
+        self, directory: str | Path, step: int | None = None, *, best: bool = False
+    ) -> Path:
+        """Save a checkpoint as <dir>/step-NNNNNNNN.safetensors: the one of `step`, the one of
+        the objective's best step with `best` (checkpoint.keep_best), or else the newest."""
+        if best:
+            marked = [c.step for c in self.checkpoints() if c.best]
+            if not marked:
+                raise NotFound(
+                    f"job {self.id} has no best checkpoint (yet): it keeps one with "
+                    "checkpoint.keep_best: true",
+                    404,
+                )
+            step = marked[-1]
+        elif step is None:
             known = self.checkpoints()
             if not known:
                 raise NotFound(f"job {self.id} has no checkpoints yet", 404)

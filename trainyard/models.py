@@ -14,6 +14,7 @@ class CheckpointOut(BaseModel):
     step: int
     size: int = Field(description="bytes")
     created_at: datetime
+    best: bool = Field(description="the checkpoint of the objective's best step (keep_best)")
 
 
 NodeState = Literal["ALIVE", "DRAINING", "LOST"]
@@ -175,7 +176,16 @@ class JobOut(BaseModel):
         description="running time so far (from start to end, or to now)"
     )
     summary: dict[str, Any] = Field(description="final metrics once the job ends")
-    best_metric: float | None = Field(description="the highest test/accuracy reported, if any")
+    objective: str = Field(
+        description="the metric 'best' is judged by (job language `objective`), e.g. val/accuracy"
+    )
+    objective_mode: Literal["min", "max"] = Field(
+        description="max: a higher objective is better; min: a lower one"
+    )
+    best_metric: float | None = Field(
+        description="the objective's best value so far (highest for max, lowest for min)"
+    )
+    best_step: int | None = Field(description="the step best_metric was reported at")
     error: str | None = Field(description="why the job failed")
     cancel_requested: bool
     overrides: dict[str, Any]
@@ -192,6 +202,9 @@ class JobOut(BaseModel):
 
 class JobDetail(JobOut):
     spec_yaml: str = Field(description="the document as submitted")
+    warnings: list[str] = Field(
+        description="what a valid submission is warned of, e.g. selecting on the test split"
+    )
 
 
 class JobPage(BaseModel):
@@ -323,6 +336,16 @@ class SweepOut(BaseModel):
     error: str | None = Field(description="why the sweep failed")
     created_at: datetime
     ended_at: datetime | None
+    warnings: list[str] = Field(
+        description="what a valid submission is warned of, e.g. selecting on the test split"
+    )
+
+
+class TestEstimate(BaseModel):
+    """What the trial a sweep chose scores on data the choice never saw."""
+
+    metric: str = Field(description="the test split's counterpart of the sweep's metric")
+    value: float | None = Field(description="the best trial's last reported value of it")
 
 
 class ScheduleEntry(BaseModel):
@@ -356,6 +379,9 @@ class SweepDetail(SweepOut):
     trials: list[TrialOut] = Field(description="in trial order")
     best: TrialOut | None = Field(description="the best trial so far (one objective)")
     best_job: JobDetail | None = Field(description="the best trial's job, whole")
+    best_test: TestEstimate | None = Field(
+        description="the best trial's test figure: an honest estimate of what was chosen"
+    )
     pareto_front: list[TrialOut] = Field(
         description="several objectives: the trials no other trial beats on every one"
     )

@@ -54,6 +54,11 @@ class Sweep:
     def done(self) -> bool:
         return self.info.state in SWEEP_END_STATES
 
+    @property
+    def warnings(self) -> list[str]:
+        """What the sweep is warned of (it selects on the test split)."""
+        return self.info.warnings
+
     def refresh(self) -> Sweep:
         self.info = SweepDetail.model_validate(self.client.get_json(f"/sweeps/{self.id}"))
         return self

@@ -2,8 +2,8 @@
 generator states and the step.
 
 Writes are atomic (a temporary file, synced, renamed into place), so a crash never leaves a
-torn checkpoint; only the newest `keep` files stay. Nothing is pickled. `RestartClock` says when
-the writer saves the service's restart points.
+torn checkpoint; only the newest `keep` files stay (and the best one, when it is protected).
+Nothing is pickled. `RestartClock` says when the writer saves the service's restart points.
 """
 
 from __future__ import annotations
@@ -52,7 +52,11 @@ class Checkpoint:
     meta: dict[str, str] = field(default_factory=dict)
 
 
-def save_checkpoint(directory: Path, ckpt: Checkpoint, keep: int) -> Path:
+def save_checkpoint(
+    directory: Path, ckpt: Checkpoint, keep: int, *, protect: int | None = None
+) -> Path:
+    """Write `ckpt` to `directory` and delete all but the newest `keep` there, except the
+    checkpoint of step `protect` (the best one, which checkpoint.keep_best keeps)."""
     tensors: dict[str, torch.Tensor] = {}
     for prefix, group in (
         ("param", ckpt.params),
@@ -85,9 +89,16 @@ def save_checkpoint(directory: Path, ckpt: Checkpoint, keep: int) -> Path:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    for _, old in list_checkpoints(directory)[:-keep]:
-        old.unlink(missing_ok=True)
+    prune_checkpoints(directory, keep, protect=protect)
     return final
+
+
+def prune_checkpoints(directory: Path, keep: int, *, protect: int | None = None) -> None:
+    """Delete all but the newest `keep` checkpoints of `directory`, and the one of step
+    `protect`."""
+    for step, old in list_checkpoints(directory)[:-keep]:
+        if step != protect:
+            old.unlink(missing_ok=True)
 
 
 def load_checkpoint(path: Path) -> Checkpoint:

@@ -84,7 +84,7 @@ class StderrLog:
             os.dup2(devnull, sys.stderr.fileno())
             os.close(devnull)
 
-    def checkpoint(self, step: int, path: Path) -> None:
+    def checkpoint(self, step: int, path: Path, *, best: bool = False) -> None:
         return None
 
     def close(self) -> None:

@@ -1,8 +1,9 @@
 """Where a training run reports to: metric sinks.
 
-The trainer emits named scalars at a step (`train/loss`, `test/accuracy`, `lr`, ...) and log
-lines; sinks write them to metrics.jsonl, the console, or (in the service) the job's Redis
-stream. A sink gets every record; it keeps what it wants.
+The trainer emits named scalars at a step (`train/loss`, `val/accuracy`, `test/accuracy`, `lr`,
+...), the job's events (a run that stopped early) and log lines; sinks write them to
+metrics.jsonl, the console, or (in the service) the job's Redis stream. A sink gets every
+record; it keeps what it wants.
 """
 
 from __future__ import annotations
@@ -12,9 +13,16 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from contract.rundir import METRICS, TIMELINE, TRAIN_LOG
-from contract.stream import CheckpointRecord, JobStream, LogRecord, MetricRecord, TimelineRecord
+from contract.stream import (
+    CheckpointRecord,
+    EventRecord,
+    JobStream,
+    LogRecord,
+    MetricRecord,
+    TimelineRecord,
+)
 
-Emitted = MetricRecord | TimelineRecord
+Emitted = MetricRecord | TimelineRecord | EventRecord
 
 
 class MetricSink(Protocol):
@@ -22,14 +30,14 @@ class MetricSink(Protocol):
 
     def log(self, line: str) -> None: ...
 
-    def checkpoint(self, step: int, path: Path) -> None: ...
+    def checkpoint(self, step: int, path: Path, *, best: bool = False) -> None: ...
 
     def close(self) -> None: ...
 
 
 class JsonlSink:
     """Appends one JSON object per record to metrics.jsonl (a pipeline stage's timelines to
-    timeline.jsonl) and log lines to train.log."""
+    timeline.jsonl) and log lines to train.log (where the trainer logs its events too)."""
 
     def __init__(self, run_dir: Path) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -41,14 +49,14 @@ class JsonlSink:
         if isinstance(record, TimelineRecord):
             with (self.run_dir / TIMELINE).open("a") as out:
                 out.write(json.dumps(record.to_json()) + "\n")
-            return
-        self._metrics.write(json.dumps(record.to_json()) + "\n")
+        elif isinstance(record, MetricRecord):
+            self._metrics.write(json.dumps(record.to_json()) + "\n")
 
     def log(self, line: str) -> None:
         self._log.write(line + "\n")
 
-    def checkpoint(self, step: int, path: Path) -> None:
-        self.log(f"step {step}: checkpoint {path.name}")
+    def checkpoint(self, step: int, path: Path, *, best: bool = False) -> None:
+        self.log(f"step {step}: checkpoint {path.name}" + (" (best so far)" if best else ""))
 
     def close(self) -> None:
         self._metrics.close()
@@ -67,8 +75,8 @@ class RedisSink:
     def log(self, line: str) -> None:
         self.stream.publish(LogRecord(line, group=self.group, rank=self.rank))
 
-    def checkpoint(self, step: int, path: Path) -> None:
-        self.stream.publish(CheckpointRecord.of_file(step, path))
+    def checkpoint(self, step: int, path: Path, *, best: bool = False) -> None:
+        self.stream.publish(CheckpointRecord.of_file(step, path, best=best))
 
     def close(self) -> None:
         return None

@@ -12,7 +12,8 @@ Every framework applies its pieces in this one order:
    update (`sync_in_group`); a hybrid has both, so the group's mean is pushed once per group;
 3. gradient compression: the exchanges of step 2 send gradients in the wire type
    `compression=` names (the job's cluster.compression);
-4. whole-model checkpoints for a net split by feature (`whole_checkpoints`);
+4. whole-model checkpoints for a net split by feature (`whole_checkpoints`), and one answer
+   for every worker to whether the run stops early (`agreed_stops`);
 5. build the trainer on that net with the hooks.
 
 Steps 2 to 4 each take the hooks built so far and return them with their part added.
@@ -61,7 +62,7 @@ from workers.distributed.rendezvous import (
 )
 from workers.metrics import MetricRecord, MetricSink
 from workers.precision import precision_for
-from workers.trainer import StepHooks, Summary, Trainer, TrainOptions
+from workers.trainer import StepHooks, Summary, Trainer, TrainOptions, selection_due
 
 
 class TopologyError(ValueError):
@@ -150,9 +151,14 @@ def sync_in_group(hooks: StepHooks, *, sync: GradientSync) -> StepHooks:
 
 
 def checkpoint_due(spec: JobSpec, done: int) -> bool:
-    """Whether the trainer saves a checkpoint once `done` steps are done (its own schedule)."""
-    return done == spec.train_steps or bool(
-        spec.checkpoint.freq and done % spec.checkpoint.freq == 0
+    """Whether the trainer may save a checkpoint once `done` steps are done: its own
+    schedule, and where the objective is measured when a new best is kept (keep_best) or the
+    run may stop early there (and saves its last checkpoint)."""
+    selecting = spec.checkpoint.keep_best or spec.early_stop is not None
+    return (
+        done == spec.train_steps
+        or bool(spec.checkpoint.freq and done % spec.checkpoint.freq == 0)
+        or (selecting and selection_due(spec, done))
     )
 
 
@@ -190,19 +196,31 @@ class WholeCheckpoints:
         )
 
 
+def rank0_decides(*, device: str, group: ProcessGroup = None) -> Callable[[bool], bool]:
+    """A collective that hands every worker of `group` (default: the whole world) rank 0's
+    answer to a yes-or-no question."""
+    source = 0 if group is None else dist.get_global_rank(group, 0)
+
+    def decide(flag: bool) -> bool:
+        tensor = torch.tensor([int(flag)], dtype=torch.int32, device=torch.device(device))
+        dist.broadcast(tensor, src=source, group=group)
+        return bool(tensor.item())
+
+    return decide
+
+
 def synced_restart_points(
     hooks: StepHooks, *, device: str, group: ProcessGroup = None
 ) -> StepHooks:
     """Restart points of a trainer whose checkpoint is a collective (its parts are joined
     first): rank 0 of `group` decides when, every disp_freq steps, and tells the others."""
-    source = 0 if group is None else dist.get_global_rank(group, 0)
+    return replace(hooks, restart_sync=rank0_decides(device=device, group=group))
 
-    def sync(flag: bool) -> bool:
-        tensor = torch.tensor([int(flag)], dtype=torch.int32, device=torch.device(device))
-        dist.broadcast(tensor, src=source, group=group)
-        return bool(tensor.item())
 
-    return replace(hooks, restart_sync=sync)
+def agreed_stops(hooks: StepHooks, *, device: str, group: ProcessGroup = None) -> StepHooks:
+    """Workers that take every step together stop early together: rank 0 of `group` decides,
+    at each validation, whether the run stops there, and tells the others."""
+    return replace(hooks, agree=rank0_decides(device=device, group=group))
 
 
 def whole_checkpoints(hooks: StepHooks, *, net: NeuralNet, device: str) -> StepHooks:
@@ -243,6 +261,7 @@ def group_trainer(
     sync = gradient_sync(part, group, compression=compression or job.spec.cluster.compression)
     hooks = sync_in_group(StepHooks(), sync=sync)
     hooks = whole_checkpoints(hooks, net=part.net, device=options.device)
+    hooks = agreed_stops(hooks, device=options.device, group=group)
     return Trainer(part, dataset, options, sinks, hooks=hooks), sync
 
 
@@ -377,8 +396,9 @@ def _pipeline(ctx: RunContext, cleanup: ExitStack) -> Worker:
         compression=ctx.spec.cluster.compression,
         due=lambda done: checkpoint_due(ctx.spec, done),
     )
-    # The whole job's world: its stages save together.
+    # The whole job's world: its stages save together, and stop together.
     hooks = synced_restart_points(hooks, device=ctx.device)
+    hooks = agreed_stops(hooks, device=ctx.device)
     trainer = Trainer(stage, ctx.dataset, options, ctx.sinks, hooks=hooks)
     return Worker(trainer, after_run=[dist.barrier])
 

@@ -2,12 +2,14 @@
 
 A run restores where it stands and then repeats a step `train_steps` times: `train_one_batch`
 (the job's algorithm: loss and gradients), `apply_update`, `report` every disp_freq steps,
-`evaluate` every test.freq steps and `checkpoint` (the user's every checkpoint.freq steps, the
-service's restart points every few minutes). The loop does not assume it runs alone: a worker
-passes its rank and world size (it then trains on its part of each global batch), and what its
-framework changes in a step (how the update is applied, what runs at the start, how
-checkpoints map to its tensors, how the test split is evaluated) comes in through `StepHooks`,
-built by workers/parallel.py before the trainer. Every forward pass runs in the job's
+`validate` every validate.freq steps (the objective's best step, whose checkpoint keep_best
+keeps, and early stopping: workers/selection.py), `evaluate` the test split every test.freq
+steps and `checkpoint` (the user's every checkpoint.freq steps, the service's restart points
+every few minutes). The loop does not assume it runs alone: a worker passes its rank and world
+size (it then trains on its part of each global batch), and what its framework changes in a step
+(how the update is applied, what runs at the start, how checkpoints map to its tensors, how a
+split is evaluated, how the workers agree to stop) comes in through `StepHooks`, built by
+workers/parallel.py before the trainer. Every forward pass runs in the job's
 `precision` (workers/precision.py), through the compiled net (torch.compile) when the job asks for
 `compile` (workers/compiled_net.py).
 """
@@ -22,9 +24,11 @@ from pathlib import Path
 
 import torch
 
-from contract.rundir import CHECKPOINTS, RESTART, SUMMARY
-from contract.stream import MetricRecord
+from contract.rundir import CHECKPOINTS, RESTART, SUMMARY, checkpoint_path
+from contract.stream import EventRecord, MetricRecord
 from dsl.compiler import CompiledJob
+from dsl.objective import resolve_objective
+from dsl.schema import JobSpec
 from workers.algorithms import ALGORITHMS, BatchResult
 from workers.checkpoint import (
     Checkpoint,
@@ -32,6 +36,7 @@ from workers.checkpoint import (
     RestartClock,
     load_checkpoint,
     load_matching_params,
+    prune_checkpoints,
     resolve_checkpoint,
     save_checkpoint,
     write_json_atomic,
@@ -41,6 +46,7 @@ from workers.data import Dataset, TrainBatches
 from workers.evaluation import evaluate_whole
 from workers.metrics import MetricSink
 from workers.precision import precision_for
+from workers.selection import META_KEY, Selection
 from workers.updaters import ParamEntry, Updater
 
 
@@ -81,12 +87,29 @@ class TrainOptions:
 
 
 @dataclass
+class Best:
+    """The objective's best value over the run's evaluations, and where it was measured."""
+
+    metric: str
+    mode: str
+    value: float | None
+    step: int | None
+    checkpoint: str | None = None  # keep_best's file
+
+    def to_json(self) -> dict[str, object]:
+        value = self.value if self.value is None or math.isfinite(self.value) else None
+        return {**vars(self), "value": value}
+
+
+@dataclass
 class Summary:
     status: str
     steps: int
     metrics: dict[str, float]
     wall_time: float
     checkpoint: str | None = None
+    best: Best | None = None
+    stopped_early: str | None = None  # why the run ended before train_steps
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -96,6 +119,8 @@ class Summary:
             "metrics": {k: v if math.isfinite(v) else None for k, v in self.metrics.items()},
             "wall_time": round(self.wall_time, 3),
             "checkpoint": self.checkpoint,
+            "best": self.best.to_json() if self.best is not None else None,
+            "stopped_early": self.stopped_early,
         }
 
 
@@ -111,6 +136,10 @@ def _as_it_is(ckpt: Checkpoint) -> Checkpoint:
     return ckpt
 
 
+def _alone(flag: bool) -> bool:
+    return flag
+
+
 @dataclass(frozen=True, kw_only=True)
 class StepHooks:
     """What a framework changes in a step, built before the trainer (workers/parallel.py); the
@@ -124,8 +153,8 @@ class StepHooks:
     # After `restore`, before the first step: replicas take the shards' or rank 0's values so
     # that every one starts from the same parameters.
     at_start: tuple[Callable[[Trainer], None], ...] = ()
-    # A pipeline's stages pass the test split through all of them.
-    evaluate: Callable[[Trainer], dict[str, float]] = evaluate_whole
+    # A split's figures ("val" or "test"): a pipeline's stages pass it through all of them.
+    evaluate: Callable[[Trainer, str], dict[str, float]] = evaluate_whole
     # A worker holding parts of the net maps between its tensors and the whole-net checkpoint,
     # whose format is the same whatever the framework.
     checkpoint_out: Callable[[Checkpoint], Checkpoint] = _as_it_is
@@ -134,6 +163,24 @@ class StepHooks:
     # 0's answer, so that the workers agree on the steps they save restart points at. None: the
     # writer saves on its own, also when it is drained.
     restart_sync: Callable[[bool], bool] | None = None
+    # Hands every worker rank 0's answer to "stop early now?", so that all stop at one step.
+    agree: Callable[[bool], bool] = _alone
+
+
+def validation_due(spec: JobSpec, done: int) -> bool:
+    """Whether the trainer evaluates the validation split once `done` steps are done (it
+    always does at the end)."""
+    if not spec.data.has_validation():
+        return False
+    return done == spec.train_steps or bool(spec.validate.freq and done % spec.validate.freq == 0)
+
+
+def selection_due(spec: JobSpec, done: int) -> bool:
+    """Whether the objective is measured once `done` steps are done: a step where keep_best
+    may save the best checkpoint, or early stopping end the run."""
+    if resolve_objective(spec).metric.startswith("val/"):
+        return validation_due(spec, done)
+    return done == spec.train_steps or bool(spec.test.freq and done % spec.test.freq == 0)
 
 
 class _Window:
@@ -181,6 +228,8 @@ class Trainer:
         self.data = dataset
         self.x_test = dataset.x_test.to(self.device)
         self.y_test = dataset.y_test.to(self.device)
+        self.x_val = dataset.x_val.to(self.device) if dataset.x_val is not None else None
+        self.y_val = dataset.y_val.to(self.device) if dataset.y_val is not None else None
         self.batches = TrainBatches(
             dataset.x_train,
             dataset.y_train,
@@ -213,8 +262,14 @@ class Trainer:
         )
         self.step = 0
         self.last_test: dict[str, float] = {}
+        self.last_val: dict[str, float] = {}
         self.last_train: dict[str, float] = {}
         self.saved: tuple[int, Path] | None = None  # the latest checkpoint: its step, its file
+        self.objective = resolve_objective(self.spec)
+        self.selection = Selection()
+        self.validated = -1  # the step of the latest validation
+        self.best_file: Path | None = None  # keep_best's checkpoint
+        self.stopped_early: str | None = None
         self.checkpoint_dir = options.run_dir / CHECKPOINTS
         self.compiled_net = CompiledNet(self.net, enabled=self.spec.compile, log=self.log)
 
@@ -233,19 +288,33 @@ class Trainer:
         summary = Summary(
             status=status,
             steps=self.step,
-            metrics={**self.last_train, **self.last_test},
+            metrics={**self.last_train, **self.last_val, **self.last_test},
             wall_time=time.perf_counter() - started,
             checkpoint=str(self.saved[1]) if self.saved else None,
+            best=Best(
+                self.objective.metric,
+                self.objective.mode,
+                self.selection.best,
+                self.selection.best_step,
+                str(self.best_file) if self.best_file else None,
+            ),
+            stopped_early=self.stopped_early,
         )
         if self.options.is_writer:
             write_json_atomic(self.options.run_dir / SUMMARY, summary.to_json())
         return summary
 
     def loop(self, on_step: Callable[[int], None] | None = None) -> str:
-        """The steps up to train_steps; how they ended: succeeded, diverged, drained or
-        cancelled."""
+        """The steps up to train_steps, or to the validation that stops the run early; how
+        they ended: succeeded, diverged, drained or cancelled."""
         spec = self.spec
         window = _Window()
+        if self.selection.exhausted(spec.early_stop):  # restored from where it stopped early
+            assert spec.early_stop is not None
+            self.stopped_early = self.selection.stop_message(
+                self.objective, self.step, spec.early_stop
+            )
+            return "succeeded"
         while self.step < spec.train_steps:
             if self.options.should_stop():
                 return self.stop()
@@ -260,11 +329,18 @@ class Trainer:
                 if not self.report(window):
                     return "diverged"
                 window = _Window()
-            if spec.test.freq and self.step % spec.test.freq == 0 and self.step < spec.train_steps:
+            # The last step, and the validation that stops the run, are finished by `finish`:
+            # evaluations first, then the last checkpoint, which holds what they selected.
+            last = self.step == spec.train_steps
+            stop = validation_due(spec, self.step) and not last and self.validate()
+            if spec.test.freq and self.step % spec.test.freq == 0 and not last:
                 self.evaluate_and_report()
-            self.checkpoint(restart_point)
+            if not (stop or last):
+                self.checkpoint(restart_point)
             if on_step is not None:
                 on_step(self.step)
+            if stop:
+                break
         return "succeeded"
 
     # -- the steps, in their order -------------------------------------------------------------
@@ -292,16 +368,48 @@ class Trainer:
     def evaluate_and_report(self) -> None:
         self.last_test = self.evaluate()
         self.emit(self.last_test)
+        self.select(self.last_test)
+
+    def validate(self, *, final: bool = False) -> bool:
+        """Evaluate the validation split and report it; whether the run stops early here
+        (every worker gets the same answer; never at the `final` step)."""
+        self.last_val = self.evaluate("val")
+        self.validated = self.step
+        self.emit(self.last_val)
+        self.select(self.last_val)
+        early_stop = self.spec.early_stop
+        if final or early_stop is None:
+            return False
+        if not self.hooks.agree(self.selection.exhausted(early_stop)):
+            return False
+        self.stopped_early = self.selection.stop_message(self.objective, self.step, early_stop)
+        self.log(self.stopped_early)
+        if self.options.is_writer:
+            for sink in self.sinks:
+                sink.emit(EventRecord(self.step, self.stopped_early))
+        return True
+
+    def select(self, figures: dict[str, float]) -> None:
+        """The objective's value among an evaluation's `figures`: a new best is kept
+        (checkpoint.keep_best), the validations without an improvement are counted."""
+        if self.objective.metric not in figures:
+            return
+        early_stop = self.spec.early_stop
+        min_delta = early_stop.min_delta if early_stop is not None else 0.0
+        value = figures[self.objective.metric]
+        improved = self.selection.observe(self.objective, self.step, value, min_delta)
+        if improved and self.spec.checkpoint.keep_best and self.options.is_writer:
+            self.save_checkpoint(best=True)
 
     def checkpoint(self, restart_point: bool) -> None:
-        """The writer's save after a step: the user's checkpoint every checkpoint.freq steps,
-        else a restart point when the clock said so (the last step saves a checkpoint)."""
+        """The writer's save after a step before the last: the user's checkpoint every
+        checkpoint.freq steps, else a restart point when the clock said so."""
         spec = self.spec
         if not self.options.is_writer:
             return
         if spec.checkpoint.freq and self.step % spec.checkpoint.freq == 0:
             self.save_checkpoint()
-        elif restart_point and self.step < spec.train_steps:
+        elif restart_point:
             self.save_restart_point()
 
     def stop(self) -> str:
@@ -313,22 +421,46 @@ class Trainer:
         return status
 
     def finish(self) -> None:
-        """After the last step: the test figures, and a checkpoint unless the step saved one."""
+        """After the last step (or the validation that stopped the run early): the validation
+        figures unless this step has them, the test figures, and a checkpoint unless the step
+        saved one."""
+        if self.x_val is not None and self.validated != self.step:
+            self.validate(final=True)
         self.evaluate_and_report()
         if self.options.is_writer and (self.saved is None or self.saved[0] != self.step):
             self.save_checkpoint()
 
     # -- evaluation ------------------------------------------------------------------------------
-    def evaluate(self) -> dict[str, float]:
-        """Loss and metrics over the test split, as the framework evaluates it."""
-        return self.hooks.evaluate(self)
+    def evaluate(self, split: str = "test") -> dict[str, float]:
+        """Loss and metrics over a split ("test" or "val") as `<split>/<name>`, as the
+        framework evaluates it."""
+        return self.hooks.evaluate(self, split)
+
+    def eval_split(self, split: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The samples and labels of an evaluation split, on the device, and how many batches
+        of it an evaluation takes (0: all)."""
+        if split == "test":
+            return self.x_test, self.y_test, self.spec.test.steps
+        if split == "val" and self.x_val is not None and self.y_val is not None:
+            return self.x_val, self.y_val, self.spec.validate.steps
+        raise ValueError(f"the job has no {split} split to evaluate")
 
     # -- checkpoints -----------------------------------------------------------------------------
-    def save_checkpoint(self) -> Path:
-        path = self._write_checkpoint()
-        self.saved = (self.step, path)
+    def save_checkpoint(self, *, best: bool = False) -> Path:
+        """The user's checkpoint of this step; `best`: the objective's best so far, which
+        keep_best keeps whatever `keep` deletes (saved once: a step saved already is marked)."""
+        if self.saved is None or self.saved[0] != self.step:
+            path = self._write_checkpoint()
+            self.saved = (self.step, path)
+        elif best:  # saved anyway: marked, and the best before it goes unless kept anyway
+            path = self.saved[1]
+            prune_checkpoints(self.checkpoint_dir, self.spec.checkpoint.keep, protect=self.step)
+        else:
+            return self.saved[1]
+        if best:
+            self.best_file = path
         for sink in self.sinks:
-            sink.checkpoint(self.step, path)
+            sink.checkpoint(self.step, path, best=best)
         return path
 
     def save_restart_point(self) -> Path:
@@ -354,13 +486,17 @@ class Trainer:
                 "job": self.spec.name,
                 "epoch": str(self.batches.state()["epoch"]),
                 "position": str(self.batches.state()["position"]),
+                META_KEY: self.selection.to_meta(),
                 **self.precision.state(),
             },
         )
+        # keep_best's checkpoint stays, whatever `keep` deletes.
+        kept = self.selection.best_step if self.spec.checkpoint.keep_best else None
         return save_checkpoint(
             directory or self.checkpoint_dir,
             self.hooks.checkpoint_out(ckpt),
             self.spec.checkpoint.keep if keep is None else keep,
+            protect=kept if directory is None else None,
         )
 
     def restore(self) -> None:
@@ -379,6 +515,10 @@ class Trainer:
             self.updater.load_state_tensors(ckpt.updater)
             self.precision.load_state(ckpt.meta)
             self._load_rng_states(ckpt.rng)
+            self.selection = Selection.from_meta(ckpt.meta.get(META_KEY))
+            if self.spec.checkpoint.keep_best and self.selection.best_step is not None:
+                kept = checkpoint_path(self.checkpoint_dir, self.selection.best_step)
+                self.best_file = kept if kept.is_file() else None
             self.step = ckpt.step
             self.batches.restore(
                 {"epoch": int(ckpt.meta["epoch"]), "position": int(ckpt.meta["position"])}

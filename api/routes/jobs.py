@@ -41,6 +41,7 @@ from api.schemas import (
 from api.submission import SUBMIT_BODY, SubmissionDep
 from dsl.compiler import CompiledJob
 from dsl.graph import SourceRef
+from dsl.objective import job_warnings
 from dsl.schema import JobSpec
 from scheduler.admission import submit
 from scheduler.admission.checks import check_job
@@ -85,7 +86,11 @@ def detail_of(session: SessionDep, job: Job) -> JobDetail:
     position = (
         job_store.queue_positions(session).get(job.id) if job.state == JobState.QUEUED else None
     )
-    return JobDetail(**job_fields(job, owner, position), spec_yaml=job.spec_yaml)
+    return JobDetail(
+        **job_fields(job, owner, position),
+        spec_yaml=job.spec_yaml,
+        warnings=job_warnings(JobSpec.model_validate(job.spec)),
+    )
 
 
 def compiled_job(job: Job, user: User, session: SessionDep, services: Services) -> CompiledJob:
@@ -347,13 +352,15 @@ def job_graph(
     "/{job_id}/checkpoints",
     response_model=list[CheckpointOut],
     summary="Checkpoints of a job",
+    description="The checkpoints still on disk, oldest first; `best` marks the one of the "
+    "objective's best step (checkpoint.keep_best).",
     responses=errors(401, 404, 422),
 )
 def job_checkpoints(
     job: VisibleJob, session: SessionDep, services: ServicesDep
 ) -> list[CheckpointOut]:
     return [
-        CheckpointOut(step=c.step, size=c.size, created_at=aware(c.created_at))
+        CheckpointOut(step=c.step, size=c.size, created_at=aware(c.created_at), best=c.best)
         for c in report_store.checkpoints(session, job.id, artifacts=services.settings.artifacts())
     ]
 

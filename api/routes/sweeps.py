@@ -15,12 +15,13 @@ from api.schemas import (
     SweepDetail,
     SweepOut,
     SweepPage,
+    TestEstimate,
     TrialOut,
     errors,
     finite,
 )
 from api.submission import SUBMIT_BODY, SubmissionDep
-from dsl.search import Objective
+from dsl.objective import Objective, on_test_split, search_warnings
 from scheduler.admission import submit
 from scheduler.store.jobs import owner_names
 from scheduler.store.models import Job, Sweep, aware
@@ -61,6 +62,7 @@ def sweep_out(sweep: Sweep, owner: str, created: int, ended: int) -> SweepOut:
         error=sweep.error,
         created_at=aware(sweep.created_at),
         ended_at=aware(sweep.ended_at) if sweep.ended_at else None,
+        warnings=search_warnings(search),
     )
 
 
@@ -89,6 +91,13 @@ def detail_of(session: SessionDep, sweep: Sweep) -> SweepDetail:
     outs = {job.trial_number: trial_of(job, objectives) for job in jobs}
     best_job = by_number.get(sweep.best_trial) if sweep.best_trial is not None else None
     ended = sum(JobState(job.state).terminal for job in jobs)
+    held_out = on_test_split(objectives[0].metric)
+    best_test = None
+    if best_job is not None and held_out is not None and len(objectives) == 1:
+        value = (best_job.summary or {}).get(held_out)
+        best_test = TestEstimate(
+            metric=held_out, value=finite(value) if isinstance(value, int | float) else None
+        )
     return SweepDetail(
         **sweep_out(sweep, owner, len(jobs), ended).model_dump(),
         search=sweep.search,
@@ -96,6 +105,7 @@ def detail_of(session: SessionDep, sweep: Sweep) -> SweepDetail:
         trials=list(outs.values()),
         best=outs.get(sweep.best_trial) if sweep.best_trial is not None else None,
         best_job=job_detail(session, best_job) if best_job is not None else None,
+        best_test=best_test,
         pareto_front=[outs[number] for number in sweep.pareto_trials or [] if number in outs],
     )
 

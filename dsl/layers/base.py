@@ -121,6 +121,9 @@ class LayerConfig(StrictModel):
     # Whether its module reads the batch's labels (`is_loss` or `is_metric`): known before the
     # module is built, so that a pipeline's stage lists can be checked with the other keys.
     reads_labels: ClassVar[bool] = False
+    # The metrics its module reports besides the loss (`Layer.metrics`), known before it is
+    # built: a job's objective names one of them (dsl/objective.py).
+    reports: ClassVar[tuple[str, ...]] = ()
 
     # How many outputs the layer produces (slice produces several).
     def num_outputs(self) -> int:

@@ -87,6 +87,7 @@ class SoftmaxLossConfig(LayerConfig):
 
     terminal: ClassVar[bool] = True
     reads_labels: ClassVar[bool] = True
+    reports: ClassVar[tuple[str, ...]] = ("accuracy",)
 
     type: Literal["softmax_loss"]
     topk: int = Field(
@@ -166,6 +167,7 @@ class AccuracyConfig(LayerConfig):
 
     terminal: ClassVar[bool] = True
     reads_labels: ClassVar[bool] = True
+    reports: ClassVar[tuple[str, ...]] = ("accuracy",)
 
     type: Literal["accuracy"]
     topk: int = Field(default=1, gt=0, description="count a label among the top k scores as hit")

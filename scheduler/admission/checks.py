@@ -4,7 +4,8 @@
 (who may read server files, the step limit), resolves a named dataset to its stored file,
 describes the data and compiles the net from that description on torch's meta device (shapes
 and parameter counts, no weights). Its `execution_spec` is what workers run: the validated job
-with every file given by an absolute path and a pipeline's stages as the planner cut them.
+with every file given by an absolute path, its objective resolved and a pipeline's stages as the
+planner cut them.
 Every failure is a located `JobSpecError`. `kind_of` tells a sweep from a job before any of
 that, from the parsed document.
 """
@@ -25,6 +26,7 @@ from dsl.compiler import CompiledJob, compile_job
 from dsl.data_config import CsvData, DatasetData, DataSourceConfig, NpzData, TextData
 from dsl.errors import DataSourceError, JobSpecError, SpecIssue
 from dsl.layers.base import BuildContext
+from dsl.objective import resolve_objective, resolve_search, selection_warnings
 from dsl.planner import PipelinePlan, plan_pipeline
 from dsl.schema import JobSpec
 from dsl.search import SearchConfig, base_document
@@ -96,9 +98,15 @@ class CheckedJob:
     def spec(self) -> JobSpec:
         return self.compiled.spec
 
+    @property
+    def warnings(self) -> list[str]:
+        """What the submitter is told though the job is valid (selecting on the test split)."""
+        return selection_warnings(self.spec)
+
     def to_new_job(
         self, *, spec_yaml: str, overrides: Mapping[str, Any], priority: int = 0
     ) -> NewJob:
+        objective = resolve_objective(self.spec)
         return NewJob(
             name=self.spec.name,
             spec_yaml=spec_yaml,
@@ -107,6 +115,8 @@ class CheckedJob:
             topology=self.topology.to_dict(),
             framework=self.spec.cluster.framework,
             train_steps=self.spec.train_steps,
+            objective=objective.metric,
+            objective_mode=objective.mode,
             priority=priority,
         )
 
@@ -206,7 +216,8 @@ def check_sweep(
         base_dir=base_dir,
         overrides=overrides,
     )
-    search = checked.spec.search
+    # Its metric and mode filled in (the base job's objective by default), as the sweep stores it.
+    search = resolve_search(checked.spec)
     if search is None:
         raise JobSpecError(_not_a_sweep(checked.compiled.source))
     base = base_document(document, overrides)
@@ -257,6 +268,15 @@ def _server_file_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
                 ("data", "path"), f"data source '{data.source}' reads a server file", UPLOAD_HINT
             )
         )
+    if isinstance(data, CsvData | TextData) and data.val_path:
+        issues.append(
+            source.issue(
+                ("data", "val_path"),
+                "val_path reads a file on the server, which only admins may do",
+                "use validation_fraction, or upload the data with its validation arrays "
+                "(x_val_key, y_val_key of an .npz dataset)",
+            )
+        )
     if spec.checkpoint.init_from is not None:
         issues.append(
             source.issue(
@@ -284,9 +304,13 @@ def _data_to_run(session: Session, owner: User, spec: JobSpec, base_dir: Path) -
                 field="name",
             )
         return as_file_source(data, "npz" if record.kind == "npz" else "csv", Path(record.path))
-    if isinstance(data, NpzData | CsvData | TextData) and data.path:
-        absolute = str((base_dir / data.path).expanduser().resolve())
-        return data.model_copy(update={"path": absolute})
+    if isinstance(data, NpzData | CsvData | TextData):
+        files = {
+            key: str((base_dir / path).expanduser().resolve())
+            for key in ("path", "val_path")
+            if (path := getattr(data, key, None))
+        }
+        return data.model_copy(update=files) if files else data
     return data
 
 
@@ -305,6 +329,8 @@ def _execution_spec(
     # npz's optional test keys) must see the same document when a worker loads it again.
     out = spec.model_dump(mode="json", exclude_unset=True)
     out["data"] = data.model_dump(mode="json", exclude_unset=True)
+    # Resolved once, here: the service reads a job's objective from its stored spec.
+    out["objective"] = resolve_objective(spec).model_dump(mode="json")
     init_from = spec.checkpoint.init_from
     if init_from is not None:
         out["checkpoint"]["init_from"] = str((base_dir / init_from).expanduser().resolve())
@@ -316,14 +342,16 @@ def _execution_spec(
 
 
 def _describe(data: DataSourceConfig, seed: int, cache_dir: Path) -> DataInfo:
-    path = getattr(data, "path", None)
-    stamp = None
-    if path:
-        try:
-            stat = Path(path).stat()
-            stamp = (stat.st_mtime_ns, stat.st_size)
-        except OSError:
-            stamp = None  # describe reports the missing file
+    stamps: list[tuple[int, int] | None] = []
+    for key in ("path", "val_path"):
+        path = getattr(data, key, None)
+        if path:
+            try:
+                stat = Path(path).stat()
+                stamps.append((stat.st_mtime_ns, stat.st_size))
+            except OSError:
+                stamps.append(None)  # describe reports the missing file
+    stamp = tuple(stamps) or None
     return _describe_cached(
         data.model_dump_json(exclude_unset=True), type(data), seed, str(cache_dir), stamp
     )
@@ -335,9 +363,9 @@ def _describe_cached(
     config_type: type[DataSourceConfig],
     seed: int,
     cache_dir: str,
-    stamp: tuple[int, int] | None,
+    stamp: tuple[tuple[int, int] | None, ...] | None,
 ) -> DataInfo:
     """Describing the built-in text corpus or a file reads it; a warm API answers from memory.
-    The file's mtime and size are in the key, so a changed file is read again."""
+    The files' mtimes and sizes are in the key, so a changed file is read again."""
     config = config_type.model_validate_json(config_json)
     return describe(config, seed=seed, cache_dir=Path(cache_dir), base_dir=Path(cache_dir))

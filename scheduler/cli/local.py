@@ -257,7 +257,7 @@ def train(
             def log(self, line: str) -> None:
                 progress.console.print(line)
 
-            def checkpoint(self, step: int, path: Path) -> None:
+            def checkpoint(self, step: int, path: Path, *, best: bool = False) -> None:
                 return None
 
             def close(self) -> None:

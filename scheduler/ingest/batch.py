@@ -5,7 +5,9 @@ Allocation state records drive the job's state: the first RUNNING starts it; wha
 end means for its job (finished, placed again from its restart point, a worker restarted alone, a
 shard replaced, failed) is the recovery policy's decision (scheduler/recovery/policy.py), carried
 out here by scheduler/recovery/actions.py. A sweep's trial sends its metric to the sweep's
-pruner (`Pruning`), which may end it PRUNED.
+pruner (`Pruning`), which may end it PRUNED. The job's objective (its row's, resolved when it was
+checked) gives its best metric and step; a job's event (a run that stopped early) joins its
+events; the checkpoint of the objective's best step is marked.
 """
 
 from __future__ import annotations
@@ -16,14 +18,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from sqlalchemy import Table, func, insert, select
+from sqlalchemy import Table, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from contract import stream
 from contract.allocation import AllocationState
 from scheduler.recovery.actions import (
-    SUMMARY_METRIC,
+    best_of,
     fail,
     job_facts,
     replace_shard,
@@ -45,6 +47,7 @@ from scheduler.store.models import (
     Allocation,
     CheckpointRecord,
     Job,
+    JobEvent,
     LogLine,
     Metric,
     Node,
@@ -82,13 +85,14 @@ class Batch:
 
     metrics: list[dict[str, Any]] = field(default_factory=list)
     logs: list[dict[str, Any]] = field(default_factory=list)
-    checkpoints: dict[int, tuple[str, int]] = field(default_factory=dict)  # step -> (path, size)
+    # step -> (path, size, the objective's best so far)
+    checkpoints: dict[int, tuple[str, int, bool]] = field(default_factory=dict)
     # (group, rank) -> the stage's last timeline in the batch: only the latest is stored
     timelines: dict[tuple[int, int], stream.TimelineRecord] = field(default_factory=dict)
     states: list[stream.StateRecord] = field(default_factory=list)
+    events: list[stream.EventRecord] = field(default_factory=list)
     max_step: int | None = None
     latest: dict[str, float] = field(default_factory=dict)  # group 0 rank 0, finite values
-    best: float | None = None
     # Checkpoint paths must lie in here (UnsafePath, a ValueError, drops the record); None: any
     artifacts: Path | None = None
 
@@ -111,12 +115,15 @@ class Batch:
                 if self.artifacts is not None:
                     what = f"job {job_id}'s checkpoint at step {record.step}"
                     path = str(confine(path, self.artifacts, what=what))
-                self.checkpoints[record.step] = (path, record.size)
+                best = record.best or self.checkpoints.get(record.step, ("", 0, False))[2]
+                self.checkpoints[record.step] = (path, record.size, best)
             case stream.TimelineRecord():
                 self.timelines[(record.group, record.rank)] = record
             case stream.StateRecord():
                 # An unknown state makes the record malformed (ValueError).
                 self.states.append(replace(record, state=AllocationState(record.state)))
+            case stream.EventRecord():
+                self.events.append(record)
 
     def _metric(self, job_id: int, record: stream.MetricRecord) -> None:
         step, group, rank, at = record.step, record.group, record.rank, record.time
@@ -141,8 +148,6 @@ class Batch:
             )
             if group == 0 and rank == 0:
                 self.latest[name] = value
-                if name == SUMMARY_METRIC:
-                    self.best = value if self.best is None else max(self.best, value)
         self.max_step = step if self.max_step is None else max(self.max_step, step)
 
 
@@ -270,31 +275,48 @@ def apply_batch(
         session.execute(insert(METRICS), batch.metrics)
     if batch.logs:
         session.execute(insert(LOGS), batch.logs)
-    for step, (path, size) in sorted(batch.checkpoints.items()):
+    for step, (path, size, best) in sorted(batch.checkpoints.items()):
+        if best:  # the objective's new best: the one checkpoint of the job marked so
+            session.execute(
+                update(CheckpointRecord)
+                .where(CheckpointRecord.job_id == job.id, CheckpointRecord.best)
+                .values(best=False)
+            )
         existing = session.scalar(
             select(CheckpointRecord).where(
                 CheckpointRecord.job_id == job.id, CheckpointRecord.step == step
             )
         )
         if existing is None:
-            session.add(CheckpointRecord(job_id=job.id, step=step, path=path, size=size))
-        else:  # the same step saved again by a later attempt
+            session.add(CheckpointRecord(job_id=job.id, step=step, path=path, size=size, best=best))
+        else:  # the same step saved again by a later attempt, or marked the best
             existing.path, existing.size, existing.created_at = path, size, utcnow()
+            existing.best = existing.best or best
     if batch.timelines:
         upsert_timelines(session, job.id, list(batch.timelines.values()))
     if batch.max_step is not None:
         job.step = batch.max_step
     if batch.latest:
         job.summary = {**(job.summary or {}), **batch.latest}
-    if batch.best is not None:
-        job.best_metric = (
-            batch.best if job.best_metric is None else max(job.best_metric, batch.best)
-        )
+    found = best_of(
+        ((row["step"], row["value"]) for row in batch.metrics if _counts(job, row)),
+        job.objective_mode,
+        (job.best_step, job.best_metric) if job.best_metric is not None else None,
+    )
+    if found is not None:
+        job.best_step, job.best_metric = found
+    for event in batch.events:
+        session.add(JobEvent(job_id=job.id, at=utcnow(), state=job.state, reason=event.message))
     for record in batch.states:
         apply_state(session, job, record, effects)
     if pruned is not None and can_transition(job.state, JobState.PRUNED):
         job.pruned_step = pruned.step
         transition(session, job, JobState.PRUNED, pruned.reason)
+
+
+def _counts(job: Job, row: dict[str, Any]) -> bool:
+    """Whether a metric row is a value of the job's objective, as its first worker reported."""
+    return row["name"] == job.objective and row["grp"] == 0 and row["rank"] == 0
 
 
 def upsert_timelines(session: Session, job_id: int, timelines: list[stream.TimelineRecord]) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 from sqlalchemy import delete, func, select
@@ -46,7 +47,6 @@ from scheduler.store.states import JobState
 log = logging.getLogger("trainyard.recovery")
 
 DEFAULT_MAX_RESTARTS = 3
-SUMMARY_METRIC = "test/accuracy"  # the job list's best metric (scheduler/ingest/ingester.py)
 
 
 def max_restarts(job: Job) -> int:
@@ -136,17 +136,38 @@ def resume_point(job: Job, artifacts: Path | None) -> int:
 
 
 def truncate_metrics(session: Session, job: Job, step: int) -> None:
-    """Forget the metrics past `step` (the next attempt reports them again)."""
+    """Forget the metrics past `step` (the next attempt reports them again), and the best
+    value of the job's objective among them."""
     session.execute(delete(Metric).where(Metric.job_id == job.id, Metric.step > step))
     job.step = step
-    job.best_metric = session.scalar(
-        select(func.max(Metric.value)).where(
+    points = session.execute(
+        select(Metric.step, Metric.value).where(
             Metric.job_id == job.id,
-            Metric.name == SUMMARY_METRIC,
+            Metric.name == job.objective,
             Metric.group == 0,
             Metric.rank == 0,
         )
     )
+    found = best_of(((int(s), float(v)) for s, v in points), job.objective_mode)
+    job.best_step, job.best_metric = found if found is not None else (None, None)
+
+
+def best_of(
+    points: Iterable[tuple[int, float]],
+    mode: str,
+    best: tuple[int | None, float] | None = None,
+) -> tuple[int | None, float] | None:
+    """The best (step, value) of `points` and `best` so far for an objective of `mode` (max or
+    min); of equal values, the earliest step's. None: no point at all."""
+    for step, value in points:
+        if best is None:
+            best = (step, value)
+            continue
+        at, top = best
+        ahead = value > top if mode == "max" else value < top
+        if ahead or (value == top and at is not None and step < at):
+            best = (step, value)
+    return best
 
 
 def prune_restart_points(artifacts: Path, job_id: int) -> bool:

@@ -44,6 +44,10 @@ class NewJob:
     priority: int = 0
     sweep_id: int | None = None  # a sweep's trial: its sweep and its number there
     trial_number: int | None = None
+    # The resolved objective (dsl/objective.py) its best metric is the best of; without a
+    # validation split and an objective, a classifier's is test/accuracy.
+    objective: str = "test/accuracy"
+    objective_mode: str = "max"
 
 
 def create_job(session: Session, owner: User, new: NewJob) -> Job:
@@ -60,6 +64,8 @@ def create_job(session: Session, owner: User, new: NewJob) -> Job:
         topology=new.topology,
         framework=new.framework,
         train_steps=new.train_steps,
+        objective=new.objective,
+        objective_mode=new.objective_mode,
         sweep_id=new.sweep_id,
         trial_number=new.trial_number,
         summary={},

@@ -133,7 +133,12 @@ class Job(Base):
     train_steps: Mapped[int] = mapped_column(Integer)
     step: Mapped[int] = mapped_column(Integer, default=0)
     summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # final metrics
+    # The job's objective (dsl/objective.py, resolved when it was checked), its best value
+    # among group 0 rank 0's reports and the step of that value.
+    objective: Mapped[str] = mapped_column(String(64), default="test/accuracy")
+    objective_mode: Mapped[str] = mapped_column(String(3), default="max")
     best_metric: Mapped[float | None] = mapped_column(Float, nullable=True)
+    best_step: Mapped[int | None] = mapped_column(Integer, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -175,7 +180,16 @@ class JobOut(BaseModel):
         description="running time so far (from start to end, or to now)"
     )
     summary: dict[str, Any] = Field(description="final metrics once the job ends")
-    best_metric: float | None = Field(description="the highest test/accuracy reported, if any")
+    objective: str = Field(
+        description="the metric 'best' is judged by (job language `objective`), e.g. val/accuracy"
+    )
+    objective_mode: Literal["min", "max"] = Field(
+        description="max: a higher objective is better; min: a lower one"
+    )
+    best_metric: float | None = Field(
+        description="the objective's best value so far (highest for max, lowest for min)"
+    )
+    best_step: int | None = Field(description="the step best_metric was reported at")
     error: str | None = Field(description="why the job failed")
     cancel_requested: bool
     overrides: dict[str, Any]
@@ -262,6 +276,8 @@ class CheckpointRecord(Base):
     path: Mapped[str] = mapped_column(Text)
     size: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # The objective's best step so far (checkpoint.keep_best): at most one of a job's is.
+    best: Mapped[bool] = mapped_column(Boolean, default=False)
     __table_args__ = (UniqueConstraint("job_id", "step"),)
 
 

@@ -18,7 +18,8 @@ from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from contract.keys import Keys
-from dsl.search import Objective, SearchConfig
+from dsl.objective import Objective
+from dsl.search import SearchConfig
 from scheduler.store.errors import Conflict, NotFound
 from scheduler.store.jobs import request_cancel
 from scheduler.store.models import Job, Sweep, User, utcnow

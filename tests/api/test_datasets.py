@@ -220,3 +220,41 @@ def test_admin_file_paths_resolve_against_base_dir(api: Any, tmp_path: Path) -> 
     )
     assert init.status_code == 422
     assert {e["path"] for e in init.json()["errors"]} == {"data.path", "checkpoint.init_from"}
+
+
+def test_a_validation_file_is_a_server_file_and_an_uploads_arrays_are_not(
+    api: Any, tmp_path: Path
+) -> None:
+    refused = api.client.post(
+        "/api/v1/jobs/validate",
+        content=job_on("{source: text, val_path: /etc/hostname}"),
+        headers=api.yaml_headers(),
+    )
+    assert refused.status_code == 422
+    (issue,) = refused.json()["errors"]
+    assert issue["path"] == "data.val_path" and "validation_fraction" in issue["hint"]
+    # An admin's validation file is stored by its absolute path, as its training file is.
+    (tmp_path / "t.csv").write_bytes(csv_bytes())
+    (tmp_path / "v.csv").write_bytes(csv_bytes(rows=10))
+    response = api.client.post(
+        "/api/v1/jobs",
+        json={
+            "spec": job_on("{source: csv, path: t.csv, val_path: v.csv}"),
+            "base_dir": str(tmp_path),
+        },
+        headers=api.auth("admin"),
+    )
+    assert response.status_code == 201, response.text
+    assert response.json()["objective"] == "val/accuracy"
+    with api.db.session() as session:
+        data = session.get(Job, response.json()["id"]).spec["data"]
+    assert (data["path"], data["val_path"]) == (str(tmp_path / "t.csv"), str(tmp_path / "v.csv"))
+    # An uploaded .npz dataset's own validation arrays are the validation split.
+    xv = np.zeros((8, 6), dtype=np.float32)
+    assert upload(api, "held", "held.npz", npz_bytes(xv=xv, yv=np.arange(8) % 3)).status_code == 201
+    named = api.client.post(
+        "/api/v1/jobs/validate",
+        content=job_on("{source: dataset, name: held, x_val_key: xv, y_val_key: yv}"),
+        headers=api.yaml_headers(),
+    )
+    assert named.status_code == 200, named.text

@@ -90,6 +90,35 @@ def test_submit_json_with_overrides_and_a_mapping_spec(api: Any) -> None:
         assert session.get(Job, body["id"]).spec["data"] == mapping["data"]
 
 
+def test_a_job_is_stored_with_its_objective_and_warned_of_test_selection(api: Any) -> None:
+    job = api.submit(MLP)
+    assert (job["objective"], job["objective_mode"], job["best_metric"], job["best_step"]) == (
+        "test/accuracy",
+        "max",
+        None,
+        None,
+    )
+    assert job["warnings"] == []
+    held_out = api.submit(MLP.replace("source: digits", "validation_fraction: 0.1, source: digits"))
+    assert held_out["objective"] == "val/accuracy"
+    with api.db.session() as session:
+        stored = session.get(Job, held_out["id"])
+        assert stored.spec["objective"] == {"metric": "val/accuracy", "mode": "max"}
+    response = api.client.post(
+        "/api/v1/jobs",
+        json={"spec": MLP, "overrides": {"checkpoint.keep_best": True}},
+        headers=api.auth(),
+    )
+    assert response.status_code == 201, response.text
+    kept = response.json()
+    assert kept["warnings"] == [
+        "checkpoint.keep_best keeps the best test/accuracy: selecting a checkpoint on the test "
+        "split biases its score; add data.validation_fraction and use val/..."
+    ]
+    detail = api.client.get(f"/api/v1/jobs/{kept['id']}", headers=api.auth()).json()
+    assert detail["warnings"] == kept["warnings"]
+
+
 def test_validate_shows_layers_topology_and_placement(api: Any) -> None:
     url = "/api/v1/jobs/validate"
     response = api.client.post(url, content=CNN, headers=api.yaml_headers())
@@ -290,11 +319,14 @@ def test_checkpoints_list_and_download(api: Any, tmp_path: Path) -> None:
     path = api.settings.artifacts() / "jobs" / str(job_id) / "step-100.safetensors"
     path.parent.mkdir(parents=True)  # checkpoints are served from the artifact directory only
     path.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    best = path.with_name("step-60.safetensors")
+    best.write_bytes(path.read_bytes())
     with api.db.session() as session:
         session.add(CheckpointRecord(job_id=job_id, step=100, path=str(path), size=16))
+        session.add(CheckpointRecord(job_id=job_id, step=60, path=str(best), size=16, best=True))
     base = f"/api/v1/jobs/{job_id}/checkpoints"
     listed = api.client.get(base, headers=api.auth()).json()
-    assert [(c["step"], c["size"]) for c in listed] == [(100, 16)]
+    assert [(c["step"], c["size"], c["best"]) for c in listed] == [(60, 16, True), (100, 16, False)]
     download = api.client.get(f"{base}/100", headers=api.auth())
     assert download.status_code == 200 and download.content == path.read_bytes()
     assert "step100.safetensors" in download.headers["content-disposition"]

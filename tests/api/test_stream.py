@@ -16,6 +16,7 @@ import redis
 from contract.keys import Keys
 from contract.stream import (
     CheckpointRecord,
+    EventRecord,
     JobStream,
     LogRecord,
     MetricRecord,
@@ -145,6 +146,24 @@ def test_a_stages_timeline_goes_out_as_the_pipeline_endpoint_lists_it(api: Any) 
             {"kind": "B", "microbatch": 1, "start": 0.75, "end": 1.5},
         ],
     }
+
+
+def test_a_jobs_event_and_its_best_checkpoint_go_out(api: Any, tmp_path: Path) -> None:
+    job_id = api.submit(MLP)["id"]
+    checkpoint = tmp_path / "step-40.safetensors"
+    checkpoint.write_bytes(b"0123")
+    stream = JobStream(api.redis, api.keys, job_id)
+    stream.publish(CheckpointRecord.of_file(40, checkpoint, best=True))
+    stream.publish(EventRecord(60, "stopped early at step 60", time=2.0))
+    move(api, job_id, JobState.CANCELLED)
+    url = f"/api/v1/jobs/{job_id}/stream"
+    with api.client.stream(
+        "GET", url, headers=api.auth(), params={"last_event_id": "0-0"}
+    ) as response:
+        received = list(events(response))
+    assert [e["event"] for e in received] == ["state", "checkpoint", "event", "end"]
+    assert received[1]["data"]["best"] is True and received[1]["data"]["step"] == 40
+    assert received[2]["data"] == {"step": 60, "message": "stopped early at step 60", "time": 2.0}
 
 
 @pytest.mark.parametrize("bad", ["abc", "1-2-3", "-1", "99999999999999999999-0", "1-" + "9" * 20])

@@ -92,6 +92,43 @@ def test_submit_a_sweep_and_follow_it_to_its_best_trial(api: Any) -> None:
     assert listed_sweep["trials_ended"] == 3 and listed_sweep["state"] == "SUCCEEDED"
 
 
+def test_a_sweep_selects_on_validation_and_shows_its_best_trials_test_figure(api: Any) -> None:
+    """Without a metric it selects on the base job's objective, val/accuracy; its result shows
+    the best trial's test/accuracy beside it. On the test split it is warned."""
+    document = BASE.replace(
+        "data: {source: digits", "data: {validation_fraction: 0.1, source: digits"
+    ) + SEARCH.replace("  metric: test/accuracy\n  mode: max\n", "")
+    assert "validation_fraction" in document
+    sweep = submit(api, document)
+    assert sweep["objectives"] == [{"metric": "val/accuracy", "mode": "max"}]
+    assert sweep["warnings"] == [] and sweep["best_test"] is None
+    assert sweep["search"]["metric"] == "val/accuracy"  # stored as resolved
+    run_pass(api)
+    url = f"/api/v1/sweeps/{sweep['id']}"
+    trials = api.client.get(url, headers=api.auth()).json()["trials"]
+    job = api.client.get(f"/api/v1/jobs/{trials[0]['job_id']}", headers=api.auth()).json()
+    assert (job["objective"], job["objective_mode"]) == ("val/accuracy", "max")
+    end_trial(
+        api, trials[0]["job_id"], JobState.SUCCEEDED, **{"val/accuracy": 0.9, "test/accuracy": 0.8}
+    )
+    end_trial(
+        api, trials[1]["job_id"], JobState.SUCCEEDED, **{"val/accuracy": 0.7, "test/accuracy": 0.85}
+    )
+    run_pass(api)
+    detail = api.client.get(url, headers=api.auth()).json()
+    assert (detail["best_trial"], detail["best_value"]) == (0, 0.9)
+    assert detail["best_test"] == {"metric": "test/accuracy", "value": 0.8}
+
+    on_test = submit(api)
+    warning = (
+        "the sweep selects on test/accuracy: selecting on the test split biases the best "
+        "trial's score; add data.validation_fraction and use val/..."
+    )
+    assert on_test["warnings"] == [warning]
+    listed = api.client.get("/api/v1/sweeps", headers=api.auth()).json()["items"]
+    assert [item["warnings"] for item in listed] == [[warning], []]
+
+
 def test_an_invalid_space_is_refused_with_located_errors(api: Any) -> None:
     before = api.counts()
     document = SWEEP.replace("[16, 32]", "[16, 0]").replace("[0.01, 0.3]", "[0.3, 0.01]")

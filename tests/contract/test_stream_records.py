@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from contract.stream import (
     CheckpointRecord,
+    EventRecord,
     LogRecord,
     MetricRecord,
     Record,
@@ -29,7 +30,10 @@ values = st.dictionaries(st.text(), st.floats(allow_nan=False))
 records = st.one_of(
     st.builds(MetricRecord, step=ints, values=values, time=times, group=ints, rank=ints),
     st.builds(LogRecord, line=st.text(), group=ints, rank=ints, time=times),
-    st.builds(CheckpointRecord, step=ints, path=st.text(), size=ints, time=times),
+    st.builds(
+        CheckpointRecord, step=ints, path=st.text(), size=ints, time=times, best=st.booleans()
+    ),
+    st.builds(EventRecord, step=ints, message=st.text(), time=times),
     st.builds(
         StateRecord,
         allocation_id=ints,
@@ -91,6 +95,16 @@ def test_the_wire_format_is_the_one_stored_streams_hold() -> None:
             ("path", "/runs/1/step-10"),
             ("size", "123"),
             ("time", "3.0"),
+            ("best", ""),
+        ]
+    )
+    assert encode_record(CheckpointRecord(10, "/p", 1, 3.0, best=True))["best"] == "1"
+    assert encode_record(EventRecord(40, "stopped early at step 40", 5.0)) == dict(
+        [
+            ("kind", "event"),
+            ("step", "40"),
+            ("message", "stopped early at step 40"),
+            ("time", "5.0"),
         ]
     )
     assert encode_record(StateRecord(7, "RUNNING", time=4.0)) == dict(
@@ -113,6 +127,11 @@ def test_a_checkpoint_record_carries_the_files_size(tmp_path: Path) -> None:
     path.write_bytes(b"x" * 123)
     record = CheckpointRecord.of_file(10, path)
     assert (record.step, record.path, record.size) == (10, str(path), 123)
+
+
+def test_a_checkpoint_record_of_an_older_writer_is_not_the_best() -> None:
+    fields = {"kind": "checkpoint", "step": "10", "path": "/p", "size": "1", "time": "3.0"}
+    assert decode_record(fields) == CheckpointRecord(10, "/p", 1, 3.0, best=False)
 
 
 def test_a_state_record_without_reason_or_exit_code_still_reads() -> None:

@@ -11,6 +11,7 @@ import pytest
 from dsl.compiler import compile_job
 from dsl.errors import JobSpecError, SpecIssue
 from dsl.layers.base import BuildContext
+from dsl.objective import resolve_search
 from dsl.search import base_document
 from dsl.search_checks import space_issues
 
@@ -204,8 +205,12 @@ def test_a_grid_too_large_says_its_size() -> None:
 def test_objectives_metric_and_algorithm_rules() -> None:
     issue = only_issue(sweep(SEARCH.replace("algorithm: tpe", "algorithm: nsga2")))
     assert issue.path == "search.algorithm" and "nsga2 searches several objectives" in issue.message
-    issue = only_issue(sweep(SEARCH.replace("  mode: max\n", "")))
+    no_mode = SEARCH.replace("  mode: max\n", "")
+    issue = only_issue(sweep(no_mode.replace("test/accuracy", "samples_per_sec")))
     assert issue.path == "search.metric" and issue.hint == "add mode: max or mode: min"
+    # A metric whose name says which way is better needs no mode.
+    resolved = resolve_search(compile_job(sweep(no_mode), CTX).spec)
+    assert resolved is not None and resolved.objective_list()[0].mode == "max"
     multi = SEARCH.replace(
         "  metric: test/accuracy\n  mode: max\n",
         "  objectives: [{metric: test/accuracy, mode: max}, {metric: train/loss, mode: min}]\n",

@@ -88,6 +88,39 @@ def test_download(stack: RunningStack, followed: int, tmp_path: Path) -> None:
     assert (tmp_path / "step-00000020.safetensors").exists()
 
 
+# Validated every 20 steps on a fifth of the training samples; it learns for 60 steps, then
+# (its rate 1e-9) stands still, and stops early 3 validations after its last improvement.
+HELD_OUT = [
+    *("--set", "train_steps=600", "--set", "disp_freq=20"),
+    *("--set", "data.validation_fraction=0.2", "--set", "validate.freq=20"),
+    *("--set", "early_stop.patience=3", "--set", "checkpoint.keep_best=true"),
+    *("--set", "updater.lr={base: 0.05, schedule: fixed_step, steps: [60], values: [1.0e-9]}"),
+]
+
+
+def test_a_job_selected_on_validation_stops_early_and_keeps_its_best(
+    stack: RunningStack, tmp_path: Path
+) -> None:
+    result = run(stack, "submit", DIGITS, *HELD_OUT, "--follow")
+    assert result.exit_code == 0, result.output
+    job_id = submitted_id(result)
+    shown = json.loads(run(stack, "show", str(job_id), "--json").stdout)
+    assert shown["state"] == "SUCCEEDED" and shown["step"] < 600
+    assert (shown["objective"], shown["objective_mode"]) == ("val/accuracy", "max")
+    best_step, best = shown["best_step"], shown["best_metric"]
+    assert best == shown["summary"]["val/accuracy"] and best_step < shown["step"]
+    [stopped] = [e["reason"] for e in shown["events"] if e["reason"].startswith("stopped early")]
+    assert stopped.startswith(f"stopped early at step {shown['step']}: val/accuracy has not")
+    assert stopped.endswith(f"(best {best:.4g} at step {best_step})")
+    table = run(stack, "jobs")
+    assert f"val/accuracy {best:.4f} @{best_step}" in table.stdout, table.stdout
+    fetched = run(stack, "download", str(job_id), "--best", "--output", str(tmp_path))
+    assert fetched.exit_code == 0, fetched.output
+    assert (tmp_path / f"step-{best_step:08d}.safetensors").stat().st_size > 0
+    none = run(stack, "download", str(job_id), "--best", "--step", "20")
+    assert none.exit_code == 2 and "not both" in none.stderr
+
+
 def test_failed_job_and_its_logs(stack: RunningStack) -> None:
     # No restart: tests/trainyard/test_client.py follows a failing job through one.
     result = run(

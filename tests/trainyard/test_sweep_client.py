@@ -1,6 +1,7 @@
 """Sweeps end to end: the CLI and the SDK against the session's real stack (`trainyard up`: API,
 scheduler with its sweep thread, a node agent with 2 slots, Redis, SQLite). Trials train the
-digits MLP for 40 steps."""
+digits MLP for 40 steps, validated on a tenth of the training samples, which the sweep selects
+on."""
 
 from __future__ import annotations
 
@@ -26,13 +27,12 @@ BASE = (
     (ROOT / "examples" / "digits_mlp.yaml")
     .read_text()
     .replace("train_steps: 2000", "train_steps: 40")
-    .replace("test: {freq: 500}", "test: {freq: 20}")
+    .replace("test: {freq: 500}", "validate: {freq: 20}")
     .replace("disp_freq: 100", "disp_freq: 10")
+    .replace("test_fraction: 0.2}", "test_fraction: 0.2, validation_fraction: 0.1}")
 )
 SEARCH = """
 search:
-  metric: test/accuracy
-  mode: max
   algorithm: random
   max_trials: 3
   max_parallel: 2
@@ -57,7 +57,10 @@ def followed(stack: RunningStack, tmp_path_factory: pytest.TempPathFactory) -> i
     assert result.exit_code == 0, result.output
     found = re.search(r"submitted sweep (\d+) \(digits-mlp\): RUNNING, 3 trials", result.stdout)
     assert found, result.output
-    assert re.search(r"best: trial \d \(job \d+\) test/accuracy 0\.\d+", result.stdout)
+    # Chosen by its validation accuracy, shown with its test accuracy beside it.
+    best = r"best: trial \d \(job \d+\) val/accuracy 0\.\d+ \(test/accuracy 0\.\d+\)"
+    assert re.search(best, result.stdout), result.stdout
+    assert "warning" not in result.output
     assert "updater.lr.base" in result.stdout  # the live table's last frame
     return int(found.group(1))
 
@@ -69,6 +72,7 @@ def test_cli_lists_shows_and_answers_the_best_trial(stack: RunningStack, followe
     assert (mine["state"], mine["trials_ended"], mine["trial_count"]) == ("SUCCEEDED", 3, 3)
     shown = run(stack, "sweep", "show", str(followed))
     assert shown.exit_code == 0 and "SUCCEEDED" in shown.stdout, shown.output
+    assert re.search(r"its test/accuracy: 0\.\d+ \(the test split", shown.stdout), shown.stdout
     best = run(stack, "sweep", "best", str(followed), "--json")
     assert best.exit_code == 0, best.output
     answer = json.loads(best.stdout)
@@ -77,8 +81,10 @@ def test_cli_lists_shows_and_answers_the_best_trial(stack: RunningStack, followe
     jobs = json.loads(run(stack, "jobs", "--json").stdout)
     trials = {j["id"]: j for j in jobs if j["sweep_id"] == followed}
     assert sorted(j["trial_number"] for j in trials.values()) == [0, 1, 2]
-    assert trials[answer["job_id"]]["summary"]["test/accuracy"] == answer["value"]
-    assert answer["value"] == max(j["summary"]["test/accuracy"] for j in trials.values())
+    assert answer["metric"] == "val/accuracy"
+    assert trials[answer["job_id"]]["summary"]["val/accuracy"] == answer["value"]
+    assert answer["value"] == max(j["summary"]["val/accuracy"] for j in trials.values())
+    assert all(j["objective"] == "val/accuracy" for j in trials.values())
 
 
 def test_sdk_reads_a_finished_sweep(client: Client, followed: int) -> None:
@@ -95,7 +101,10 @@ def test_sdk_reads_a_finished_sweep(client: Client, followed: int) -> None:
     assert job is not None and job.id == best.job_id and job.info.sweep_id == followed
     assert followed in {s.id for s in client.sweeps()}
     found = sweep.importance()
-    assert (found.metric, found.evaluator, found.trials) == ("test/accuracy", "fanova", 3)
+    assert (found.metric, found.evaluator, found.trials) == ("val/accuracy", "fanova", 3)
+    detail = sweep.detail()
+    assert detail.best_test is not None and detail.best_test.metric == "test/accuracy"
+    assert detail.best_test.value == job.summary["test/accuracy"]
     assert set(found.importances) == {"updater.lr.base", "neuralnet.layers.fc1.units"}
 
 
@@ -105,7 +114,7 @@ def test_cli_prints_the_parameter_importance(stack: RunningStack, followed: int)
     answer = json.loads(result.stdout)
     assert answer["trials"] == 3 and abs(sum(answer["importances"].values()) - 1.0) < 1e-6
     table = run(stack, "sweep", "importance", str(followed))
-    assert table.exit_code == 0 and "importance for test/accuracy (fanova, 3 trials)" in (
+    assert table.exit_code == 0 and "importance for val/accuracy (fanova, 3 trials)" in (
         table.stdout
     )
 
@@ -126,6 +135,31 @@ def test_sdk_submits_a_sweep_and_cancels_it(client: Client) -> None:
     assert ended.state == "CANCELLED"
     trials = ended.trials()
     assert len(trials) == 2 and all(t.state == "CANCELLED" for t in trials)
+
+
+def test_selecting_on_the_test_split_is_warned_at_submission(
+    client: Client, stack: RunningStack, tmp_path: Path
+) -> None:
+    path = tmp_path / "on-test.yaml"
+    path.write_text(
+        BASE.replace("train_steps: 40", "train_steps: 10000000")
+        + SEARCH.replace("search:\n", "search:\n  metric: test/accuracy\n")
+    )
+    result = run(stack, "submit", str(path))
+    assert result.exit_code == 0, result.output
+    assert (
+        "warning the sweep selects on test/accuracy: selecting on the test split biases the "
+        "best trial's score; add data.validation_fraction and use val/..."
+    ) in " ".join(result.stderr.split())
+    found = re.search(r"submitted sweep (\d+)", result.stdout)
+    assert found, result.output
+    sweep = client.sweep(int(found.group(1)))
+    assert sweep.warnings == sweep.detail().warnings and len(sweep.warnings) == 1
+    deadline = time.monotonic() + 60
+    while len(sweep.trials()) < 2:  # its first pass done: none is created after the cancel
+        assert time.monotonic() < deadline, sweep
+        time.sleep(0.2)
+    assert sweep.cancel().wait(timeout=60, poll=0.2).state == "CANCELLED"
 
 
 def test_an_invalid_space_is_rejected_with_located_errors(

@@ -229,6 +229,57 @@ def test_jobs_table_filters_and_pages(signed_in: Page, stack: Stack, long_job: i
             stack.api.post(f"/jobs/{job_id}/cancel")
 
 
+# mnist1d_mlp.yaml (a validation split, early_stop, keep_best) whose rate drops to 1e-9 at step
+# 200: its validation accuracy stands still from there, and it stops early.
+HELD_OUT_JOB = yaml.safe_dump(
+    {
+        **yaml.safe_load(MLP),
+        "name": "e2e-held-out",
+        "train_steps": 3000,
+        "disp_freq": 50,
+        "validate": {"freq": 50},
+        "early_stop": {"patience": 3},
+        "updater": {
+            "type": "adam",
+            "lr": {"base": 0.002, "schedule": "fixed_step", "steps": [200], "values": [1e-9]},
+        },
+    },
+    sort_keys=False,
+)
+
+
+def test_a_job_selected_on_validation_shows_its_objective_best_and_early_stop(
+    signed_in: Page, stack: Stack
+) -> None:
+    page = signed_in
+    job_id = submit(stack, HELD_OUT_JOB)
+    assert wait_for_state(stack, job_id, {"SUCCEEDED", "FAILED"}, timeout=180) == "SUCCEEDED"
+    job = stack.api.get(f"/jobs/{job_id}").json()
+    assert job["objective"] == "val/accuracy" and job["step"] < 3000
+    best = f"{job['best_metric'] * 100:.2f}%"
+
+    page.goto(stack.url + "/#/jobs")
+    cell = page.locator(f"tr[data-job='{job_id}'] .best")
+    cell.wait_for()
+    assert " ".join(cell.inner_text().split()) == f"{best} val/accuracy @{job['best_step']:,}"
+
+    page.goto(f"{stack.url}/#/jobs/{job_id}")
+    page.locator("#job-state", has_text="succeeded").wait_for()
+    fact = page.locator(".fact", has_text="best val/accuracy")
+    fact.wait_for()
+    assert best in fact.inner_text()
+    # The validation curve joins the accuracy panel.
+    page.locator("figure[data-metric='accuracy']", has_text="val/accuracy").wait_for()
+    page.get_by_role("tab", name="events").click()
+    page.locator("#events li", has_text=f"stopped early at step {job['step']}").wait_for()
+    page.get_by_role("tab", name="checkpoints").click()
+    marked = page.locator("#checkpoints tr[data-best]")
+    marked.wait_for()
+    assert marked.get_attribute("data-step") == str(job["best_step"])
+    assert marked.locator(".best-badge").inner_text() == "best"
+    shoot(page, "job-best-checkpoint")
+
+
 def test_cancel_a_job(signed_in: Page, stack: Stack, long_job: int) -> None:
     page = signed_in
     page.goto(f"{stack.url}/#/jobs/{long_job}")

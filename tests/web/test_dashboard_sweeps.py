@@ -1,7 +1,8 @@
 """The sweep pages in a real browser against a real `trainyard up`: examples/mnist1d_sweep.yaml
-runs to its end (8 trials, ASHA pruning some), and the list and the sweep's page show it; a
-sweep submitted from the editor runs live until its Cancel button cancels its trials; a
-multi-objective sweep shows its Pareto front."""
+runs to its end (8 trials, ASHA pruning some, judged on the validation split), and the list and
+the sweep's page show it, its best trial's test figure beside; a sweep submitted from the editor
+runs live until its Cancel button cancels its trials; a multi-objective sweep shows its Pareto
+front; a sweep that selects on the test split carries its warning."""
 
 from __future__ import annotations
 
@@ -90,7 +91,7 @@ def test_a_finished_sweeps_page(signed_in: Page, stack: Stack, finished: dict[st
     assert rows.count() == len(trials) == 8
     headers = page.locator("#trials th").all_inner_texts()
     assert headers[:5] == ["Trial", "Job", "State", "Step", "Rung"]
-    assert headers[-1] == "test/accuracy" and len(headers) == 5 + len(SPACE) + 1
+    assert headers[-1] == "val/accuracy" and len(headers) == 5 + len(SPACE) + 1
     for trial in trials:
         row = page.locator(f"#trials tr[data-trial='{trial['number']}']")
         assert row.get_by_role("link", name=f"#{trial['job_id']}").count() == 1
@@ -105,6 +106,12 @@ def test_a_finished_sweeps_page(signed_in: Page, stack: Stack, finished: dict[st
     page.wait_for_url(re.compile(rf"#/jobs/{best['job_id']}$"))
     page.locator("#job-sweep", has_text=f"#{finished['id']} trial {best['number']}").click()
     page.wait_for_url(re.compile(rf"#/sweeps/{finished['id']}$"))
+    # Chosen on the validation split; the test split's figure beside it, and no warning.
+    assert finished["best_test"]["metric"] == "test/accuracy"
+    honest = page.locator("#best-test")
+    assert honest.inner_text() == f"{finished['best_test']['value']:.4g}"
+    assert "test/accuracy (honest estimate)" in page.locator("#best-trial").inner_text().lower()
+    assert page.locator("#sweep-warnings .warning-box").count() == 0
     params = page.locator("#best-trial tr[data-param]")
     params.first.wait_for()
     assert sorted(params.evaluate_all("rows => rows.map(r => r.dataset.param)")) == sorted(SPACE)
@@ -113,7 +120,7 @@ def test_a_finished_sweeps_page(signed_in: Page, stack: Stack, finished: dict[st
     axes = page.locator("#parcoords g.pc-axis")
     axes.first.wait_for()
     shown = axes.evaluate_all("gs => gs.map(g => [g.dataset.axis, g.dataset.scale])")
-    assert shown == [*([path, SCALES[path]] for path in SPACE), ["test/accuracy", "linear"]]
+    assert shown == [*([path, SCALES[path]] for path in SPACE), ["val/accuracy", "linear"]]
     valued = [t for t in trials if t["value"] is not None]
     assert count(page, "#parcoords path.pc-line") == len(valued)
     assert count(page, "#parcoords path.pc-line.best") == 1
@@ -159,8 +166,8 @@ def test_a_finished_sweeps_page(signed_in: Page, stack: Stack, finished: dict[st
 def test_a_multi_objective_sweep_shows_its_pareto_front(signed_in: Page, stack: Stack) -> None:
     page = signed_in
     objectives = [
-        {"metric": "test/accuracy", "mode": "max"},
-        {"metric": "test/loss", "mode": "min"},
+        {"metric": "val/accuracy", "mode": "max"},
+        {"metric": "val/loss", "mode": "min"},
     ]
     text = sweep_yaml(
         "e2e-pareto",
@@ -189,9 +196,30 @@ def test_a_multi_objective_sweep_shows_its_pareto_front(signed_in: Page, stack: 
     metric_axes = page.locator("#parcoords g.pc-axis.metric").evaluate_all(
         "gs => gs.map(g => g.dataset.axis)"
     )
-    assert metric_axes == ["test/accuracy", "test/loss"]
-    assert page.locator("#trials th").all_inner_texts()[-2:] == ["test/accuracy", "test/loss"]
+    assert metric_axes == ["val/accuracy", "val/loss"]
+    assert page.locator("#trials th").all_inner_texts()[-2:] == ["val/accuracy", "val/loss"]
     shoot(page, "sweep-pareto")
+
+
+def test_a_sweep_that_selects_on_the_test_split_is_warned(signed_in: Page, stack: Stack) -> None:
+    page = signed_in
+    text = sweep_yaml(
+        "e2e-on-test", 300, metric="test/accuracy", pruner={"type": "none"}, max_trials=2
+    )
+    sweep_id = submit_sweep(stack, text)
+    page.goto(f"{stack.url}/#/sweeps/{sweep_id}")
+    warning = page.locator("#sweep-warnings .warning-box")
+    warning.wait_for()
+    assert warning.inner_text() == (
+        "the sweep selects on test/accuracy: selecting on the test split biases the best "
+        "trial's score; add data.validation_fraction and use val/..."
+    )
+    sweep = wait_for_sweep(stack, sweep_id, timeout=120)
+    assert sweep["state"] == "SUCCEEDED" and sweep["best_test"] is None
+    page.locator("#sweep-state", has_text="succeeded").wait_for()
+    page.locator("#best-number").wait_for()
+    assert page.locator("#best-test").count() == 0 and warning.is_visible()
+    shoot(page, "sweep-warning")
 
 
 def test_submit_a_sweep_from_the_editor_and_cancel_it(signed_in: Page, stack: Stack) -> None:
@@ -257,7 +285,7 @@ def test_importance_and_pbt_schedules_panels(
     page.route(
         f"**/api/v1/sweeps/{sweep_id}/importance",
         lambda route: route.fulfill(
-            json={"metric": "test/accuracy", "importances": importances, "evaluator": "fanova",
+            json={"metric": "val/accuracy", "importances": importances, "evaluator": "fanova",
                   "trials": 8}
         ),
     )  # fmt: skip

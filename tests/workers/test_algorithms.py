@@ -169,7 +169,7 @@ class Recorder:
     def log(self, line: str) -> None:
         return None
 
-    def checkpoint(self, step: int, path: Path) -> None:
+    def checkpoint(self, step: int, path: Path, *, best: bool = False) -> None:
         return None
 
     def close(self) -> None:

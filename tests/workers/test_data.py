@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -242,6 +243,101 @@ def test_text_file_and_too_short_text(tmp_path: Path) -> None:
     with pytest.raises(DataSourceError, match="fewer than 2 windows") as error:
         load(tmp_path, source="text", path="short.txt", seq_len=4)
     assert error.value.field == "path"
+
+
+def rows(x: torch.Tensor, y: torch.Tensor) -> Counter[bytes]:
+    """The split's samples with their labels, as a multiset of byte strings."""
+    return Counter(a.numpy().tobytes() + b.numpy().tobytes() for a, b in zip(x, y, strict=True))
+
+
+VALIDATED_SOURCES: list[dict[str, Any]] = [
+    {"source": "digits"},
+    {"source": "mnist1d", "num_samples": 200},
+    {"source": "synthetic", "task": "images", "num_samples": 300},
+    {"source": "npz", "path": "v.npz"},
+    {"source": "csv", "path": "v.csv"},
+    {"source": "text", "path": "v.txt", "seq_len": 8},
+    {"source": "dataset", "name": "u"},
+]
+
+
+@pytest.mark.parametrize("data", VALIDATED_SOURCES, ids=lambda d: str(d["source"]))
+def test_a_validation_fraction_is_drawn_from_the_training_split(
+    tmp_path: Path, data: dict[str, Any]
+) -> None:
+    """Deterministic per seed, disjoint from the training and the test split (it is carved
+    out of the training split), and the test split unchanged, for every source."""
+    features = np.random.default_rng(1).normal(size=(60, 3))
+    np.savez(tmp_path / "v.npz", x=features, y=np.arange(60) % 3)
+    np.savez(tmp_path / "u.npz", x=features, y=np.arange(60) % 3)
+    lines = [f"{a},{b},{c},{i % 3}\n" for i, (a, b, c) in enumerate(features)]
+    write(tmp_path / "v.csv", "".join(lines))
+    write(tmp_path / "v.txt", "".join(chr(97 + (i * 7) % 26) for i in range(1000)))
+    extra = {"header": False} if data["source"] == "csv" else {}
+    plain = load(tmp_path, 2, **data, **extra)
+    held = load(tmp_path, 2, **data, **extra, validation_fraction=0.25)
+    assert held.x_val is not None and held.y_val is not None
+    assert torch.equal(held.x_test, plain.x_test) and torch.equal(held.y_test, plain.y_test)
+    assert len(held.x_val) == round(len(plain.x_train) * 0.25)
+    assert rows(held.x_train, held.y_train) + rows(held.x_val, held.y_val) == rows(
+        plain.x_train, plain.y_train
+    )
+    again = load(tmp_path, 2, **data, **extra, validation_fraction=0.25)
+    assert again.x_val is not None and torch.equal(again.x_val, held.x_val)
+    other = load(tmp_path, 3, **data, **extra, validation_fraction=0.25)
+    assert other.x_val is not None and not torch.equal(other.x_val, held.x_val)
+    assert plain.x_val is None
+
+
+def test_a_validation_fraction_that_leaves_nothing_to_train_on(tmp_path: Path) -> None:
+    np.savez(tmp_path / "t.npz", x=np.zeros((3, 2)), y=np.arange(3) % 2)
+    with pytest.raises(DataSourceError, match="leaves none to train on") as error:
+        load(tmp_path, source="npz", path="t.npz", test_fraction=0.4, validation_fraction=0.9)
+    assert error.value.field == "validation_fraction"
+
+
+def test_npz_validation_arrays_are_the_validation_split(tmp_path: Path) -> None:
+    x = np.random.default_rng(0).normal(size=(20, 4))
+    np.savez(tmp_path / "d.npz", x=x, y=np.arange(20) % 4, xv=x[:5] + 10, yv=np.arange(5) % 4)
+    data = load(tmp_path, source="npz", path="d.npz", x_val_key="xv", y_val_key="yv")
+    assert data.x_val is not None and data.y_val is not None
+    torch.testing.assert_close(data.x_val, torch.from_numpy(x[:5] + 10).float())
+    assert len(data.x_train) + len(data.x_test) == 20 and data.y_val.dtype == torch.int64
+    with pytest.raises(DataSourceError, match="no array 'xw'") as error:
+        load(tmp_path, source="npz", path="d.npz", x_val_key="xw", y_val_key="yv")
+    assert error.value.field == "x_val_key"
+    np.savez(tmp_path / "e.npz", x=x, y=np.arange(20) % 4, xv=x[:5, :2], yv=np.arange(5))
+    with pytest.raises(DataSourceError, match="samples of shape") as error:
+        load(tmp_path, source="npz", path="e.npz", x_val_key="xv", y_val_key="yv")
+    assert error.value.field == "x_val_key"
+    # An uploaded .npz dataset reads them the same way.
+    named = load(tmp_path, source="dataset", name="d", x_val_key="xv", y_val_key="yv")
+    assert named.x_val is not None and torch.equal(named.x_val, data.x_val)
+
+
+def test_csv_and_text_validation_files(tmp_path: Path) -> None:
+    write(tmp_path / "t.csv", "a,b,label\n" + "".join(f"{i},{i / 2},{i % 3}\n" for i in range(20)))
+    write(tmp_path / "v.csv", "a,b,label\n" + "".join(f"{i},{i / 3},{i % 4}\n" for i in range(6)))
+    data = load(tmp_path, source="csv", path="t.csv", val_path="v.csv")
+    assert data.x_val is not None and data.y_val is not None
+    assert data.x_val.shape == (6, 2) and data.info.num_classes == 4  # its labels count too
+    assert len(data.x_train) + len(data.x_test) == 20
+    write(tmp_path / "w.csv", "a,label\n1,0\n")
+    with pytest.raises(DataSourceError, match="needs the columns of") as error:
+        load(tmp_path, source="csv", path="t.csv", val_path="w.csv")
+    assert error.value.field == "val_path"
+    with pytest.raises(DataSourceError, match="does not exist") as error:
+        load(tmp_path, source="csv", path="t.csv", val_path="missing.csv")
+    assert error.value.field == "val_path"
+    write(tmp_path / "abc.txt", "abcab" * 40)
+    write(tmp_path / "val.txt", "abd" * 10)
+    text = load(tmp_path, source="text", path="abc.txt", seq_len=8, val_path="val.txt")
+    assert text.info.vocabulary == "abcd" and text.x_val is not None
+    assert text.x_val.shape == (29 // 8, 8)
+    write(tmp_path / "tiny.txt", "ab")
+    with pytest.raises(DataSourceError, match="not one window") as error:
+        load(tmp_path, source="text", path="abc.txt", seq_len=8, val_path="tiny.txt")
+    assert error.value.field == "val_path"
 
 
 def test_train_batches_shards_concatenate_to_the_global_batch() -> None:

@@ -52,7 +52,7 @@ class Lines:
     def log(self, line: str) -> None:
         self.lines.append(line)
 
-    def checkpoint(self, step: int, path: Path) -> None:
+    def checkpoint(self, step: int, path: Path, *, best: bool = False) -> None:
         return None
 
     def close(self) -> None:

@@ -121,7 +121,7 @@ class Recorder:
     def log(self, line: str) -> None:
         self.lines.append(line)
 
-    def checkpoint(self, step: int, path: Path) -> None:
+    def checkpoint(self, step: int, path: Path, *, best: bool = False) -> None:
         self.checkpoints.append(step)
 
     def close(self) -> None:

@@ -43,7 +43,7 @@ export const JOB_STATES: JobState[] = [
 export const TERMINAL: ReadonlySet<string> = new Set(["SUCCEEDED", "FAILED", "CANCELLED", "PRUNED"]);
 
 /** A job as listed; fetched by id (JobDetail) it also carries the submitted document. */
-export type Job = JobOut & Partial<Pick<JobDetail, "spec_yaml">>;
+export type Job = JobOut & Partial<Pick<JobDetail, "spec_yaml" | "warnings">>;
 /** A located problem in a job document; `line`/`column` are 1-based. */
 export type SpecIssue = Issue;
 export type Validation = ValidationOut;

@@ -7,6 +7,8 @@ export interface CheckpointOut {
   /** bytes */
   size: number;
   created_at: string;
+  /** the checkpoint of the objective's best step (keep_best) */
+  best: boolean;
 }
 
 export type NodeState = "ALIVE" | "DRAINING" | "LOST";
@@ -178,8 +180,14 @@ export interface JobOut {
   duration_seconds: number | null;
   /** final metrics once the job ends */
   summary: Record<string, unknown>;
-  /** the highest test/accuracy reported, if any */
+  /** the metric 'best' is judged by (job language `objective`), e.g. val/accuracy */
+  objective: string;
+  /** max: a higher objective is better; min: a lower one */
+  objective_mode: "min" | "max";
+  /** the objective's best value so far (highest for max, lowest for min) */
   best_metric: number | null;
+  /** the step best_metric was reported at */
+  best_step: number | null;
   /** why the job failed */
   error: string | null;
   cancel_requested: boolean;
@@ -203,6 +211,8 @@ export interface JobOut {
 export interface JobDetail extends JobOut {
   /** the document as submitted */
   spec_yaml: string;
+  /** what a valid submission is warned of, e.g. selecting on the test split */
+  warnings: string[];
 }
 
 export interface JobPage {
@@ -356,6 +366,16 @@ export interface SweepOut {
   error: string | null;
   created_at: string;
   ended_at: string | null;
+  /** what a valid submission is warned of, e.g. selecting on the test split */
+  warnings: string[];
+}
+
+/** What the trial a sweep chose scores on data the choice never saw. */
+export interface TestEstimate {
+  /** the test split's counterpart of the sweep's metric */
+  metric: string;
+  /** the best trial's last reported value of it */
+  value: number | null;
 }
 
 export interface ScheduleEntry {
@@ -398,6 +418,8 @@ export interface SweepDetail extends SweepOut {
   best: TrialOut | null;
   /** the best trial's job, whole */
   best_job: JobDetail | null;
+  /** the best trial's test figure: an honest estimate of what was chosen */
+  best_test: TestEstimate | null;
   /** several objectives: the trials no other trial beats on every one */
   pareto_front: TrialOut[];
 }

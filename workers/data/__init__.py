@@ -13,7 +13,13 @@ from dsl.schema import JobSpec
 
 # Imported for their side effect: each module registers its sources.
 from workers.data import builtin, files, synthetic, text, uploaded  # noqa: F401
-from workers.data.base import DATA_SOURCES, DataInfo, Dataset, DataSource
+from workers.data.base import (
+    DATA_SOURCES,
+    DataInfo,
+    Dataset,
+    DataSource,
+    hold_out_validation,
+)
 from workers.data.batches import TrainBatches, eval_batches
 
 __all__ = [
@@ -32,12 +38,17 @@ __all__ = [
 def load_dataset(
     config: DataSourceConfig, *, seed: int, cache_dir: Path, base_dir: Path | None = None
 ) -> Dataset:
-    """Train and test tensors for `config`; relative file paths resolve against `base_dir`
-    (default: the working directory), generated data is cached in `cache_dir`."""
+    """Train, test and (if the job has one) validation tensors for `config`; relative file
+    paths resolve against `base_dir` (default: the working directory), generated data is cached
+    in `cache_dir`. A `validation_fraction` is drawn from the training split the source loaded,
+    with the seed, whatever the source."""
     source = DATA_SOURCES.get(config.source)
-    return source.load(
+    dataset = source.load(
         config, seed=seed, cache_dir=Path(cache_dir), base_dir=Path(base_dir or Path.cwd())
     )
+    if config.validation_fraction > 0:
+        dataset = hold_out_validation(dataset, config.validation_fraction, seed)
+    return dataset
 
 
 def describe(

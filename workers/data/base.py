@@ -2,7 +2,10 @@
 
 A data source is one `DataSource` subclass registered with `@register_source(name)` under the
 `source:` name of its config model in `dsl.data_config`. It turns the config into a `Dataset` of
-train and test tensors plus the `DataInfo` the compiler needs to check and size the net.
+train and test tensors (and validation tensors, where the source reads its own) plus the
+`DataInfo` the compiler needs to check and size the net. A validation split drawn from the
+training split (`validation_fraction`) is every source's: `hold_out_validation`, applied by
+`workers.data.load_dataset` after the source loaded.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
@@ -56,16 +59,19 @@ class Dataset:
     y_train: torch.Tensor
     x_test: torch.Tensor
     y_test: torch.Tensor
+    # The validation split, when the job has one: the source's own (a file, arrays), or drawn
+    # from the training split (`hold_out_validation`).
+    x_val: torch.Tensor | None = None
+    y_val: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         # A source that disagrees with its own DataInfo would surface as a baffling shape error
         # deep in training; fail here instead.
         x_dtype = getattr(torch, self.info.x_dtype)
         y_dtype = torch.int64 if self.info.label_is_index else torch.float32
-        for split, x, y in (
-            ("train", self.x_train, self.y_train),
-            ("test", self.x_test, self.y_test),
-        ):
+        if (self.x_val is None) != (self.y_val is None):
+            raise ValueError("a validation split needs both its samples and its labels")
+        for split, x, y in self.splits():
             if len(x) == 0 or len(x) != len(y):
                 raise ValueError(f"{split} split has {len(x)} samples and {len(y)} labels")
             if tuple(x.shape[1:]) != self.info.sample_shape or x.dtype != x_dtype:
@@ -76,6 +82,20 @@ class Dataset:
                 raise ValueError(
                     f"{split} labels are {y.dtype} {list(y.shape[1:])}, not {self.info}"
                 )
+
+    def splits(self) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+        """(name, samples, labels) of each split: train, test and, if any, val."""
+        out = [("train", self.x_train, self.y_train), ("test", self.x_test, self.y_test)]
+        if self.x_val is not None and self.y_val is not None:
+            out.append(("val", self.x_val, self.y_val))
+        return out
+
+    def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The samples and labels of the split `name` (train, val or test)."""
+        for split, x, y in self.splits():
+            if split == name:
+                return x, y
+        raise KeyError(f"the dataset has no {name} split")
 
 
 C = TypeVar("C", bound=DataSourceConfig)
@@ -142,20 +162,51 @@ def split_train_test(
     return x[train], y[train], x[test], y[test]
 
 
+def hold_out_validation(dataset: Dataset, fraction: float, seed: int) -> Dataset:
+    """The dataset with `fraction` of its training split moved to a validation split, drawn
+    with the seed (the test split is left as it is, so figures on it stay comparable): at least
+    one sample on each side."""
+    n = len(dataset.x_train)
+    n_val = max(1, round(n * fraction))
+    if n_val >= n:
+        raise DataSourceError(
+            f"validation_fraction {fraction} of the {n} training samples leaves none to train on",
+            hint="use a smaller validation_fraction",
+            field="validation_fraction",
+        )
+    order = torch.from_numpy(rng(seed, "validation").permutation(n))
+    val, train = order[:n_val], order[n_val:]
+    return replace(
+        dataset,
+        x_train=dataset.x_train[train],
+        y_train=dataset.y_train[train],
+        x_val=dataset.x_train[val],
+        y_val=dataset.y_train[val],
+    )
+
+
 @dataclass(frozen=True)
 class Labels:
-    """Labels of both splits converted together, so the splits agree on their kind."""
+    """Labels of every split converted together, so the splits agree on their kind."""
 
     train: np.ndarray
     test: np.ndarray
     num_classes: int | None
     label_shape: tuple[int, ...]
     label_is_index: bool
+    val: np.ndarray | None = None
 
 
-def infer_labels(y_train: np.ndarray, y_test: np.ndarray, where: str, field: str) -> Labels:
+def infer_labels(
+    y_train: np.ndarray,
+    y_test: np.ndarray,
+    where: str,
+    field: str,
+    y_val: np.ndarray | None = None,
+) -> Labels:
     """Integer labels are class indices 0..max; float labels are regression targets."""
-    both = np.concatenate([y_train, y_test])
+    given = [y_train, y_test] if y_val is None else [y_train, y_test, y_val]
+    both = np.concatenate(given)
     if both.dtype.kind in "iub":
         low, high = int(both.min()), int(both.max())
         if low < 0:
@@ -171,7 +222,12 @@ def infer_labels(y_train: np.ndarray, y_test: np.ndarray, where: str, field: str
                 field=field,
             )
         return Labels(
-            y_train.astype(np.int64), y_test.astype(np.int64), high + 1, y_train.shape[1:], True
+            y_train.astype(np.int64),
+            y_test.astype(np.int64),
+            high + 1,
+            y_train.shape[1:],
+            True,
+            None if y_val is None else y_val.astype(np.int64),
         )
     if both.dtype.kind == "f":
         if not np.isfinite(both).all():
@@ -183,6 +239,7 @@ def infer_labels(y_train: np.ndarray, y_test: np.ndarray, where: str, field: str
             None,
             shape,
             False,
+            None if y_val is None else y_val.astype(np.float32).reshape(-1, *shape),
         )
     raise DataSourceError(
         f"{where}: labels have dtype {both.dtype}; expected integers (classes) or floats",
@@ -208,8 +265,11 @@ def to_dataset(
     y_train: np.ndarray,
     x_test: np.ndarray,
     y_test: np.ndarray,
+    x_val: np.ndarray | None = None,
+    y_val: np.ndarray | None = None,
 ) -> Dataset:
-    """Tensors of the dtypes `info` promises: samples as `x_dtype`, labels int64 or float32."""
+    """Tensors of the dtypes `info` promises: samples as `x_dtype`, labels int64 or float32;
+    a validation split when the source has its own."""
     x_dtype = np.dtype(info.x_dtype)
     y_dtype = np.dtype(np.int64 if info.label_is_index else np.float32)
 
@@ -222,4 +282,6 @@ def to_dataset(
         tensor(y_train, y_dtype),
         tensor(x_test, x_dtype),
         tensor(y_test, y_dtype),
+        None if x_val is None else tensor(x_val, x_dtype),
+        None if y_val is None else tensor(y_val, y_dtype),
     )

@@ -49,7 +49,24 @@ class NpzSource(DataSource[NpzData]):
                     f"{list(y_test.shape[1:])} but '{config.y_key}' {list(y.shape[1:])}",
                     field="y_test_key",
                 )
-        labels = infer_labels(y, y_test, f"{path} '{config.y_key}'", "y_key")
+        x_val, y_val = None, None
+        if "x_val_key" in arrays:
+            where = f"{path} '{config.x_val_key}'"
+            x_val, x_val_dtype = samples_as(arrays["x_val_key"], where, "x_val_key")
+            y_val = arrays["y_val_key"]
+            if x_val.shape[1:] != x.shape[1:] or x_val_dtype != x_dtype:
+                raise DataSourceError(
+                    f"{where} holds {x_val_dtype} samples of shape {list(x_val.shape[1:])} but "
+                    f"'{config.x_key}' holds {x_dtype} {list(x.shape[1:])}",
+                    field="x_val_key",
+                )
+            if y_val.shape[1:] != y.shape[1:]:
+                raise DataSourceError(
+                    f"{path} '{config.y_val_key}' holds labels of shape "
+                    f"{list(y_val.shape[1:])} but '{config.y_key}' {list(y.shape[1:])}",
+                    field="y_val_key",
+                )
+        labels = infer_labels(y, y_test, f"{path} '{config.y_key}'", "y_key", y_val)
         info = DataInfo(
             sample_shape=x.shape[1:],
             num_classes=labels.num_classes,
@@ -57,12 +74,14 @@ class NpzSource(DataSource[NpzData]):
             label_is_index=labels.label_is_index,
             x_dtype=x_dtype,
         )
-        return to_dataset(info, x, labels.train, x_test, labels.test)
+        return to_dataset(info, x, labels.train, x_test, labels.test, x_val, labels.val)
 
 
 def _read_npz(path: Path, config: NpzData) -> dict[str, np.ndarray]:
-    """The configured arrays by config key (`"x_key"`...); the test pair only when present."""
-    keys = {key: getattr(config, key) for key in ("x_key", "y_key", "x_test_key", "y_test_key")}
+    """The configured arrays by config key (`"x_key"`...); the test pair only when present,
+    the validation pair when named."""
+    names = ("x_key", "y_key", "x_test_key", "y_test_key", "x_val_key", "y_val_key")
+    keys = {key: getattr(config, key) for key in names if getattr(config, key) is not None}
     try:
         with np.load(path, allow_pickle=False) as archive:
             present = sorted(archive.files)
@@ -75,7 +94,7 @@ def _read_npz(path: Path, config: NpzData) -> dict[str, np.ndarray]:
         ) from error
     test_keys = {"x_test_key", "y_test_key"}
     # Test keys left at their defaults are optional; keys the user named must exist.
-    required = {"x_key", "y_key"}
+    required = {"x_key", "y_key", *(key for key in ("x_val_key", "y_val_key") if key in keys)}
     if test_keys & (arrays.keys() | config.model_fields_set):
         required |= test_keys
     missing = sorted(required - arrays.keys())
@@ -91,7 +110,8 @@ def _read_npz(path: Path, config: NpzData) -> dict[str, np.ndarray]:
             raise DataSourceError(
                 f"{path} '{keys[key]}' is a scalar, not one row per sample", field=key
             )
-    for x_key, y_key in (("x_key", "y_key"), ("x_test_key", "y_test_key")):
+    pairs = (("x_key", "y_key"), ("x_test_key", "y_test_key"), ("x_val_key", "y_val_key"))
+    for x_key, y_key in pairs:
         if x_key in arrays and len(arrays[x_key]) != len(arrays[y_key]):
             raise DataSourceError(
                 f"{path}: '{keys[x_key]}' has {len(arrays[x_key])} samples but "
@@ -105,19 +125,16 @@ def _read_npz(path: Path, config: NpzData) -> dict[str, np.ndarray]:
 class CsvSource(DataSource[CsvData]):
     def load(self, config: CsvData, *, seed: int, cache_dir: Path, base_dir: Path) -> Dataset:
         path = resolve_file(config.path, base_dir)
-        table = _read_table(path, config.header)
+        table = _read_table(path, config.header, "path")
         label = _label_index(path, config.label_column, table.names, table.cells.shape[1])
-        features = [col for col in range(table.cells.shape[1]) if col != label]
-        x = _parse(table, features, "path")  # (N, F)
-        try:
-            # Labels written as whole numbers are class indices; anything else is a target.
-            y = table.cells[:, label].astype(np.int64)
-        except ValueError:
-            y = _parse(table, [label], "label_column")[:, 0]
+        x, y = _features_and_labels(table, label, "path")
         x, y, x_test, y_test = split_train_test(x, y, config.test_fraction, seed)
         x, _ = samples_as(x, str(path), "path")
         x_test, _ = samples_as(x_test, str(path), "path")
-        labels = infer_labels(y, y_test, f"{path} column {label + 1}", "label_column")
+        x_val, y_val = None, None
+        if config.val_path is not None:
+            x_val, y_val = _validation_table(config, base_dir, table)
+        labels = infer_labels(y, y_test, f"{path} column {label + 1}", "label_column", y_val)
         info = DataInfo(
             sample_shape=x.shape[1:],
             num_classes=labels.num_classes,
@@ -125,7 +142,40 @@ class CsvSource(DataSource[CsvData]):
             label_is_index=labels.label_is_index,
             x_dtype="float32",
         )
-        return to_dataset(info, x, labels.train, x_test, labels.test)
+        return to_dataset(info, x, labels.train, x_test, labels.test, x_val, labels.val)
+
+
+def _features_and_labels(table: _Table, label: int, field: str) -> tuple[np.ndarray, np.ndarray]:
+    """(N, F) features and (N,) labels of the table's rows."""
+    features = [col for col in range(table.cells.shape[1]) if col != label]
+    x = _parse(table, features, field)  # (N, F)
+    try:
+        # Labels written as whole numbers are class indices; anything else is a target.
+        y = table.cells[:, label].astype(np.int64)
+    except ValueError:
+        y = _parse(table, [label], "label_column" if field == "path" else field)[:, 0]
+    return x, y
+
+
+def _validation_table(
+    config: CsvData, base_dir: Path, train: _Table
+) -> tuple[np.ndarray, np.ndarray]:
+    """The validation file's features and labels, read as the main file is; its columns must
+    be the main file's."""
+    assert config.val_path is not None
+    path = resolve_file(config.val_path, base_dir, field="val_path")
+    table = _read_table(path, config.header, "val_path")
+    if table.cells.shape[1] != train.cells.shape[1] or table.names != train.names:
+        what = ", ".join(table.names) if table.names else f"{table.cells.shape[1]} columns"
+        want = ", ".join(train.names) if train.names else f"{train.cells.shape[1]} columns"
+        raise DataSourceError(
+            f"{path} has {what}; the validation file needs the columns of {train.path} ({want})",
+            field="val_path",
+        )
+    label = _label_index(path, config.label_column, table.names, table.cells.shape[1])
+    x, y = _features_and_labels(table, label, "val_path")
+    x, _ = samples_as(x, str(path), "val_path")
+    return x, y
 
 
 @dataclass(frozen=True)
@@ -136,7 +186,7 @@ class _Table:
     lines: list[int]  # the file line of each row, for error messages
 
 
-def _read_table(path: Path, header: bool) -> _Table:
+def _read_table(path: Path, header: bool, field: str) -> _Table:
     try:
         with path.open(newline="", encoding="utf-8") as handle:
             reader = csv.reader(handle)
@@ -146,20 +196,20 @@ def _read_table(path: Path, header: bool) -> _Table:
                     rows.append(row)
                     lines.append(reader.line_num)
     except (OSError, UnicodeDecodeError, csv.Error) as error:
-        raise DataSourceError(f"cannot read {path} as CSV: {error}", field="path") from error
+        raise DataSourceError(f"cannot read {path} as CSV: {error}", field=field) from error
     names = [name.strip() for name in rows.pop(0)] if header and rows else None
     lines = lines[1:] if names is not None else lines
     if not rows:
-        raise DataSourceError(f"{path} holds no data rows", field="path")
+        raise DataSourceError(f"{path} holds no data rows", field=field)
     width = len(names) if names is not None else len(rows[0])
     for row, line in zip(rows, lines, strict=True):
         if len(row) != width:
             raise DataSourceError(
-                f"{path} line {line} has {len(row)} columns, expected {width}", field="path"
+                f"{path} line {line} has {len(row)} columns, expected {width}", field=field
             )
     if width < 2:
         raise DataSourceError(
-            f"{path} has {width} column; it needs features and a label column", field="path"
+            f"{path} has {width} column; it needs features and a label column", field=field
         )
     return _Table(path, names, np.array(rows, dtype=str), lines)
 

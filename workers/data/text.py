@@ -93,22 +93,22 @@ def builtin_corpus() -> str:
 class TextSource(DataSource[TextData]):
     def load(self, config: TextData, *, seed: int, cache_dir: Path, base_dir: Path) -> Dataset:
         text, where = self._text(config, base_dir)
-        # Code points sorted ascending are the sorted set of characters, so `ids` index `vocab`.
-        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-        vocab_codes, ids = np.unique(codes, return_inverse=True)
+        val_text = self._val_text(config, base_dir)
+        # Code points sorted ascending are the sorted set of characters, so `ids` index `vocab`;
+        # a validation file's characters join the vocabulary, numbered alike.
+        codes = np.frombuffer((text + val_text).encode("utf-32-le"), dtype=np.uint32)
+        vocab_codes, all_ids = np.unique(codes, return_inverse=True)
+        ids, val_ids = all_ids[: len(text)], all_ids[len(text) :]
         vocabulary = "".join(map(chr, vocab_codes))
         length = config.seq_len
-        windows = (len(ids) - 1) // length
-        if windows < 2:
+        x, y = _windows(ids, length)
+        if len(x) < 2:
             raise DataSourceError(
                 f"{where} has {len(ids)} characters: fewer than 2 windows of seq_len {length} "
                 "(plus one character to predict)",
                 hint="use a longer text or a smaller seq_len",
                 field="path" if config.path is not None else "seq_len",
             )
-        used = windows * length
-        x = ids[:used].reshape(windows, length)  # (W, T) characters
-        y = ids[1 : used + 1].reshape(windows, length)  # (W, T) the character after each
         info = DataInfo(
             sample_shape=(length,),
             num_classes=len(vocabulary),
@@ -117,7 +117,23 @@ class TextSource(DataSource[TextData]):
             x_dtype="int64",
             vocabulary=vocabulary,
         )
-        return to_dataset(info, *split_train_test(x, y, config.test_fraction, seed))
+        splits = split_train_test(x, y, config.test_fraction, seed)
+        if config.val_path is None:
+            return to_dataset(info, *splits)
+        x_val, y_val = _windows(val_ids, length)
+        if len(x_val) == 0:
+            raise DataSourceError(
+                f"{config.val_path} has {len(val_ids)} characters: not one window of seq_len "
+                f"{length} (plus one character to predict)",
+                hint="use a longer validation text or a smaller seq_len",
+                field="val_path",
+            )
+        return to_dataset(info, *splits, x_val, y_val)
+
+    def _val_text(self, config: TextData, base_dir: Path) -> str:
+        if config.val_path is None:
+            return ""
+        return _read_text(resolve_file(config.val_path, base_dir, field="val_path"), "val_path")
 
     def _text(self, config: TextData, base_dir: Path) -> tuple[str, str]:
         if config.path is None:
@@ -130,11 +146,23 @@ class TextSource(DataSource[TextData]):
                 )
             return text, "the built-in corpus"
         path = resolve_file(config.path, base_dir)
-        try:
-            return path.read_text(encoding="utf-8"), str(path)
-        except UnicodeDecodeError as error:
-            raise DataSourceError(
-                f"{path} is not UTF-8 text: {error}", hint="save the file as UTF-8", field="path"
-            ) from error
-        except OSError as error:
-            raise DataSourceError(f"cannot read {path}: {error}", field="path") from error
+        return _read_text(path, "path"), str(path)
+
+
+def _windows(ids: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Non-overlapping windows of `length` characters (W, T) and the character after each
+    (W, T)."""
+    windows = (len(ids) - 1) // length if len(ids) else 0
+    used = windows * length
+    return ids[:used].reshape(windows, length), ids[1 : used + 1].reshape(windows, length)
+
+
+def _read_text(path: Path, field: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise DataSourceError(
+            f"{path} is not UTF-8 text: {error}", hint="save the file as UTF-8", field=field
+        ) from error
+    except OSError as error:
+        raise DataSourceError(f"cannot read {path}: {error}", field=field) from error

@@ -223,16 +223,16 @@ class PipelineRunner:
         return dict(zip(self.metric_names, flat, strict=True))
 
     @torch.no_grad()
-    def evaluate(self, trainer: Trainer) -> dict[str, float]:
-        """The test split through the stages, forward only; the last stage's figures, shared."""
+    def evaluate(self, trainer: Trainer, split: str) -> dict[str, float]:
+        """A split ("val" or "test") through the stages, forward only; the last stage's
+        figures, shared."""
         groups = self.groups
         flow = self.test_flow
+        x_split, y_split, limit = trainer.eval_split(split)
         trainer.net.eval()
         sums: dict[str, float] = {}
         seen = 0
-        for x, y in eval_batches(
-            trainer.x_test, trainer.y_test, self.spec.data.batch_size, self.spec.test.steps
-        ):
+        for x, y in eval_batches(x_split, y_split, self.spec.data.batch_size, limit):
             inputs = [x] if groups.is_first else self._receive(len(flow.receives))
             with self.precision.autocast():
                 values = run_flow(flow, inputs)
@@ -249,7 +249,7 @@ class PipelineRunner:
                 sums[key] = sums.get(key, 0.0) + value * len(x)
             seen += len(x)
         trainer.net.train()
-        result: list[object] = [{f"test/{k}": v / max(seen, 1) for k, v in sums.items()}]
+        result: list[object] = [{f"{split}/{k}": v / max(seen, 1) for k, v in sums.items()}]
         dist.broadcast_object_list(
             result, src=groups.rank_of(groups.stages - 1), group=groups.pipeline
         )

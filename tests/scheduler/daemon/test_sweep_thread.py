@@ -68,8 +68,8 @@ class Env:
     def __init__(self, db: Database, client: redis.Redis, keys: Keys, settings: Settings) -> None:
         self.db, self.client, self.keys, self.settings = db, client, keys, settings
 
-    def submit(self, search: str = SEARCH) -> int:
-        text = BASE + search
+    def submit(self, search: str = SEARCH, base: str = BASE) -> int:
+        text = base + search
         with self.db.session() as session:
             owner = get_user(session, "ann") or create_user(session, "ann")
             checked = check_sweep(
@@ -182,10 +182,13 @@ def test_a_trial_that_is_no_valid_job_fails_the_sweep(env: Env) -> None:
 
 
 def test_a_trailing_trial_is_pruned_at_its_rung_as_its_metrics_arrive(env: Env) -> None:
+    """The sweep selects on the base job's objective, val/accuracy: its pruner reads that, not
+    the test figures (which here rank the trials the other way round)."""
     pruned = SEARCH.replace(
         "max_parallel: 2", "max_parallel: 2\n  pruner: {type: asha, min_steps: 20}"
-    )
-    sweep_id = env.submit(pruned)
+    ).replace("  metric: test/accuracy\n  mode: max\n", "")
+    held_out = BASE.replace("test_fraction: 0.2}", "test_fraction: 0.2, validation_fraction: 0.1}")
+    sweep_id = env.submit(pruned, held_out.replace("test: {freq: 10}", "validate: {freq: 10}"))
     env.runner().run_once()
     leader, trailing = env.trials(sweep_id)
     trial_ended = threading.Event()  # the sweep thread's cue to ask for the next trial
@@ -200,7 +203,7 @@ def test_a_trailing_trial_is_pruned_at_its_rung_as_its_metrics_arrive(env: Env) 
     def report(job: Job, *points: tuple[int, float]) -> None:
         stream = JobStream(env.client, env.keys, job.id)
         for step, value in points:
-            stream.publish(MetricRecord(step, {"test/accuracy": value}))
+            stream.publish(MetricRecord(step, {"val/accuracy": value, "test/accuracy": 1 - value}))
         while ingester.run_once():
             pass
 
@@ -222,7 +225,7 @@ def test_a_trailing_trial_is_pruned_at_its_rung_as_its_metrics_arrive(env: Env) 
         reason = session.scalars(
             select(JobEvent.reason).where(JobEvent.job_id == job.id).order_by(JobEvent.id)
         ).all()[-1]
-    assert reason.startswith("pruned at step 20 by the sweep's asha pruner: test/accuracy 0.3")
+    assert reason.startswith("pruned at step 20 by the sweep's asha pruner: val/accuracy 0.3")
     assert env.client.get(env.keys.cancel(trailing.id)) == b"1"  # its processes stop on it
     with env.db.session() as session:
         assert session.get_one(Job, leader.id).state == JobState.RUNNING

@@ -17,6 +17,7 @@ import contract.stream
 from contract.allocation import AllocationState
 from contract.keys import Keys
 from contract.stream import (
+    EventRecord,
     JobStream,
     LogRecord,
     MetricRecord,
@@ -103,7 +104,12 @@ def env(sql_url: str, redis_url: str) -> Iterator[Env]:
 
 
 def make_job(
-    env: Env, *, state: JobState = JobState.RUNNING, workers: int = 2, max_restarts: int = 0
+    env: Env,
+    *,
+    state: JobState = JobState.RUNNING,
+    workers: int = 2,
+    max_restarts: int = 0,
+    objective: tuple[str, str] = ("test/accuracy", "max"),
 ) -> tuple[int, list[int]]:
     """A job placed on one node with `workers` allocations; (job id, allocation ids). It is
     not restarted after a failure unless `max_restarts` says so."""
@@ -120,6 +126,8 @@ def make_job(
                 topology={**TOPOLOGY, "nworkers_per_group": workers, "workers": workers},
                 framework="local",
                 train_steps=100,
+                objective=objective[0],
+                objective_mode=objective[1],
             ),
         )
         node = session.scalar(select(Node).where(Node.name == "node-a"))
@@ -367,6 +375,66 @@ def test_a_failed_worker_restarts_the_job_from_its_restart_point(env: Env, tmp_p
     ingester.run_once()
     job = env.job(job_id)
     assert (job.state, job.error) == (JobState.FAILED, "boom")
+
+
+def test_the_best_metric_is_the_objectives_best_and_its_step(env: Env, tmp_path: Path) -> None:
+    """A job minimising val/loss: its first worker's lowest value, and the step of its first
+    report; a restart forgets the steps it trains again."""
+    job_id, (_, a1) = make_job(env, objective=("val/loss", "min"), max_restarts=1)
+    stream = JobStream(env.client, env.keys, job_id)
+    for step, loss in ((20, 0.9), (40, 0.5), (60, 0.7)):
+        stream.publish(MetricRecord(step, {"val/loss": loss, "test/accuracy": 1.0 - loss}))
+    stream.publish(MetricRecord(40, {"val/loss": 0.1}, group=1))  # another worker's view
+    ingest_once(env.db, env.client, env.keys)
+    job = env.job(job_id)
+    assert (job.objective, job.objective_mode, job.best_metric, job.best_step) == (
+        "val/loss",
+        "min",
+        0.5,
+        40,
+    )
+    stream.publish(MetricRecord(80, {"val/loss": 0.5}))  # as good, later: the first stays
+    stream.publish(MetricRecord(100, {"val/loss": 0.3}))
+    ingest_once(env.db, env.client, env.keys)
+    assert (env.job(job_id).best_metric, env.job(job_id).best_step) == (0.3, 100)
+    # Placed again from step 60: the steps after it are trained again, their best forgotten.
+    point = tmp_path / "jobs" / str(job_id) / "restart" / "step-00000060.safetensors"
+    point.parent.mkdir(parents=True)
+    point.write_bytes(b"the restart point")
+    stream.publish(StateRecord(a1, "FAILED", reason="lost", exit_code=-9))
+    Ingester(env.db, env.client, env.keys, artifacts=tmp_path).run_once()
+    job = env.job(job_id)
+    assert (job.state, job.best_metric, job.best_step) == (JobState.QUEUED, 0.5, 40)
+
+
+def test_the_best_checkpoint_is_marked_and_the_jobs_events_joined(env: Env, tmp_path: Path) -> None:
+    job_id, _ = make_job(env, objective=("val/accuracy", "max"))
+    stream = JobStream(env.client, env.keys, job_id)
+    files = {}
+    for step in (20, 40, 60, 80):
+        files[step] = tmp_path / f"step-{step:08d}.safetensors"
+        files[step].write_bytes(b"x")
+    stream.publish(contract.stream.CheckpointRecord.of_file(20, files[20], best=True))
+    stream.publish(contract.stream.CheckpointRecord.of_file(40, files[40]))
+    ingest_once(env.db, env.client, env.keys)
+    stream.publish(contract.stream.CheckpointRecord.of_file(60, files[60], best=True))
+    stream.publish(contract.stream.CheckpointRecord.of_file(80, files[80]))
+    # A step saved anyway and then marked the best: one record, marked.
+    stream.publish(contract.stream.CheckpointRecord.of_file(80, files[80], best=True))
+    stream.publish(EventRecord(80, "stopped early at step 80: val/accuracy has not improved"))
+    ingest_once(env.db, env.client, env.keys)
+    with env.db.session() as session:
+        marks = session.execute(
+            select(CheckpointRecord.step, CheckpointRecord.best).order_by(CheckpointRecord.step)
+        ).all()
+        events = session.scalars(
+            select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+        ).all()
+    assert [tuple(row) for row in marks] == [(20, False), (40, False), (60, False), (80, True)]
+    assert (events[-1].state, events[-1].reason) == (
+        JobState.RUNNING,
+        "stopped early at step 80: val/accuracy has not improved",
+    )
 
 
 def test_a_cancelled_job_ends_cancelled(env: Env) -> None:

@@ -436,3 +436,52 @@ def test_downsampling_100k_points_is_fast(db: Database) -> None:
         elapsed = time.perf_counter() - started
     assert [len(s.points) for s in series] == [1000, 1000]
     assert elapsed < 2.0, f"{elapsed:.2f}s for 100,000 points"
+
+
+def test_jobs_stored_before_objectives_keep_test_accuracy_and_find_its_step(sql_url: str) -> None:
+    """Migration 0008 on a store with a job: its best metric was test/accuracy's highest, so
+    that is its objective, and the step of that value is found in its metrics."""
+    from alembic import command
+
+    from scheduler.store.database import alembic_config, make_engine
+
+    config = alembic_config(sql_url)
+    command.upgrade(config, "0007_node_unreachable")
+    engine = make_engine(sql_url)
+    now = utcnow()
+    with engine.begin() as conn:
+        conn.execute(
+            text("INSERT INTO users (id, name, is_admin, created_at) VALUES (1, 'old', false, :t)"),
+            {"t": now},
+        )
+        for job_id, best in ((1, 0.6), (2, None)):
+            conn.execute(
+                text(
+                    "INSERT INTO jobs (id, owner_id, name, state, priority, spec_yaml, overrides, "
+                    "spec, topology, framework, train_steps, step, summary, best_metric, "
+                    "cancel_requested, created_at) VALUES (:id, 1, 'old', 'SUCCEEDED', 0, '', "
+                    "'{}', '{}', '{}', 'local', 60, 60, '{}', :best, false, :t)"
+                ),
+                {"id": job_id, "best": best, "t": now},
+            )
+        for step, value, grp in ((20, 0.5, 0), (40, 0.6, 0), (60, 0.6, 0), (10, 0.6, 1)):
+            conn.execute(
+                text(
+                    'INSERT INTO metrics (job_id, name, step, value, grp, "rank", at) '
+                    "VALUES (1, 'test/accuracy', :step, :value, :grp, 0, 0)"
+                ),
+                {"step": step, "value": value, "grp": grp},
+            )
+    engine.dispose()
+    command.upgrade(config, "head")
+    database = Database(sql_url)
+    with database.session() as session:
+        old, fresh = session.get_one(Job, 1), session.get_one(Job, 2)
+        assert (old.objective, old.objective_mode, old.best_metric, old.best_step) == (
+            "test/accuracy",
+            "max",
+            0.6,
+            40,
+        )
+        assert (fresh.objective, fresh.best_step) == ("test/accuracy", None)
+    database.dispose()

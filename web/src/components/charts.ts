@@ -1,5 +1,6 @@
-// Learning curves with uPlot: one panel per quantity (loss, accuracy, ..., lr, samples/s), train
-// and test in the same panel, one series per worker group when a job reports several groups.
+// Learning curves with uPlot: one panel per quantity (loss, accuracy, ..., lr, samples/s), train,
+// validation and test in the same panel, one series per worker group when a job reports several
+// groups.
 // The server downsamples history to MAX_POINTS per series; live points are appended and thinned
 // here so a 100,000-step job never holds more than a few thousand points per series.
 
@@ -13,7 +14,7 @@ export const MAX_POINTS = 1500;
 const KEEP_POINTS = 2 * MAX_POINTS;
 const REDRAW_MS = 400;
 const SPARSE_POINTS = 60;
-const PHASE_COLOURS: Record<string, string> = { train: "#2563eb", test: "#ea580c" };
+const PHASE_COLOURS: Record<string, string> = { train: "#2563eb", val: "#16a34a", test: "#ea580c" };
 const GROUP_COLOURS = ["#2563eb", "#16a34a", "#ea580c", "#9333ea", "#0891b2", "#db2777", "#ca8a04"];
 
 interface Line {
@@ -37,9 +38,10 @@ interface Panel {
 
 const TITLES: Record<string, string> = { lr: "Learning rate", samples_per_sec: "Samples / s" };
 
-/** `train/loss` and `test/loss` share the `loss` panel; `lr` and `samples_per_sec` get their own. */
+/** `train/loss`, `val/loss` and `test/loss` share the `loss` panel; `lr` and `samples_per_sec`
+ * get their own. */
 export function panelOf(name: string): { key: string; title: string; phase: string } {
-  const match = /^(train|test)\/(.+)$/.exec(name);
+  const match = /^(train|val|test)\/(.+)$/.exec(name);
   const key = match ? match[2] : name;
   const words = key.replace(/_/g, " ");
   const title = TITLES[key] ?? words.charAt(0).toUpperCase() + words.slice(1);
@@ -191,7 +193,7 @@ export class MetricCharts {
       this.groups.size > 1 || !phase
         ? GROUP_COLOURS[line.group % GROUP_COLOURS.length]
         : PHASE_COLOURS[phase];
-    const sparse = phase === "test";
+    const sparse = phase === "test" || phase === "val"; // evaluations: a point now and then
     return {
       label: this.label(line),
       stroke: colour,

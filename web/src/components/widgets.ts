@@ -67,6 +67,11 @@ export function section(title: string, ...children: (Node | string)[]): HTMLElem
   return h("section", { class: "card" }, h("h2", {}, title), ...children);
 }
 
+/** Something to act on that is not an error (a submission that selects on the test split). */
+export function warningBox(text: string): HTMLElement {
+  return h("div", { class: "warning-box", role: "status" }, text);
+}
+
 export function errorBox(text: string): HTMLElement {
   return h("div", { class: "error-box", role: "alert" }, text);
 }

@@ -16,8 +16,8 @@ import type { Params, Scope } from "../scope";
 import { errorText } from "../scope";
 import { MAX_POINTS, MetricCharts } from "../components/charts";
 import { DRAFT_KEY, yamlEditor } from "../components/editor";
-import { errorBox, fact, progressBar, stateBadge } from "../components/widgets";
-import { percent } from "./jobs";
+import { errorBox, fact, progressBar, stateBadge, warningBox } from "../components/widgets";
+import { bestOf } from "./jobs";
 import { checkpointsTab, eventsTab, graphTab, logsTab, pipelineTab } from "./jobtabs";
 
 const TABS = ["charts", "graph", "pipeline", "events", "logs", "checkpoints", "yaml"] as const;
@@ -36,6 +36,8 @@ interface MetricEvent {
 interface LiveEvents {
   log: void;
   checkpoint: void;
+  /** the job's own events (it stopped early): the events tab reads them again */
+  event: void;
   state: void;
   metric: MetricEvent;
   timeline: StageTimeline;
@@ -53,7 +55,7 @@ export interface JobContext {
 export function renderJob(root: HTMLElement, scope: Scope, params: Params): void {
   const id = Number(params.id);
   let job: Job | null = null;
-  const listeners: Listeners = { log: [], checkpoint: [], state: [], metric: [], timeline: [] };
+  const listeners: Listeners = { log: [], checkpoint: [], event: [], state: [], metric: [], timeline: [] };
   const ctx: JobContext = {
     id,
     scope,
@@ -173,7 +175,7 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
         fact("priority", String(j.priority)),
         j.queue_position !== null ? fact("queue position", String(j.queue_position)) : null,
         j.restarts > 0 ? fact("restarts", String(j.restarts)) : null,
-        fact("best test acc", percent(j.best_metric)),
+        fact(`best ${j.objective}`, bestOf(j)),
         fact("created", formatTime(j.created_at)),
         fact("started", formatTime(j.started_at)),
         fact("ended", formatTime(j.ended_at)),
@@ -182,6 +184,7 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
       j.state === "QUEUED" && j.pending_reason
         ? h("div", { class: "pending-reason", id: "pending-reason", role: "status" }, `Waiting: ${j.pending_reason}`)
         : null,
+      ...(j.warnings ?? []).map((w) => warningBox(w)),
       j.error ? errorBox(j.error) : null,
     );
   };
@@ -241,7 +244,7 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
       const last = (event as MessageEvent).lastEventId;
       if (last) lastEventId = last;
     };
-    for (const kind of ["metric", "log", "checkpoint", "timeline"]) {
+    for (const kind of ["metric", "log", "checkpoint", "event", "timeline"]) {
       opened.addEventListener(kind, seen);
     }
     opened.addEventListener("error", () => {
@@ -259,6 +262,7 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
     });
     opened.addEventListener("log", () => emit("log", undefined));
     opened.addEventListener("checkpoint", () => emit("checkpoint", undefined));
+    opened.addEventListener("event", () => emit("event", undefined));
     opened.addEventListener("timeline", (event) =>
       emit("timeline", JSON.parse((event as MessageEvent).data) as StageTimeline),
     );

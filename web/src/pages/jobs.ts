@@ -2,7 +2,7 @@
 // every 2 s. The browser never holds more than one page, so 10,000 jobs cost what 50 do.
 
 import { JOB_STATES, type Job, api } from "../api";
-import { debounce, fill, formatDuration, formatTime, h } from "../dom";
+import { debounce, fill, formatDuration, formatTime, formatValue, h } from "../dom";
 import { type Scope, errorText } from "../scope";
 import { type Column, errorBox, progressBar, stateBadge, table } from "../components/widgets";
 
@@ -14,6 +14,23 @@ const filters = { state: "", name: "" };
 
 export function percent(value: number | null): string {
   return value === null ? "—" : `${(value * 100).toFixed(2)}%`;
+}
+
+/** A value of a metric as it reads best: accuracies as percentages, the rest as numbers. */
+export function metricValue(metric: string, value: number | null): string {
+  return metric.endsWith("accuracy") ? percent(value) : formatValue(value);
+}
+
+/** The job's best value of its objective, the objective's name and the step of that value. */
+export function bestOf(j: Job): HTMLElement {
+  return h(
+    "span",
+    { class: "best", title: `${j.objective} (${j.objective_mode})` },
+    h("span", { class: "best-value" }, metricValue(j.objective, j.best_metric)),
+    " ",
+    h("span", { class: "muted small best-metric" }, j.objective),
+    j.best_step !== null ? h("span", { class: "muted small" }, ` @${j.best_step.toLocaleString()}`) : null,
+  );
 }
 
 const COLUMNS: Column<Job>[] = [
@@ -32,7 +49,7 @@ const COLUMNS: Column<Job>[] = [
         h("span", { class: "num" }, `${j.step.toLocaleString()} / ${j.train_steps.toLocaleString()}`),
       ),
   },
-  { title: "Best test acc", cell: (j) => percent(j.best_metric), className: "num" },
+  { title: "Best (objective)", cell: bestOf, className: "num" },
   { title: "Start", cell: (j) => formatTime(j.started_at), className: "num" },
   { title: "End", cell: (j) => formatTime(j.ended_at), className: "num" },
   { title: "Duration", cell: (j) => formatDuration(j.duration_seconds), className: "num" },

@@ -174,6 +174,7 @@ export function eventsTab(pane: HTMLElement, ctx: JobContext): void {
   };
   const reload = () => void load().catch((error) => fill(list, errorBox(errorText(error))));
   ctx.on("state", reload);
+  ctx.on("event", reload);
   reload();
 }
 
@@ -252,6 +253,10 @@ export function checkpointsTab(pane: HTMLElement, ctx: JobContext): void {
       table(
         [
           { title: "step", cell: (c) => c.step.toLocaleString(), className: "num" },
+          {
+            title: "",
+            cell: (c) => (c.best ? h("span", { class: "badge best-badge", title: "the objective's best step (keep_best)" }, "best") : ""),
+          },
           { title: "size", cell: (c) => formatBytes(c.size), className: "num" },
           { title: "saved", cell: (c) => formatTime(c.created_at), className: "num" },
           {
@@ -264,7 +269,7 @@ export function checkpointsTab(pane: HTMLElement, ctx: JobContext): void {
           },
         ],
         rows,
-        { empty: "No checkpoints yet." },
+        { empty: "No checkpoints yet.", rowAttrs: (c) => ({ "data-step": String(c.step), ...(c.best ? { "data-best": "" } : {}) }) },
       ),
     );
   };

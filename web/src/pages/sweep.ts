@@ -6,7 +6,7 @@
 import { ApiError, SWEEP_TERMINAL, TERMINAL, type SweepDetail, type Trial, api } from "../api";
 import { fill, formatTime, h } from "../dom";
 import { type Params, type Scope, errorText } from "../scope";
-import { errorBox, fact, progressBar, stateBadge } from "../components/widgets";
+import { errorBox, fact, progressBar, stateBadge, warningBox } from "../components/widgets";
 import { objectivesText } from "./sweeps";
 import {
   bestPanel,
@@ -151,6 +151,7 @@ export function renderSweep(root: HTMLElement, scope: Scope, params: Params): vo
         fact("created", formatTime(s.created_at)),
         fact("ended", formatTime(s.ended_at)),
       ),
+      h("div", { id: "sweep-warnings" }, ...s.warnings.map((w) => warningBox(w))),
       s.error ? errorBox(s.error) : null,
     );
   };

@@ -79,6 +79,16 @@ export function bestPanel(host: HTMLElement, sweep: SweepDetail): void {
       { class: "facts" },
       fact("trial", h("span", { id: "best-number" }, String(best.number))),
       fact(`${metric.metric} (${metric.mode})`, h("span", { id: "best-value" }, formatValue(best.value))),
+      sweep.best_test
+        ? fact(
+            `${sweep.best_test.metric} (honest estimate)`,
+            h(
+              "span",
+              { id: "best-test", title: "the chosen trial on the test split, which the choice never saw" },
+              formatValue(sweep.best_test.value),
+            ),
+          )
+        : null,
       fact("job", h("a", { href: `#/jobs/${best.job_id}`, id: "best-job" }, `#${best.job_id} ${sweep.best_job?.name ?? ""}`)),
       fact("state", stateBadge(best.state)),
       fact("steps", `${best.step.toLocaleString()} / ${best.train_steps.toLocaleString()}`),
