@@ -22,7 +22,7 @@ from fastapi import FastAPI
 from api.dashboard import Dashboard
 from api.deps import Services, listen_for_revocations
 from api.errors import install_error_handlers
-from api.limits import BodyLimit
+from api.limits import BodyLimit, NoNul
 from api.routes import (
     cluster,
     datasets,
@@ -90,6 +90,7 @@ def create_app(settings: Settings | None = None, *, web_dist: Path | None = WEB_
     )
     app.state.services = services
     install_error_handlers(app)
+    app.add_middleware(NoNul)
     app.add_middleware(
         BodyLimit,
         default=settings.max_job_bytes,

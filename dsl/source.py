@@ -96,7 +96,7 @@ class _Builder:
                         self.source.issue(path, "a key must be a plain name, not a collection")
                     )
                     continue
-                key = self.scalars.construct_object(key_node)
+                key = self._scalar(key_node, path)
                 if not isinstance(key, str | int | float | bool) or key is None:
                     key = str(key)
                 child = (*path, key if isinstance(key, str) else str(key))
@@ -115,11 +115,30 @@ class _Builder:
             return out
         if isinstance(node, SequenceNode):
             return [self.build(item, (*path, i)) for i, item in enumerate(node.value)]
+        return self._scalar(node, path)
+
+    def _scalar(self, node: Node, path: Path) -> Any:
+        # PyYAML resolves a scalar's type by its look, then converts it: `2024-13-45` looks
+        # like a date and is none; an integer of more than 4,300 digits is refused by int().
         try:
-            return self.scalars.construct_object(node)
+            value = self.scalars.construct_object(node)
+            if isinstance(value, str) and "\0" in value:  # "\0" in double quotes
+                self.issues.append(
+                    self.source.issue(path, "text holds a NUL character", hint="remove the \\0")
+                )
+                return None
+            return value
         except yaml.YAMLError as exc:
             self.issues.append(self.source.issue(path, f"bad scalar value: {exc}"))
-            return None
+        except (ValueError, OverflowError) as exc:
+            self.issues.append(
+                self.source.issue(
+                    path,
+                    f"not a valid {node.tag.rsplit(':', 1)[-1]}: {str(exc).split(';')[0]}",
+                    hint="quote it to make it a string",
+                )
+            )
+        return None
 
 
 # PyYAML's scanner takes time quadratic in the nesting of flow collections ([[[[...), so a

@@ -29,6 +29,8 @@ from scheduler.store.lifecycle import transition
 from scheduler.store.models import CheckpointRecord, Job, JobEvent, User
 from scheduler.store.states import JobState
 
+MAX_ID = 2**31 - 1  # ids are 32-bit integer columns
+
 
 @dataclass(frozen=True)
 class NewJob:
@@ -108,7 +110,8 @@ def decode_cursor(cursor: str) -> int:
         padded = cursor + "=" * (-len(cursor) % 4)
         text = base64.b64decode(padded, altchars=b"-_", validate=True).decode()
         kind, _, value = text.partition(":")
-        if kind != "job" or not value.isdigit():
+        # Ids are 32-bit columns: a longer number names no job (and fails in the query).
+        if kind != "job" or not value.isdigit() or len(value) > 10 or int(value) > MAX_ID:
             raise ValueError(text)
         return int(value)
     except (ValueError, UnicodeDecodeError, binascii.Error):
