@@ -423,7 +423,8 @@ ERROR_DESCRIPTIONS = {
     413: "request body too large",
     415: "unsupported content type or file kind",
     422: "invalid job (with located errors) or invalid parameters",
-    429: "too many submissions: wait the seconds of the Retry-After header",
+    429: "too many requests of this kind (submissions, tokens created, open streams): wait "
+    "the seconds of the Retry-After header",
     503: "the database or Redis is unavailable",
 }
 

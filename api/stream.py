@@ -109,7 +109,7 @@ def _load_state(services: Services, job_id: int) -> Snapshot:
 def _authorise(services: Services, credentials: Any, job_id: int) -> Snapshot:
     # A short session of its own: a stream can stay open for hours.
     with services.db.sessions() as session:
-        user = authenticate(session, credentials, services.tokens)
+        user = authenticate(session, credentials, services.tokens).user
         job = get_job(session, user, job_id)
         return Snapshot(JobState(job.state), job.step, job.error)
 

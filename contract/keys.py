@@ -85,6 +85,10 @@ class Keys:
         """Sorted set of a user's recent submission times (the rate limit's window)."""
         return f"{self.prefix}:user:{user_id}:submissions"
 
+    def token_creations(self, user_id: int) -> str:
+        """Sorted set of the times a user created tokens (the rate limit's window)."""
+        return f"{self.prefix}:user:{user_id}:token-creations"
+
     @property
     def tokens_revoked(self) -> str:
         """Pub/sub: revoked tokens' hashes, dropped from API caches."""

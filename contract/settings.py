@@ -75,6 +75,12 @@ class Settings(BaseSettings):
         "with a slow database (CPU-bound ones contend for the interpreter lock)",
     )
 
+    token_creations_per_minute: int = Field(
+        default=10, ge=1, description="API tokens one user may create in any minute (429 past it)"
+    )
+    tokens_per_user: int = Field(
+        default=100, ge=1, description="API tokens one user may hold at once (403 past it)"
+    )
     stream_ticket_seconds: int = Field(
         default=60, ge=1, le=3600, description="how long a live-stream ticket may be used"
     )
