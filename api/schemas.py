@@ -417,7 +417,7 @@ ERROR_DESCRIPTIONS = {
     400: "bad request (e.g. multipart form data that cannot be parsed)",
     401: "missing, invalid or expired API token",
     403: "refused: not allowed for this user (admins only, or over a quota), or a recorded "
-    "file lies outside the artifact directory",
+    "file lies outside its job's run directory or its owner's folder",
     404: "no such object, or not yours",
     409: "not allowed in the object's current state",
     413: "request body too large",

@@ -152,6 +152,7 @@ def check(
                 overrides=overrides,
                 cache_dir=cache_dir,
                 base_dir=base_dir,
+                artifacts=backends.settings.artifacts(),
             )
             job = sweep.checked
         else:
@@ -162,6 +163,7 @@ def check(
                 overrides=overrides,
                 cache_dir=cache_dir,
                 base_dir=base_dir,
+                artifacts=backends.settings.artifacts(),
             )
     except RecursionError:
         raise JobSpecError(
