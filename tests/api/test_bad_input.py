@@ -398,3 +398,14 @@ def test_base_dir_is_an_admins_and_names_a_folder(api: Any) -> None:
         assert response.status_code == 422, response.text
         assert "base_dir" in response.json()["detail"]
     assert post("admin", "/tmp").status_code == 200
+
+
+def test_an_escape_past_the_last_code_point_is_located(api: Any) -> None:
+    document = MLP.replace("seed: 0", 'seed: 0\nzzz: "\\U00110000"')
+    response = api.client.post(
+        "/api/v1/jobs/validate", content=document, headers=api.yaml_headers()
+    )
+    assert response.status_code == 422, response.text
+    (issue,) = response.json()["errors"]
+    assert issue["line"] == document.splitlines().index('zzz: "\\U00110000"') + 1
+    assert issue["column"] == 7 and "U+0010FFFF" in issue["hint"]
