@@ -16,6 +16,7 @@ import redis.asyncio
 from fastapi import Depends, HTTPException, Path, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from redis.asyncio import Redis as AsyncRedis
 from sqlalchemy.orm import Session
 
 from contract.keys import Keys
@@ -26,7 +27,7 @@ from scheduler.store import jobs as job_store
 from scheduler.store.database import Database
 from scheduler.store.errors import Expired
 from scheduler.store.models import Job, User, aware, utcnow
-from scheduler.store.users import find_token, hash_token
+from scheduler.store.users import find_token_hash, hash_token
 
 # Ids and steps are 32-bit integer columns; larger numbers cannot name anything.
 MAX_INT = 2**31 - 1
@@ -157,6 +158,11 @@ class Services:
     keys: Keys
     graphs: GraphCache = field(default_factory=GraphCache)
     tokens: TokenCache = field(default_factory=TokenCache)
+    # Live streams: one Redis pool for all of this process's, made by the app's lifespan on
+    # its event loop (uvicorn runs one; tests may serve the app from two), and how many are
+    # open here (api/stream_slots.py).
+    stream_redis: dict[asyncio.AbstractEventLoop, AsyncRedis] = field(default_factory=dict)
+    streams_open: int = 0
     sessions_open: asyncio.Semaphore = field(init=False)
     backends: Backends = field(init=False)  # what the submission pipeline reaches
 
@@ -224,7 +230,11 @@ def authenticate(
             "missing API token: send the header 'Authorization: Bearer <token>'",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    token_hash = hash_token(credentials.credentials)
+    return caller_of(session, hash_token(credentials.credentials), tokens)
+
+
+def caller_of(session: Session, token_hash: str, tokens: TokenCache) -> Caller:
+    """The caller whose token has this hash, from the cache or SQL; 401 if none is valid."""
     caller = tokens.get(token_hash)
     if caller is not None:
         return caller
@@ -232,7 +242,7 @@ def authenticate(
     if refused is not None:
         raise _invalid_token(refused)
     try:
-        found = find_token(session, credentials.credentials)
+        found = find_token_hash(session, token_hash)
     except Expired as error:
         tokens.refuse(token_hash, str(error))
         raise _invalid_token(str(error)) from None

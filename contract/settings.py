@@ -81,6 +81,18 @@ class Settings(BaseSettings):
     tokens_per_user: int = Field(
         default=100, ge=1, description="API tokens one user may hold at once (403 past it)"
     )
+    streams_per_user: int = Field(
+        default=8,
+        ge=1,
+        description="live streams (GET /jobs/{id}/stream) one user may hold open at once, over "
+        "every API process (429 past it)",
+    )
+    stream_connections: int = Field(
+        default=200,
+        ge=1,
+        description="live streams one API process serves at once, each holding a connection of "
+        "its one shared Redis pool (503 past it)",
+    )
     stream_ticket_seconds: int = Field(
         default=60, ge=1, le=3600, description="how long a live-stream ticket may be used"
     )

@@ -67,10 +67,15 @@ def create_token(
 def find_token(session: Session, token: str) -> tuple[User, ApiToken] | None:
     """The token's user and row, or None; `Expired` past its expiry. Marks the token used, at
     most once a minute (writes are costly on the hot path of every request)."""
+    return find_token_hash(session, hash_token(token))
+
+
+def find_token_hash(session: Session, token_hash: str) -> tuple[User, ApiToken] | None:
+    """`find_token` by the token's hash (what a stream ticket remembers of it)."""
     row = session.execute(
         select(User, ApiToken)
         .join(ApiToken, ApiToken.user_id == User.id)
-        .where(ApiToken.token_hash == hash_token(token))
+        .where(ApiToken.token_hash == token_hash)
     ).first()
     if row is None:
         return None
