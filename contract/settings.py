@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -19,6 +20,16 @@ SQL_SCHEMES = ("sqlite:", "sqlite+", "postgresql:", "postgresql+")
 
 def _env(name: str) -> AliasChoices:
     return AliasChoices(name, f"TRAINYARD_{name}")
+
+
+def redacted(url: str) -> str:
+    """`url` with its password replaced by ***, to show in messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 class Settings(BaseSettings):
