@@ -195,16 +195,20 @@ async def start_state(
     return await run_in_threadpool(_authorise, services, credentials, job_id)
 
 
-def _token_ended(services: Services, opened: Opened) -> str | None:
+async def _token_ended(services: Services, opened: Opened) -> str | None:
     """Why the stream's token no longer holds (revoked, expired), or None. From the cache
     when it knows the token (a revocation drops it there at once), else from SQL."""
     if opened.expires_at is not None and aware(opened.expires_at) <= utcnow():
         return "the API token this stream was opened with expired"
     if services.tokens.get(opened.token_hash) is not None:
         return None
+    return await run_in_threadpool(_token_revoked, services, opened.token_hash)
+
+
+def _token_revoked(services: Services, token_hash: str) -> str | None:
     try:
         with services.db.sessions() as session:
-            caller_of(session, opened.token_hash, services.tokens)
+            caller_of(session, token_hash, services.tokens)
     except HTTPException:
         return "the API token this stream was opened with was revoked"
     return None
@@ -267,7 +271,7 @@ async def _follow(
         now = time.monotonic()
         if poll_now or now - polled >= STATE_POLL_SECONDS:
             polled = now
-            why = await run_in_threadpool(_token_ended, services, opened)
+            why = await _token_ended(services, opened)
             if why is not None:
                 yield sse("closed", {"reason": why})
                 return
