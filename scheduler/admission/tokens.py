@@ -89,6 +89,8 @@ def issue(
             f"(token_creations_per_minute); retry in {seconds} s",
             retry_after=seconds,
         )
+    if session.get(ApiToken, minter.token_id) is None:  # revoked since this process cached it
+        raise NotAllowed("the API token this request came with has been revoked")
     owner = token_owner(session, caller, user)
     if token_count(session, owner) >= settings.tokens_per_user:
         raise NotAllowed(

@@ -259,3 +259,15 @@ def test_a_repeated_bad_token_costs_no_query(api: Any) -> None:
         event.remove(engine, "before_cursor_execute", count)
     lookups = [sql for sql in statements if "api_tokens" in sql]
     assert len(lookups) == 1, lookups
+
+
+def test_a_token_revoked_elsewhere_but_still_cached_mints_nothing(api: Any) -> None:
+    """Another process revoked it and this one has not heard yet: its cache still says yes."""
+    made = create(api, name="gone").json()
+    assert api.client.get("/api/v1/jobs", headers=bearer(made["token"])).status_code == 200
+    with api.db.session() as session:  # revoked without telling this process
+        session.delete(session.get(ApiToken, made["id"]))
+    before = token_count(api)
+    minted = api.client.post("/api/v1/tokens", json={"name": "late"}, headers=bearer(made["token"]))
+    assert minted.status_code == 403 and "has been revoked" in minted.json()["detail"]
+    assert token_count(api) == before
