@@ -16,13 +16,14 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import redis
+import redis.asyncio
 from anyio import to_thread
 from fastapi import FastAPI
 
 from api.dashboard import Dashboard
 from api.deps import Services, listen_for_revocations
 from api.errors import install_error_handlers
-from api.limits import BodyLimit
+from api.limits import BodyLimit, NoNul
 from api.routes import (
     cluster,
     datasets,
@@ -41,6 +42,8 @@ from scheduler.store.database import Database
 
 API_PREFIX = "/api/v1"
 WEB_DIST = Path(__file__).resolve().parent.parent / "web" / "dist"
+# Connections of the streams' pool beyond one per stream: taking and releasing their places.
+STREAM_POOL_SPARE = 8
 # Room for the multipart envelope around an uploaded file.
 MULTIPART_OVERHEAD = 64 * 1024
 
@@ -66,6 +69,16 @@ def create_app(settings: Settings | None = None, *, web_dist: Path | None = WEB_
         # Sync handlers and dependencies run in anyio's pool (40 threads by default); on the
         # CPU-bound SQL reads more threads than cores only convoy on the interpreter lock.
         to_thread.current_default_thread_limiter().total_tokens = settings.api_threads
+        # Every live stream of this process shares one pool (on this event loop); a stream
+        # holds a connection while it blocks on its job's Redis stream, up to a second.
+        loop = asyncio.get_running_loop()
+        services.stream_redis[loop] = redis.asyncio.Redis(
+            connection_pool=redis.asyncio.BlockingConnectionPool.from_url(
+                settings.redis_url or "",
+                max_connections=settings.stream_connections + STREAM_POOL_SPARE,
+                timeout=10,
+            )
+        )
         listener = asyncio.create_task(
             listen_for_revocations(
                 settings.redis_url or "", services.keys.tokens_revoked, services.tokens
@@ -75,6 +88,7 @@ def create_app(settings: Settings | None = None, *, web_dist: Path | None = WEB_
         listener.cancel()
         # Bounded: a pub/sub connection being closed may never answer the cancellation.
         await asyncio.wait({listener}, timeout=2.0)
+        await services.stream_redis.pop(loop).aclose(close_connection_pool=True)
         services.redis.close()
         services.db.dispose()
 
@@ -90,6 +104,7 @@ def create_app(settings: Settings | None = None, *, web_dist: Path | None = WEB_
     )
     app.state.services = services
     install_error_handlers(app)
+    app.add_middleware(NoNul)
     app.add_middleware(
         BodyLimit,
         default=settings.max_job_bytes,

@@ -16,6 +16,7 @@ import redis.asyncio
 from fastapi import Depends, HTTPException, Path, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from redis.asyncio import Redis as AsyncRedis
 from sqlalchemy.orm import Session
 
 from contract.keys import Keys
@@ -26,7 +27,7 @@ from scheduler.store import jobs as job_store
 from scheduler.store.database import Database
 from scheduler.store.errors import Expired
 from scheduler.store.models import Job, User, aware, utcnow
-from scheduler.store.users import find_token, hash_token
+from scheduler.store.users import find_token_hash, hash_token
 
 # Ids and steps are 32-bit integer columns; larger numbers cannot name anything.
 MAX_INT = 2**31 - 1
@@ -59,33 +60,63 @@ class GraphCache:
             self._items.pop(job_id, None)
 
 
-class TokenCache:
-    """Users of recently seen tokens, for a few seconds: every request authenticates, and this
-    saves the busiest endpoints a query each. Keyed by the token's hash, like the table. A
-    revoked token is dropped at once: by this process when it revokes it, by every other API
-    process when the revocation is announced on Redis (`listen_for_revocations`)."""
+@dataclass(frozen=True)
+class Caller:
+    """Who a request's token says it is: the user, and the token itself (what it may mint,
+    when a stream opened with it must close)."""
 
-    def __init__(self, seconds: float = 10.0, size: int = 1024) -> None:
-        self.seconds, self.size = seconds, size
-        self._items: dict[str, tuple[float, User]] = {}
+    user: User
+    token_id: int
+    token_hash: str
+    expires_at: datetime | None
+
+
+class TokenCache:
+    """Callers of recently seen tokens, for a few seconds: every request authenticates, and
+    this saves the busiest endpoints a query each. Keyed by the token's hash, like the table. A
+    revoked token is dropped at once: by this process when it revokes it, by every other API
+    process when the revocation is announced on Redis (`listen_for_revocations`).
+
+    Refused tokens are remembered too, for `refused_seconds`, so a client repeating a bad or
+    expired token costs no query per request. Both maps are bounded: past `size` entries one
+    starts over (a burst of distinct bad tokens cannot evict the good ones)."""
+
+    def __init__(self, seconds: float = 10.0, size: int = 1024, refused_seconds: float = 5.0):
+        self.seconds, self.size, self.refused_seconds = seconds, size, refused_seconds
+        self._items: dict[str, tuple[float, Caller]] = {}
+        self._refused: dict[str, tuple[float, str]] = {}
         self._lock = threading.Lock()
 
-    def get(self, token_hash: str) -> User | None:
+    def get(self, token_hash: str) -> Caller | None:
         with self._lock:
             found = self._items.get(token_hash)
         if found is None or found[0] < time.monotonic():
             return None
         return found[1]
 
-    def put(self, token_hash: str, user: User, expires_at: datetime | None = None) -> None:
+    def put(self, caller: Caller) -> None:
         until = time.monotonic() + self.seconds
-        if expires_at is not None:  # never past the token's own expiry
-            left = (aware(expires_at) - utcnow()).total_seconds()
+        if caller.expires_at is not None:  # never past the token's own expiry
+            left = (aware(caller.expires_at) - utcnow()).total_seconds()
             until = min(until, time.monotonic() + left)
         with self._lock:
             if len(self._items) >= self.size:
                 self._items.clear()  # a burst of distinct tokens: start over, stay bounded
-            self._items[token_hash] = (until, user)
+            self._items[caller.token_hash] = (until, caller)
+
+    def refusal(self, token_hash: str) -> str | None:
+        """Why the token was refused a moment ago, or None."""
+        with self._lock:
+            found = self._refused.get(token_hash)
+        if found is None or found[0] < time.monotonic():
+            return None
+        return found[1]
+
+    def refuse(self, token_hash: str, reason: str) -> None:
+        with self._lock:
+            if len(self._refused) >= self.size:
+                self._refused.clear()
+            self._refused[token_hash] = (time.monotonic() + self.refused_seconds, reason)
 
     def drop(self, token_hash: str) -> None:
         with self._lock:
@@ -127,6 +158,11 @@ class Services:
     keys: Keys
     graphs: GraphCache = field(default_factory=GraphCache)
     tokens: TokenCache = field(default_factory=TokenCache)
+    # Live streams: one Redis pool for all of this process's, made by the app's lifespan on
+    # its event loop (uvicorn runs one; tests may serve the app from two), and how many are
+    # open here (api/stream_slots.py).
+    stream_redis: dict[asyncio.AbstractEventLoop, AsyncRedis] = field(default_factory=dict)
+    streams_open: int = 0
     sessions_open: asyncio.Semaphore = field(init=False)
     backends: Backends = field(init=False)  # what the submission pipeline reaches
 
@@ -187,47 +223,68 @@ Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 
 def authenticate(
     session: Session, credentials: HTTPAuthorizationCredentials | None, tokens: TokenCache
-) -> User:
+) -> Caller:
     if credentials is None:
         raise HTTPException(
             401,
             "missing API token: send the header 'Authorization: Bearer <token>'",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    token_hash = hash_token(credentials.credentials)
-    user = tokens.get(token_hash)
-    if user is not None:
-        return user
+    return caller_of(session, hash_token(credentials.credentials), tokens)
+
+
+def caller_of(session: Session, token_hash: str, tokens: TokenCache) -> Caller:
+    """The caller whose token has this hash, from the cache or SQL; 401 if none is valid."""
+    caller = tokens.get(token_hash)
+    if caller is not None:
+        return caller
+    refused = tokens.refusal(token_hash)
+    if refused is not None:
+        raise _invalid_token(refused)
     try:
-        found = find_token(session, credentials.credentials)
+        found = find_token_hash(session, token_hash)
     except Expired as error:
-        raise HTTPException(
-            401, str(error), headers={"WWW-Authenticate": 'Bearer error="invalid_token"'}
-        ) from None
+        tokens.refuse(token_hash, str(error))
+        raise _invalid_token(str(error)) from None
     if found is None:
-        raise HTTPException(
-            401, "invalid API token", headers={"WWW-Authenticate": 'Bearer error="invalid_token"'}
-        )
+        tokens.refuse(token_hash, "invalid API token")
+        raise _invalid_token("invalid API token")
     user, row = found
     if session.dirty:  # the token's last_used_at moved (at most once a minute)
         session.commit()
     # The cached user is shared by requests: out of this session, a rollback here (a failed
     # insert) cannot expire it under the others.
     session.expunge(user)
-    tokens.put(token_hash, user, row.expires_at)
-    return user
+    caller = Caller(user, row.id, token_hash, row.expires_at)
+    tokens.put(caller)
+    return caller
 
 
-async def get_current_user(
+def _invalid_token(message: str) -> HTTPException:
+    return HTTPException(401, message, headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
+
+
+async def get_caller(
     session: SessionDep, credentials: Credentials, services: ServicesDep
-) -> User:
+) -> Caller:
     """A token seen in the last seconds is answered from the cache, here on the event loop;
     only a new one is looked up in SQL, in the thread pool."""
     if credentials is not None:
-        user = services.tokens.get(hash_token(credentials.credentials))
-        if user is not None:
-            return user
+        token_hash = hash_token(credentials.credentials)
+        caller = services.tokens.get(token_hash)
+        if caller is not None:
+            return caller
+        refused = services.tokens.refusal(token_hash)
+        if refused is not None:
+            raise _invalid_token(refused)
     return await run_in_threadpool(authenticate, session, credentials, services.tokens)
+
+
+CallerDep = Annotated[Caller, Depends(get_caller)]
+
+
+async def get_current_user(caller: CallerDep) -> User:
+    return caller.user
 
 
 CurrentUser = Annotated[User, Depends(get_current_user)]

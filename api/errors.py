@@ -13,7 +13,7 @@ import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException
 
 from dsl.errors import JobSpecError
@@ -102,6 +102,15 @@ def install_error_handlers(app: FastAPI) -> None:
     async def database_down(request: Request, exc: OperationalError) -> JSONResponse:
         log.error("database error on %s %s: %s", request.method, request.url.path, exc.orig)
         return error_response(503, "the database is unavailable; try again shortly")
+
+    @app.exception_handler(DataError)
+    async def unstorable_value(request: Request, exc: DataError) -> JSONResponse:
+        # A value the database refuses (PostgreSQL: a NUL in a text, a number out of its
+        # column's range) that no check before the store caught: the client's to change.
+        log.warning(
+            "database refused a value on %s %s: %s", request.method, request.url.path, exc.orig
+        )
+        return error_response(422, f"a value the database cannot store: {exc.orig}")
 
     @app.exception_handler(redis.ConnectionError)
     @app.exception_handler(redis.TimeoutError)

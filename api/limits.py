@@ -1,13 +1,17 @@
-"""A cap on request bodies, enforced while they arrive (before anything buffers them).
+"""What a request may be before any route reads it: a cap on bodies, enforced while they
+arrive (before anything buffers them), and no NUL character in its address.
 
 A declared Content-Length over the limit is refused at once; a body sent without one (chunked)
 is counted as it streams and refused when it passes the limit. Either way the client gets the
-API's JSON 413, and nothing of the request reaches the store.
+API's JSON 413, and nothing of the request reaches the store. A NUL in the path or a query
+parameter (`?name=a%00b`) is refused with a 422 naming the parameter: no text column of
+PostgreSQL can hold one, and no name or id of ours contains one.
 """
 
 from __future__ import annotations
 
 import json
+from urllib.parse import parse_qsl
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -58,6 +62,35 @@ class BodyLimit:
         await self.app(scope, counted, send)
 
 
+class NoNul:
+    """Pure ASGI middleware: a 422 for a NUL character in the path or in a query parameter."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            problem = nul_in_address(
+                scope["path"], scope.get("query_string", b"").decode("latin-1")
+            )
+            if problem is not None:
+                await _send_error(send, 422, problem)
+                return
+        await self.app(scope, receive, send)
+
+
+def nul_in_address(path: str, query: str) -> str | None:
+    """Where a NUL character is, as the API's 422s name a place (`query.name: ...`), or None."""
+    if "\0" in path:
+        return "path: holds a NUL character"
+    if "%00" not in query and "\0" not in query:
+        return None
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if "\0" in value or "\0" in name:
+            return f"query.{name.replace(chr(0), '?')}: holds a NUL character"
+    return None
+
+
 def _content_length(scope: Scope) -> int | None:
     for name, value in scope["headers"]:
         if name == b"content-length":
@@ -69,11 +102,15 @@ def _content_length(scope: Scope) -> int | None:
 
 
 async def _send_413(send: Send, message: str) -> None:
+    await _send_error(send, 413, message)
+
+
+async def _send_error(send: Send, status: int, message: str) -> None:
     body = json.dumps({"detail": message, "errors": []}).encode()
     await send(
         {
             "type": "http.response.start",
-            "status": 413,
+            "status": status,
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),

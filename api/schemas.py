@@ -417,13 +417,14 @@ ERROR_DESCRIPTIONS = {
     400: "bad request (e.g. multipart form data that cannot be parsed)",
     401: "missing, invalid or expired API token",
     403: "refused: not allowed for this user (admins only, or over a quota), or a recorded "
-    "file lies outside the artifact directory",
+    "file lies outside its job's run directory or its owner's folder",
     404: "no such object, or not yours",
     409: "not allowed in the object's current state",
     413: "request body too large",
     415: "unsupported content type or file kind",
     422: "invalid job (with located errors) or invalid parameters",
-    429: "too many submissions: wait the seconds of the Retry-After header",
+    429: "too many requests of this kind (submissions, tokens created, open streams): wait "
+    "the seconds of the Retry-After header",
     503: "the database or Redis is unavailable",
 }
 

@@ -20,7 +20,11 @@ class TokenCreate(BaseModel):
         description="unique among the user's tokens: letters, digits, space, '_.@:-'",
     )
     expires_in_days: int | None = Field(
-        default=None, ge=1, le=MAX_EXPIRY_DAYS, description="unset: the token never expires"
+        default=None,
+        ge=1,
+        le=MAX_EXPIRY_DAYS,
+        description="unset: it expires with the token that mints it (never, if that one never "
+        "does)",
     )
     user: str | None = Field(
         default=None,

@@ -7,6 +7,11 @@ stopped. Job state
 changes come from SQL (where the ingester puts them), polled every second and at once when a
 process reports a state; when the job has ended the stream drains what is left, sends `end` and
 closes.
+
+A stream is bounded: each user holds at most `streams_per_user` open, each API process serves
+at most `stream_connections` from one shared Redis pool (api/stream_slots.py), and a stream
+closes (event `closed`) within a second or so of the token it was opened with being revoked or
+expiring.
 """
 
 from __future__ import annotations
@@ -17,23 +22,28 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from typing import Annotated, Any
 
 import redis.asyncio
 from fastapi import APIRouter, Depends, Header, HTTPException, Query
 from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import (
+    Caller,
+    CallerDep,
     Credentials,
-    CurrentUser,
     JobId,
     Services,
     ServicesDep,
     authenticate,
+    caller_of,
 )
 from api.schemas import StageTimelineOut, errors, finite
 from api.schemas_access import StreamTicket
+from api.stream_slots import StreamSlot, stream_client, take_slot
 from contract.stream import (
     CheckpointRecord,
     EventRecord,
@@ -46,7 +56,7 @@ from contract.stream import (
     decode_record,
 )
 from scheduler.store.jobs import get_job
-from scheduler.store.models import Job, User
+from scheduler.store.models import Job, aware, utcnow
 from scheduler.store.states import JobState
 
 router = APIRouter(tags=["jobs"])
@@ -106,24 +116,41 @@ def _load_state(services: Services, job_id: int) -> Snapshot:
         return Snapshot(JobState(job.state), job.step, job.error)
 
 
-def _authorise(services: Services, credentials: Any, job_id: int) -> Snapshot:
+@dataclass(frozen=True)
+class Opened:
+    """A stream allowed to open: the job's state, and who opened it with which token."""
+
+    snapshot: Snapshot
+    user_id: int
+    token_hash: str
+    expires_at: datetime | None
+
+
+def _opened(session: Any, caller: Caller, job_id: int) -> Opened:
+    job = get_job(session, caller.user, job_id)
+    snapshot = Snapshot(JobState(job.state), job.step, job.error)
+    return Opened(snapshot, caller.user.id, caller.token_hash, caller.expires_at)
+
+
+def _authorise(services: Services, credentials: Any, job_id: int) -> Opened:
     # A short session of its own: a stream can stay open for hours.
     with services.db.sessions() as session:
-        user = authenticate(session, credentials, services.tokens)
-        job = get_job(session, user, job_id)
-        return Snapshot(JobState(job.state), job.step, job.error)
+        return _opened(session, authenticate(session, credentials, services.tokens), job_id)
 
 
-def issue_ticket(services: Services, user: User, job_id: int) -> StreamTicket:
-    """A random ticket to open `job_id`'s stream once, within the settings' seconds."""
+def issue_ticket(services: Services, caller: Caller, job_id: int) -> StreamTicket:
+    """A random ticket to open `job_id`'s stream once, within the settings' seconds; the
+    stream it opens lives as long as the caller's token."""
     ticket = secrets.token_urlsafe(24)
     seconds = services.settings.stream_ticket_seconds
-    services.redis.set(services.keys.stream_ticket(ticket), f"{job_id}:{user.id}", ex=seconds)
+    value = f"{job_id}:{caller.user.id}:{caller.token_hash}"
+    services.redis.set(services.keys.stream_ticket(ticket), value, ex=seconds)
     return StreamTicket(ticket=ticket, job_id=job_id, expires_in=seconds)
 
 
-def _redeem(services: Services, ticket: str, job_id: int) -> Snapshot:
-    """The job's state if `ticket` is a live ticket to its stream, used up here."""
+def _redeem(services: Services, ticket: str, job_id: int) -> Opened:
+    """The job's state if `ticket` is a live ticket to its stream, used up here, and its
+    token still valid."""
     raw = services.redis.getdel(services.keys.stream_ticket(ticket))
     refused = HTTPException(
         401,
@@ -133,7 +160,9 @@ def _redeem(services: Services, ticket: str, job_id: int) -> Snapshot:
     )
     if raw is None:
         raise refused
-    ticket_job, _, user_id = (raw.decode() if isinstance(raw, bytes) else str(raw)).partition(":")
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    ticket_job, _, rest = text.partition(":")
+    user_id, _, token_hash = rest.partition(":")
     if int(ticket_job) != job_id:
         raise HTTPException(
             401,
@@ -141,11 +170,10 @@ def _redeem(services: Services, ticket: str, job_id: int) -> Snapshot:
             headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
         )
     with services.db.sessions() as session:
-        user = session.get(User, int(user_id))
-        if user is None:  # deleted since
+        caller = caller_of(session, token_hash, services.tokens)  # revoked since: 401
+        if caller.user.id != int(user_id):
             raise refused
-        job = get_job(session, user, job_id)
-        return Snapshot(JobState(job.state), job.step, job.error)
+        return _opened(session, caller, job_id)
 
 
 async def start_state(
@@ -161,26 +189,48 @@ async def start_state(
             "wins when both are given",
         ),
     ] = None,
-) -> Snapshot:
+) -> Opened:
     if credentials is None and ticket:
         return await run_in_threadpool(_redeem, services, ticket, job_id)
     return await run_in_threadpool(_authorise, services, credentials, job_id)
 
 
-async def follow(
-    services: Services, job_id: int, first: Snapshot, after: str | None
-) -> AsyncIterator[str]:
-    # A connection of its own, on this request's event loop, held while the client listens.
-    client = redis.asyncio.Redis.from_url(services.settings.redis_url or "")
+async def _token_ended(services: Services, opened: Opened) -> str | None:
+    """Why the stream's token no longer holds (revoked, expired), or None. From the cache
+    when it knows the token (a revocation drops it there at once), else from SQL."""
+    if opened.expires_at is not None and aware(opened.expires_at) <= utcnow():
+        return "the API token this stream was opened with expired"
+    if services.tokens.get(opened.token_hash) is not None:
+        return None
+    return await run_in_threadpool(_token_revoked, services, opened.token_hash)
+
+
+def _token_revoked(services: Services, token_hash: str) -> str | None:
     try:
-        async for event in _follow(client, services, job_id, first, after):
+        with services.db.sessions() as session:
+            caller_of(session, token_hash, services.tokens)
+    except HTTPException:
+        return "the API token this stream was opened with was revoked"
+    return None
+
+
+async def follow(
+    services: Services, job_id: int, opened: Opened, after: str | None, slot: StreamSlot
+) -> AsyncIterator[str]:
+    try:
+        async for event in _follow(stream_client(services), services, job_id, opened, after, slot):
             yield event
     finally:
-        await client.aclose()
+        await slot.release()
 
 
 async def _follow(
-    client: redis.asyncio.Redis, services: Services, job_id: int, first: Snapshot, after: str | None
+    client: redis.asyncio.Redis,
+    services: Services,
+    job_id: int,
+    opened: Opened,
+    after: str | None,
+    slot: StreamSlot,
 ) -> AsyncIterator[str]:
     key = services.keys.job_stream(job_id)
     if after is None:
@@ -189,6 +239,7 @@ async def _follow(
         # nothing appended between two reads is missed (which repeating "$" would do).
         newest: Any = await client.xrevrange(key, count=1)
         after = decode_id(newest[0][0]) if newest else "0-0"
+    first = opened.snapshot
     yield sse("state", first.data())
     state = first
     polled = time.monotonic()
@@ -220,6 +271,11 @@ async def _follow(
         now = time.monotonic()
         if poll_now or now - polled >= STATE_POLL_SECONDS:
             polled = now
+            why = await _token_ended(services, opened)
+            if why is not None:
+                yield sse("closed", {"reason": why})
+                return
+            await slot.renew()
             current = await run_in_threadpool(_load_state, services, job_id)
             if current != state:
                 state = current
@@ -249,20 +305,22 @@ def decode_id(entry_id: bytes | str) -> str:
     "({step, group, rank, time, values}), `log` ({group, rank, time, line}), `checkpoint` "
     "({step, size, time, best}), `event` (the job's: {step, message, time}, e.g. it stopped "
     "early), `timeline` (a pipeline stage's timeline of a step: {group, rank, step, events}, "
-    "as GET /jobs/{job_id}/pipeline lists it) and `end` (the job has ended; the "
-    "stream closes). Record events carry their Redis stream id; reconnect with Last-Event-ID "
+    "as GET /jobs/{job_id}/pipeline lists it), `end` (the job has ended; the "
+    "stream closes) and `closed` ({reason}: the token it was opened with was revoked or "
+    "expired; the stream closes). A user holds at most the server's streams_per_user streams "
+    "open (429 past it). Record events carry their Redis stream id; reconnect with Last-Event-ID "
     "(or ?last_event_id=) to resume after it. Without one, only records newer than the request "
     "are sent.",
     response_class=StreamingResponse,
     responses={
         200: {"content": {"text/event-stream": {}}, "description": "an event stream"},
-        **errors(401, 404, 422),
+        **errors(401, 404, 422, 429),
     },
 )
 async def stream_job(
     job_id: JobId,
     services: ServicesDep,
-    first: Annotated[Snapshot, Depends(start_state)],
+    opened: Annotated[Opened, Depends(start_state)],
     last_event_id: Annotated[
         str | None, Query(max_length=41, description="resume after this event id")
     ] = None,
@@ -273,10 +331,13 @@ async def stream_job(
     after = last_event_header or last_event_id
     if after is not None and not valid_stream_id(after):
         raise HTTPException(422, f"'{after}' is not an event id of this stream")
+    slot = await take_slot(services, opened.user_id)
     return StreamingResponse(
-        follow(services, job_id, first, after),
+        follow(services, job_id, opened, after, slot),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        # Also when the body never started (the client left at once): released once.
+        background=BackgroundTask(slot.release),
     )
 
 
@@ -291,7 +352,7 @@ async def stream_job(
     "in a URL.",
     responses=errors(401, 404, 422),
 )
-def stream_ticket(job_id: JobId, user: CurrentUser, services: ServicesDep) -> StreamTicket:
+def stream_ticket(job_id: JobId, caller: CallerDep, services: ServicesDep) -> StreamTicket:
     with services.db.sessions() as session:
-        get_job(session, user, job_id)  # 404 unless the caller may see it
-    return issue_ticket(services, user, job_id)
+        get_job(session, caller.user, job_id)  # 404 unless the caller may see it
+    return issue_ticket(services, caller, job_id)

@@ -78,12 +78,21 @@ class Keys:
         return f"{self.job_scope(job_id)}:ps:*"
 
     def stream_ticket(self, ticket: str) -> str:
-        """A short-lived ticket to one job's live stream: `<job id>:<user id>`, with a TTL."""
+        """A short-lived ticket to one job's live stream, `<job id>:<user id>:<token hash>` (the
+        token that asked for it), with a TTL."""
         return f"{self.prefix}:ticket:{ticket}"
+
+    def open_streams(self, user_id: int) -> str:
+        """Sorted set of a user's open live streams, scored by when their lease ends."""
+        return f"{self.prefix}:user:{user_id}:streams"
 
     def submissions(self, user_id: int) -> str:
         """Sorted set of a user's recent submission times (the rate limit's window)."""
         return f"{self.prefix}:user:{user_id}:submissions"
+
+    def token_creations(self, user_id: int) -> str:
+        """Sorted set of the times a user created tokens (the rate limit's window)."""
+        return f"{self.prefix}:user:{user_id}:token-creations"
 
     @property
     def tokens_revoked(self) -> str:

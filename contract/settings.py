@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -19,6 +20,16 @@ SQL_SCHEMES = ("sqlite:", "sqlite+", "postgresql:", "postgresql+")
 
 def _env(name: str) -> AliasChoices:
     return AliasChoices(name, f"TRAINYARD_{name}")
+
+
+def redacted(url: str) -> str:
+    """`url` with its password replaced by ***, to show in messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 class Settings(BaseSettings):
@@ -75,6 +86,24 @@ class Settings(BaseSettings):
         "with a slow database (CPU-bound ones contend for the interpreter lock)",
     )
 
+    token_creations_per_minute: int = Field(
+        default=10, ge=1, description="API tokens one user may create in any minute (429 past it)"
+    )
+    tokens_per_user: int = Field(
+        default=100, ge=1, description="API tokens one user may hold at once (403 past it)"
+    )
+    streams_per_user: int = Field(
+        default=8,
+        ge=1,
+        description="live streams (GET /jobs/{id}/stream) one user may hold open at once, over "
+        "every API process (429 past it)",
+    )
+    stream_connections: int = Field(
+        default=200,
+        ge=1,
+        description="live streams one API process serves at once, each holding a connection of "
+        "its one shared Redis pool (503 past it)",
+    )
     stream_ticket_seconds: int = Field(
         default=60, ge=1, le=3600, description="how long a live-stream ticket may be used"
     )

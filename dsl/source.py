@@ -7,6 +7,8 @@ error can point at the user's file.
 
 from __future__ import annotations
 
+import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,7 +98,7 @@ class _Builder:
                         self.source.issue(path, "a key must be a plain name, not a collection")
                     )
                     continue
-                key = self.scalars.construct_object(key_node)
+                key = self._scalar(key_node, path)
                 if not isinstance(key, str | int | float | bool) or key is None:
                     key = str(key)
                 child = (*path, key if isinstance(key, str) else str(key))
@@ -115,11 +117,36 @@ class _Builder:
             return out
         if isinstance(node, SequenceNode):
             return [self.build(item, (*path, i)) for i, item in enumerate(node.value)]
+        return self._scalar(node, path)
+
+    def _scalar(self, node: Node, path: Path) -> Any:
+        # PyYAML resolves a scalar's type by its look, then converts it: `2024-13-45` looks
+        # like a date and is none; an integer of more than 4,300 digits is refused by int().
         try:
-            return self.scalars.construct_object(node)
+            value = self.scalars.construct_object(node)
+            if isinstance(value, str) and "\0" in value:  # "\0" in double quotes
+                self.issues.append(
+                    self.source.issue(path, "text holds a NUL character", hint="remove the \\0")
+                )
+                return None
+            return value
         except yaml.YAMLError as exc:
             self.issues.append(self.source.issue(path, f"bad scalar value: {exc}"))
-            return None
+        except (ValueError, OverflowError, TypeError, AttributeError, LookupError) as exc:
+            # `!!timestamp "x"`, `!!bool "x"`: PyYAML's constructors assume their own look.
+            reason = (
+                str(exc).split(";")[0]
+                if isinstance(exc, ValueError | OverflowError)
+                else f"'{str(node.value)[:40]}' cannot be read as one"
+            )
+            self.issues.append(
+                self.source.issue(
+                    path,
+                    f"not a valid {node.tag.rsplit(':', 1)[-1]}: {reason}",
+                    hint="quote it to make it a string",
+                )
+            )
+        return None
 
 
 # PyYAML's scanner takes time quadratic in the nesting of flow collections ([[[[...), so a
@@ -149,6 +176,18 @@ def _too_deep(text: str) -> tuple[int, int] | None:
             elif char in "]}":
                 depth = max(depth - 1, 0)
             previous = char
+    return None
+
+
+_LONG_ESCAPE = re.compile(r"\\U([0-9A-Fa-f]{8})")
+
+
+def _escape_past_unicode(text: str) -> tuple[int, int] | None:
+    """The (line, column) of the first \\U escape past the last code point, or None."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        for match in _LONG_ESCAPE.finditer(line):
+            if int(match.group(1), 16) > sys.maxunicode:
+                return number, match.start() + 1
     return None
 
 
@@ -202,6 +241,17 @@ def parse_document(text: str, filename: str = "<job>") -> tuple[dict[str, Any], 
         ) from None
     except yaml.YAMLError as exc:
         raise JobSpecError(SpecIssue("<document>", f"malformed YAML: {exc}")) from None
+    except ValueError as exc:  # the scanner's chr() of an escape past U+10FFFF ("\U00110000")
+        line, column = _escape_past_unicode(text) or (None, None)
+        raise JobSpecError(
+            SpecIssue(
+                "<document>",
+                f"malformed YAML: {exc}",
+                line,
+                column,
+                "a \\U escape names at most U+0010FFFF",
+            )
+        ) from None
     if root is None:
         raise JobSpecError(SpecIssue("<document>", "the job document is empty"))
     builder = _Builder(source)

@@ -146,19 +146,28 @@ REDIS_PASSWORD = re.compile(r"\$\{REDIS_PASSWORD:-([^}]+)\}")
 
 
 def test_redis_requires_the_password_every_client_sends(compose: dict[str, Any]) -> None:
-    """Both Redis servers require the one REDIS_PASSWORD, their healthchecks authenticate,
-    and every Redis URL the Trainyard services get carries it."""
+    """Both Redis servers require the one REDIS_PASSWORD, given in a config file written from
+    the environment (no command line holds it: `ps` shows command lines to every user),
+    their healthchecks authenticate, and every Redis URL the Trainyard services get
+    carries it."""
     services = compose["services"]
     defaults = set()
     for name in ("redis", "redis-ps"):
-        command = services[name]["command"]
-        assert "--requirepass" in command, f"{name} runs without a password"
-        password = command[command.index("--requirepass") + 1]
-        found = REDIS_PASSWORD.fullmatch(password)
-        assert found, f"{name}: the password must come from REDIS_PASSWORD, not {password!r}"
+        command = " ".join(services[name]["command"])
+        assert "requirepass" in command, f"{name} runs without a password"
+        assert "--requirepass" not in command and "${" not in command, (
+            f"{name}: the password is on a command line"
+        )
+        # The shell writes the config from its environment ($$: no compose interpolation).
+        assert "printf 'requirepass %s\\n' \"$$REDIS_PASSWORD\" > /data/password.conf" in command
+        assert "redis-server /data/password.conf" in command
+        assert "umask 077" in command  # the config file is the server user's alone
+        environment = services[name]["environment"]
+        found = REDIS_PASSWORD.fullmatch(environment["REDIS_PASSWORD"])
+        assert found, f"{name}: the password must come from REDIS_PASSWORD"
         defaults.add(found[1])
         # redis-cli reads REDISCLI_AUTH; the check greps for PONG (NOAUTH is an error reply).
-        assert services[name]["environment"]["REDISCLI_AUTH"] == password
+        assert environment["REDISCLI_AUTH"] == environment["REDIS_PASSWORD"]
         assert "grep -q PONG" in " ".join(services[name]["healthcheck"]["test"])
     for name in ("api", "scheduler", "worker"):
         env = services[name]["environment"]
@@ -167,6 +176,7 @@ def test_redis_requires_the_password_every_client_sends(compose: dict[str, Any])
             auth = re.fullmatch(r"redis://:(\$\{REDIS_PASSWORD:-[^}]+\})@[\w-]+:6379/0", url)
             assert auth, f"{name}: {url} does not send REDIS_PASSWORD"
             defaults.add(REDIS_PASSWORD.fullmatch(auth[1])[1])  # type: ignore[index]
+        assert not any("PASSWORD" in part for part in services[name].get("command", []))
     assert len(defaults) == 1  # one default, the same everywhere
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+
 from fastapi import APIRouter
 
 from api.deps import CurrentUser, ServicesDep, SessionDep
@@ -32,13 +35,30 @@ def allocation_out(node: str, alloc: Allocation) -> AllocationOut:
     )
 
 
+JOB_ID = re.compile(r"\bjob (\d+)")
+
+
+def visible_reason(reason: str, own: bool, shown: Callable[[int], bool]) -> str:
+    """A waiting reason as the caller may read it: no id of a job they may not see, and of
+    another user's job no more than the kind of wait (not its owner's quota use)."""
+    if not own:
+        if reason.startswith("waiting for its owner's quota"):
+            return "waiting for its owner's quota"
+        if reason.startswith("waiting behind job"):
+            return "waiting behind another job"
+    return JOB_ID.sub(
+        lambda match: match[0] if shown(int(match[1])) else "another user's job", reason
+    )
+
+
 @router.get(
     "/cluster",
     response_model=ClusterOut,
     summary="Nodes, running jobs and the queue",
     description="Every node agent with its capacity and use, the processes of scheduled and "
     "running jobs, and the queue in placement order with why each job waits. Other users' "
-    "jobs show without id and name, unless the caller is an admin.",
+    "jobs show without id and name, and their waiting reasons without other jobs' ids or "
+    "their owners' quota use, unless the caller is an admin.",
     responses=errors(401),
 )
 def cluster(session: SessionDep, user: CurrentUser, services: ServicesDep) -> ClusterOut:
@@ -80,7 +100,7 @@ def cluster(session: SessionDep, user: CurrentUser, services: ServicesDep) -> Cl
                 position=entry.position,
                 slots=entry.slots,
                 gpus=entry.gpus,
-                reason=entry.reason,
+                reason=visible_reason(entry.reason, shown(entry.job_id), shown),
             )
             for entry in view.queue
         ],

@@ -104,6 +104,7 @@ def compiled_job(job: Job, user: User, session: SessionDep, services: Services) 
             owner=user,
             cache_dir=services.settings.cache_dir(),
             base_dir=services.settings.resolved_data_dir(),
+            artifacts=services.settings.artifacts(),
         ).compiled
         services.graphs.put(job.id, compiled)
     return compiled

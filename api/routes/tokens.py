@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response
 
-from api.deps import MAX_INT, CurrentUser, ServicesDep, SessionDep
+from api.deps import MAX_INT, CallerDep, CurrentUser, ServicesDep, SessionDep
 from api.schemas import errors
 from api.schemas_access import TokenCreate, TokenCreated, TokenOut
 from scheduler.admission import tokens
@@ -51,14 +51,27 @@ def get_tokens(
     status_code=201,
     response_model=TokenCreated,
     summary="Create an API token",
-    description="A new named token, optionally expiring after `expires_in_days` (then 401 "
-    "saying it expired). The secret is in this answer only. An admin may create one for "
-    "another user (`user`). 409 if the user has a token of that name.",
-    responses=errors(400, 401, 403, 404, 409, 422),
+    description="A new named token, minted by the token of this request: it expires after "
+    "`expires_in_days` (then 401 saying it expired), and never later than the token that "
+    "minted it (unset: with it; a minting token that never expires may mint ones that never "
+    "expire). Revoking a token revokes the tokens it minted. The secret is in this answer "
+    "only. An admin may create one for another user (`user`). 409 if the user has a token of "
+    "that name; 429 past the server's token_creations_per_minute, 403 past tokens_per_user.",
+    responses=errors(400, 401, 403, 404, 409, 422, 429),
 )
-def create_token(body: TokenCreate, session: SessionDep, caller: CurrentUser) -> TokenCreated:
+def create_token(
+    body: TokenCreate, session: SessionDep, caller: CallerDep, services: ServicesDep
+) -> TokenCreated:
     issued = tokens.issue(
-        session, caller, user=body.user, name=body.name, expires_in_days=body.expires_in_days
+        session,
+        caller.user,
+        tokens.Minter(caller.token_id, caller.expires_at),
+        user=body.user,
+        name=body.name,
+        expires_in_days=body.expires_in_days,
+        client=services.redis,
+        keys=services.keys,
+        settings=services.settings,
     )
     return TokenCreated(**token_out(issued.token, issued.owner).model_dump(), token=issued.secret)
 
@@ -68,8 +81,9 @@ def create_token(body: TokenCreate, session: SessionDep, caller: CurrentUser) ->
     status_code=204,
     response_class=Response,
     summary="Revoke an API token",
-    description="At once, in every API process: the next request with it gets 401. Yours, or "
-    "any user's for an admin (404 otherwise, as for an id that does not exist).",
+    description="At once, in every API process: the next request with it, or with any token "
+    "it minted (and theirs), gets 401, and live streams opened with them close. Yours, or any "
+    "user's for an admin (404 otherwise, as for an id that does not exist).",
     responses=errors(401, 404, 422),
 )
 def delete_token(

@@ -33,7 +33,7 @@ from dsl.search import SearchConfig, base_document
 from dsl.search_checks import space_issues
 from dsl.source import ParsedDocument, SourceMap
 from dsl.topology import Topology, resolve_topology
-from scheduler.store.datasets import dataset_names, get_dataset
+from scheduler.store.datasets import dataset_file, dataset_names, get_dataset
 from scheduler.store.jobs import NewJob
 from scheduler.store.models import User
 from scheduler.store.sweeps import NewSweep
@@ -128,20 +128,22 @@ def check_job(
     owner: User,
     cache_dir: Path,
     base_dir: Path,
+    artifacts: Path,
     overrides: Mapping[str, Any] | None = None,
 ) -> CheckedJob:
     """Validate and compile `job` as `owner` would run it: the service's one way in.
 
     A document (text, mapping or parsed) gets the service's rules; a `JobSpec` is a stored execution
     spec, checked when it was submitted, and is compiled as it is (its files are absolute).
-    Relative file paths (admins only) resolve against `base_dir`.
+    Relative file paths (admins only) resolve against `base_dir`; a named dataset's file
+    must lie in its owner's folder under `artifacts`.
     """
     resolved: list[DataSourceConfig] = []
 
     def describe_data(spec: JobSpec) -> BuildContext:
         stored = isinstance(job, JobSpec)
         try:
-            data = spec.data if stored else _data_to_run(session, owner, spec, base_dir)
+            data = spec.data if stored else _data_to_run(session, owner, spec, base_dir, artifacts)
             resolved.append(data)
             return _describe(data, spec.seed, cache_dir).build_context()
         except DataSourceError as exc:
@@ -203,6 +205,7 @@ def check_sweep(
     owner: User,
     cache_dir: Path,
     base_dir: Path,
+    artifacts: Path,
     overrides: Mapping[str, Any] | None = None,
 ) -> CheckedSweep:
     """`check_job` for a document with a `search:` section, then the base job compiled with the
@@ -214,6 +217,7 @@ def check_sweep(
         owner=owner,
         cache_dir=cache_dir,
         base_dir=base_dir,
+        artifacts=artifacts,
         overrides=overrides,
     )
     # Its metric and mode filled in (the base job's objective by default), as the sweep stores it.
@@ -229,6 +233,7 @@ def check_sweep(
             owner=owner,
             cache_dir=cache_dir,
             base_dir=base_dir,
+            artifacts=artifacts,
             overrides=values,
         )
 
@@ -288,9 +293,11 @@ def _server_file_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
     return issues
 
 
-def _data_to_run(session: Session, owner: User, spec: JobSpec, base_dir: Path) -> DataSourceConfig:
-    """The data config workers get: a named dataset becomes its stored file, and relative
-    paths become absolute (workers run elsewhere)."""
+def _data_to_run(
+    session: Session, owner: User, spec: JobSpec, base_dir: Path, artifacts: Path
+) -> DataSourceConfig:
+    """The data config workers get: a named dataset becomes its stored file (which must lie
+    in its owner's folder), and relative paths become absolute (workers run elsewhere)."""
     data = spec.data
     if isinstance(data, DatasetData):
         record = get_dataset(session, owner.id, data.name)
@@ -303,7 +310,8 @@ def _data_to_run(session: Session, owner: User, spec: JobSpec, base_dir: Path) -
                 else "upload it first: POST /api/v1/datasets",
                 field="name",
             )
-        return as_file_source(data, "npz" if record.kind == "npz" else "csv", Path(record.path))
+        stored = dataset_file(record, artifacts)
+        return as_file_source(data, "npz" if record.kind == "npz" else "csv", stored)
     if isinstance(data, NpzData | CsvData | TextData):
         files = {
             key: str((base_dir / path).expanduser().resolve())

@@ -42,11 +42,18 @@ def take_submission_slot(
     client: redis.Redis, keys: Keys, user_id: int, per_minute: int, now: float | None = None
 ) -> float | None:
     """Count one submission of the user; None if allowed, else the seconds until one is."""
+    return take_slot(client, keys.submissions(user_id), per_minute, now)
+
+
+def take_slot(
+    client: redis.Redis, key: str, per_minute: int, now: float | None = None
+) -> float | None:
+    """Count one use in the window at `key`; None if allowed, else the seconds until one is."""
     now = time.time() if now is None else now
     oldest: Any = client.eval(
         _RATE_SCRIPT,
         1,
-        keys.submissions(user_id),
+        key,
         repr(now),
         repr(RATE_WINDOW_SECONDS),
         str(per_minute),

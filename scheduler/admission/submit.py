@@ -38,12 +38,13 @@ from scheduler.admission.checks import (
     check_sweep,
     kind_of,
 )
-from scheduler.admission.policy import check_priority
+from scheduler.admission.policy import admins_only, check_priority
 from scheduler.admission.quotas import check_new_job
 from scheduler.admission.rate_limit import check_rate
 from scheduler.placement.plan import PlacementRequest
 from scheduler.placement.preview import Preview, placement_preview
 from scheduler.store import jobs as job_store
+from scheduler.store.errors import InvalidRequest
 from scheduler.store.models import Job, Sweep, User
 from scheduler.store.quotas import Limits, limits_for
 from scheduler.store.sweeps import create_sweep
@@ -138,7 +139,7 @@ def check(
     admitted when it was submitted)."""
     limits = _admit(session, owner, submission, backends) if admit else None
     overrides = submission.overrides
-    base_dir = _base_dir(submission, backends.settings)
+    base_dir = _base_dir(submission, owner, backends.settings)
     cache_dir = backends.settings.cache_dir()
     sweep: CheckedSweep | None = None
     try:
@@ -151,6 +152,7 @@ def check(
                 overrides=overrides,
                 cache_dir=cache_dir,
                 base_dir=base_dir,
+                artifacts=backends.settings.artifacts(),
             )
             job = sweep.checked
         else:
@@ -161,6 +163,7 @@ def check(
                 overrides=overrides,
                 cache_dir=cache_dir,
                 base_dir=base_dir,
+                artifacts=backends.settings.artifacts(),
             )
     except RecursionError:
         raise JobSpecError(
@@ -263,10 +266,20 @@ def _check_quotas(session: Session, owner: User, limits: Limits, checked: Checke
     )
 
 
-def _base_dir(submission: Submission, settings: Settings) -> Path:
+def _base_dir(submission: Submission, owner: User, settings: Settings) -> Path:
     if submission.trial is not None:
         return submission.trial.base_dir
     base = settings.resolved_data_dir()
-    if submission.base_dir:
-        base = base / Path(submission.base_dir).expanduser()  # an absolute one replaces it
-    return base
+    if not submission.base_dir:
+        return base
+    # A folder on the server: reading files there is an admin's right (a user's jobs read
+    # their uploaded datasets).
+    admins_only(owner, f"base_dir '{submission.base_dir}'")
+    try:
+        if "\0" in submission.base_dir:
+            raise ValueError("it holds a NUL character")
+        return base / Path(submission.base_dir).expanduser()  # an absolute one replaces it
+    except (RuntimeError, ValueError) as error:  # ~nosuchuser, a NUL byte
+        raise InvalidRequest(
+            f"base_dir '{submission.base_dir}' names no folder on the server: {error}"
+        ) from None

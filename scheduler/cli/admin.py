@@ -124,7 +124,9 @@ def create_token(
     with database(Settings()) as session:
         owner = existing_user(session, user)
         try:
-            row, secret = user_store.issue_token(session, owner, name, expires_in_days)
+            row, secret = user_store.issue_token(
+                session, owner, name, user_store.expiry(expires_in_days)
+            )
         except Conflict as error:
             raise fail(str(error)) from None
         token_id = row.id
@@ -145,17 +147,18 @@ def revoke_token(
         row = session.get(ApiToken, token_id)
         if row is None:
             raise fail(f"no token {token_id}")
-        token_hash = user_store.revoke_token(session, row)
-    if not announce(settings, token_hash):
+        hashes = user_store.revoke_token(session, row)
+    if not announce(settings, hashes):
         err_console.print(
             "note: no Redis to tell the API servers (set REDIS_URL): they may accept the token "
             "for up to 10 s from their cache"
         )
-    console.print(f"revoked token {token_id}")
+    minted = f" and the {len(hashes) - 1} it minted" if len(hashes) > 1 else ""
+    console.print(f"revoked token {token_id}{minted}")
 
 
-def announce(settings: Settings, token_hash: str) -> bool:
-    """Tell the API processes (Redis pub/sub) to drop the token from their caches."""
+def announce(settings: Settings, hashes: list[str]) -> bool:
+    """Tell the API processes (Redis pub/sub) to drop the tokens from their caches."""
     import redis
 
     from contract.keys import Keys
@@ -168,7 +171,8 @@ def announce(settings: Settings, token_hash: str) -> bool:
         return False
     client = redis.Redis.from_url(url, socket_timeout=5)
     try:
-        announce_revocation(client, Keys(settings.redis_prefix), token_hash)
+        for token_hash in hashes:
+            announce_revocation(client, Keys(settings.redis_prefix), token_hash)
     except redis.RedisError:
         return False
     finally:

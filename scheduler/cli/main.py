@@ -9,6 +9,7 @@ the client commands start fast (tests/test_structure.py).
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from pathlib import Path
@@ -34,6 +35,20 @@ Port = Annotated[int | None, typer.Option(help="port to listen on [default: 8000
 def _settings(**given: Any) -> Settings:
     """Settings from the environment, with the command line's explicit values on top."""
     return Settings(**{k: v for k, v in given.items() if v is not None})
+
+
+def _private_data(settings: Settings) -> None:
+    """What a server process writes is its owner's alone: the umask makes files 0600 and
+    folders 0700, and its children inherit it (the SQLite file, logs, run directories and
+    checkpoints, datasets, the embedded Redis's files); the data and artifact directories
+    themselves are made 0700, which also closes what an older version left readable."""
+    os.umask(0o077)
+    for folder in (settings.resolved_data_dir(), settings.artifacts()):
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.chmod(0o700)
+        except PermissionError:  # a shared volume another user owns: its modes are theirs
+            err_console.print(f"note: cannot make {folder} private (mode 0700): not its owner")
 
 
 def _follow(url: str, token: str, job_file: Path, stop: threading.Event, where: str) -> None:
@@ -85,6 +100,7 @@ def up(
     from scheduler.cli.stack import Stack, StackError
 
     settings = _settings(host=host, port=port, data_dir=data_dir)
+    _private_data(settings)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -145,9 +161,8 @@ def api(
             "sets it)"
         )
         raise typer.Exit(2)
+    _private_data(settings)  # the default SQLite file lives there
     if migrate_db:
-        # A fresh installation's data directory (the default SQLite file lives there).
-        settings.resolved_data_dir().mkdir(parents=True, exist_ok=True)
         migrate(settings.sql_url())
     # By its import path, so the scheduler package does not import the API's: each process
     # builds its app from the environment (host and port are uvicorn's, not the app's).
@@ -168,7 +183,7 @@ def _cluster_settings(**given: Any) -> Settings:
     if not settings.redis_url:
         err_console.print(
             "[bold red]error[/] no Redis to connect to: set REDIS_URL to the stack's Redis "
-            "(`trainyard up` prints it; it is also in the stack's stack.json)"
+            "(`trainyard up` keeps it in the stack's stack.json, readable by its owner only)"
         )
         raise typer.Exit(2)
     return settings
@@ -185,9 +200,8 @@ def scheduler(
 
     settings = _cluster_settings()
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    _private_data(settings)  # the default SQLite file lives there
     if migrate_db:
-        # A fresh installation's data directory (the default SQLite file lives there).
-        settings.resolved_data_dir().mkdir(parents=True, exist_ok=True)
         migrate(settings.sql_url())
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -211,6 +225,7 @@ def worker(
 
     settings = _cluster_settings(node_name=name, node_slots=slots, node_gpus=gpus)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    _private_data(settings)  # run directories, checkpoints and logs of its processes
     run_agent(settings)
 
 

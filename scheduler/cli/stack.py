@@ -29,7 +29,7 @@ import psutil
 import redis
 from pydantic import BaseModel
 
-from contract.settings import Settings
+from contract.settings import Settings, redacted
 from scheduler.cli.redis_server import RedisServer, RedisStartError, redis_password
 from trainyard.connection import write_private_json
 
@@ -194,7 +194,8 @@ class Stack:
             try:
                 redis.Redis.from_url(self.redis_url, socket_timeout=5).ping()
             except redis.RedisError as exc:
-                raise StackError(f"cannot use REDIS_URL {self.redis_url}: {exc}") from None
+                url = redacted(self.redis_url)
+                raise StackError(f"cannot use REDIS_URL {url}: {exc}") from None
             return
         password = redis_password(self.data_dir / REDIS_PASSWORD_FILE)
         self.redis = RedisServer(self.data_dir / "redis", persist=True, password=password)
@@ -214,7 +215,7 @@ class Stack:
             migrate(url)
             self.token = ensure_admin_token(url, previous_token)
         except SQLAlchemyError as exc:
-            raise StackError(f"cannot use the database {url}: {exc}") from None
+            raise StackError(f"cannot use the database {redacted(url)}: {exc}") from None
 
     def child_env(self) -> dict[str, str]:
         """The children's environment: ours, pointing at this stack's Redis, SQL and data."""

@@ -41,7 +41,7 @@ from scheduler.recovery.policy import (
     RestartAlone,
     decide,
 )
-from scheduler.store.artifacts import confine
+from scheduler.store.artifacts import confine_to_job
 from scheduler.store.lifecycle import transition
 from scheduler.store.models import (
     Allocation,
@@ -93,7 +93,8 @@ class Batch:
     events: list[stream.EventRecord] = field(default_factory=list)
     max_step: int | None = None
     latest: dict[str, float] = field(default_factory=dict)  # group 0 rank 0, finite values
-    # Checkpoint paths must lie in here (UnsafePath, a ValueError, drops the record); None: any
+    # A checkpoint's path must lie in its job's run directory in here (UnsafePath, a
+    # ValueError, drops the record); None: any
     artifacts: Path | None = None
 
     def add(self, job_id: int, record: stream.Record) -> None:
@@ -114,7 +115,7 @@ class Batch:
                 path = record.path
                 if self.artifacts is not None:
                     what = f"job {job_id}'s checkpoint at step {record.step}"
-                    path = str(confine(path, self.artifacts, what=what))
+                    path = str(confine_to_job(path, self.artifacts, job_id, what=what))
                 best = record.best or self.checkpoints.get(record.step, ("", 0, False))[2]
                 self.checkpoints[record.step] = (path, record.size, best)
             case stream.TimelineRecord():

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from contract.rundir import dataset_dir
 from dsl.data_config import DATASET_NAME_PATTERN
+from scheduler.store.artifacts import confine
 from scheduler.store.errors import Conflict, InvalidRequest
 from scheduler.store.models import DatasetRecord, User
 
@@ -190,6 +191,16 @@ def _taken(name: str) -> str:
 def get_dataset(session: Session, owner_id: int, name: str) -> DatasetRecord | None:
     return session.scalar(
         select(DatasetRecord).where(DatasetRecord.owner_id == owner_id, DatasetRecord.name == name)
+    )
+
+
+def dataset_file(record: DatasetRecord, artifacts: Path) -> Path:
+    """The dataset's file, resolved inside its owner's folder (UnsafePath if not)."""
+    return confine(
+        record.path,
+        dataset_dir(artifacts, record.owner_id),
+        what=f"dataset '{record.name}'",
+        within=f"the folder of user {record.owner_id}'s datasets",
     )
 
 

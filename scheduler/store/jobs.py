@@ -23,11 +23,13 @@ from sqlalchemy.orm import Session
 from contract.keys import CANCEL_TTL_SECONDS, Keys
 from contract.rundir import job_run_dir
 from scheduler.store import job_page
-from scheduler.store.artifacts import confine
+from scheduler.store.artifacts import confine_to_job
 from scheduler.store.errors import Conflict, InvalidRequest, NotFound
 from scheduler.store.lifecycle import transition
 from scheduler.store.models import CheckpointRecord, Job, JobEvent, User
 from scheduler.store.states import JobState
+
+MAX_ID = 2**31 - 1  # ids are 32-bit integer columns
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,8 @@ def decode_cursor(cursor: str) -> int:
         padded = cursor + "=" * (-len(cursor) % 4)
         text = base64.b64decode(padded, altchars=b"-_", validate=True).decode()
         kind, _, value = text.partition(":")
-        if kind != "job" or not value.isdigit():
+        # Ids are 32-bit columns: a longer number names no job (and fails in the query).
+        if kind != "job" or not value.isdigit() or len(value) > 10 or int(value) > MAX_ID:
             raise ValueError(text)
         return int(value)
     except (ValueError, UnicodeDecodeError, binascii.Error):
@@ -185,7 +188,10 @@ def delete_job(
         select(CheckpointRecord.path).where(CheckpointRecord.job_id == job.id)
     )
     # Every path is checked before any is deleted: one that leads out refuses the whole delete.
-    paths = [confine(path, artifacts, what=f"job {job.id}'s checkpoint") for path in recorded]
+    paths = [
+        confine_to_job(path, artifacts, job.id, what=f"job {job.id}'s checkpoint")
+        for path in recorded
+    ]
     for path in paths:
         path.unlink(missing_ok=True)
     shutil.rmtree(job_run_dir(artifacts, job.id), ignore_errors=True)

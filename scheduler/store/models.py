@@ -60,6 +60,10 @@ class ApiToken(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # The token that created this one (revoking it revokes this); None: made on the server.
+    parent_id: Mapped[int | None] = mapped_column(
+        ForeignKey("api_tokens.id", ondelete="CASCADE"), nullable=True, index=True
+    )
 
 
 # The quotas a user has: each is the operator's default (contract/settings.py, `quota_<name>`)

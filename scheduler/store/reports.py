@@ -9,7 +9,7 @@ from pathlib import Path
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from scheduler.store.artifacts import UnsafePath, confine
+from scheduler.store.artifacts import UnsafePath, confine_to_job
 from scheduler.store.errors import NotFound
 from scheduler.store.models import CheckpointRecord, LogLine, Metric, PipelineTimeline
 
@@ -31,18 +31,18 @@ def log_lines(
 
 def checkpoints(session: Session, job_id: int, *, artifacts: Path) -> list[CheckpointRecord]:
     """The checkpoints still on disk (the trainer keeps the newest `checkpoint.keep`); one
-    recorded outside the artifact directory is not looked at, so not listed."""
+    recorded outside the job's run directory is not looked at, so not listed."""
     records = session.scalars(
         select(CheckpointRecord)
         .where(CheckpointRecord.job_id == job_id)
         .order_by(CheckpointRecord.step)
     )
-    return [record for record in records if _confined_file(record.path, artifacts)]
+    return [record for record in records if _confined_file(record.path, artifacts, job_id)]
 
 
-def _confined_file(recorded: str, artifacts: Path) -> bool:
+def _confined_file(recorded: str, artifacts: Path, job_id: int) -> bool:
     try:
-        return confine(recorded, artifacts).is_file()
+        return confine_to_job(recorded, artifacts, job_id, what="checkpoint").is_file()
     except UnsafePath:
         return False
 
@@ -50,7 +50,7 @@ def _confined_file(recorded: str, artifacts: Path) -> bool:
 def checkpoint_file(
     session: Session, job_id: int, step: int, *, artifacts: Path
 ) -> tuple[CheckpointRecord, Path]:
-    """The checkpoint's file, resolved inside the artifact directory (UnsafePath if not)."""
+    """The checkpoint's file, resolved inside the job's run directory (UnsafePath if not)."""
     record = session.scalar(
         select(CheckpointRecord).where(
             CheckpointRecord.job_id == job_id, CheckpointRecord.step == step
@@ -58,7 +58,8 @@ def checkpoint_file(
     )
     if record is None:
         raise NotFound(f"job {job_id} has no checkpoint at step {step}")
-    path = confine(record.path, artifacts, what=f"job {job_id}'s checkpoint at step {step}")
+    what = f"job {job_id}'s checkpoint at step {step}"
+    path = confine_to_job(record.path, artifacts, job_id, what=what)
     if not path.is_file():
         # The trainer keeps the newest `checkpoint.keep` files and deletes older ones.
         raise NotFound(f"the checkpoint of job {job_id} at step {step} was removed ({path.name})")

@@ -2,9 +2,10 @@
 
 A user has several named tokens, each with an optional expiry, listed and revoked; the API
 (/tokens) and `trainyard admin tokens` share these. A user manages their own tokens, an admin
-anyone's. Revoking deletes the row: the next request with it is refused (API processes also
-drop it from their few-second cache, api/deps.py). Only the hash is stored, so a token's secret
-is shown once, when it is created.
+anyone's. A token made through the API remembers the token that made it (its parent):
+revoking a token revokes its offspring too. Revoking deletes the rows: the next request with
+one is refused (API processes also drop them from their few-second cache, api/deps.py). Only
+the hash is stored, so a token's secret is shown once, when it is created.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import hashlib
 import secrets
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from scheduler.store.errors import Conflict, Expired, NotFound
@@ -41,13 +42,23 @@ def get_user(session: Session, name: str) -> User | None:
 
 
 def create_token(
-    session: Session, user: User, label: str = "", expires_at: datetime | None = None
+    session: Session,
+    user: User,
+    label: str = "",
+    expires_at: datetime | None = None,
+    parent_id: int | None = None,
 ) -> str:
     """A new random token for `user`; only its hash is stored, so this is the one chance to
     show it."""
     token = secrets.token_urlsafe(32)
     session.add(
-        ApiToken(user_id=user.id, token_hash=hash_token(token), label=label, expires_at=expires_at)
+        ApiToken(
+            user_id=user.id,
+            token_hash=hash_token(token),
+            label=label,
+            expires_at=expires_at,
+            parent_id=parent_id,
+        )
     )
     session.flush()
     return token
@@ -56,10 +67,15 @@ def create_token(
 def find_token(session: Session, token: str) -> tuple[User, ApiToken] | None:
     """The token's user and row, or None; `Expired` past its expiry. Marks the token used, at
     most once a minute (writes are costly on the hot path of every request)."""
+    return find_token_hash(session, hash_token(token))
+
+
+def find_token_hash(session: Session, token_hash: str) -> tuple[User, ApiToken] | None:
+    """`find_token` by the token's hash (what a stream ticket remembers of it)."""
     row = session.execute(
         select(User, ApiToken)
         .join(ApiToken, ApiToken.user_id == User.id)
-        .where(ApiToken.token_hash == hash_token(token))
+        .where(ApiToken.token_hash == token_hash)
     ).first()
     if row is None:
         return None
@@ -91,10 +107,15 @@ def expiry(days: int | None, now: datetime | None = None) -> datetime | None:
 
 
 def issue_token(
-    session: Session, user: User, name: str, expires_in_days: int | None = None
+    session: Session,
+    user: User,
+    name: str,
+    expires_at: datetime | None = None,
+    parent_id: int | None = None,
 ) -> tuple[ApiToken, str]:
-    """A new token named `name` for `user` (names are unique among the user's tokens): its row
-    and its secret, which nothing shows again."""
+    """A new token named `name` for `user` (names are unique among the user's tokens), made
+    by the token `parent_id` (None: on the server): its row and its secret, which nothing
+    shows again."""
     taken = session.scalar(
         select(ApiToken.id).where(ApiToken.user_id == user.id, ApiToken.label == name)
     )
@@ -103,10 +124,14 @@ def issue_token(
             f"{user.name} already has a token named '{name}' (id {taken}); revoke it or "
             "choose another name"
         )
-    secret = create_token(session, user, name, expiry(expires_in_days))
+    secret = create_token(session, user, name, expires_at, parent_id)
     row = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(secret)))
     assert row is not None  # just added
     return row, secret
+
+
+def token_count(session: Session, user: User) -> int:
+    return session.scalar(select(func.count()).where(ApiToken.user_id == user.id)) or 0
 
 
 def list_tokens(session: Session, owner: User | None) -> list[tuple[ApiToken, str]]:
@@ -129,9 +154,17 @@ def find_token_by_id(session: Session, caller: User, token_id: int) -> ApiToken:
     return token
 
 
-def revoke_token(session: Session, token: ApiToken) -> str:
-    """Delete the token; returns its hash (for caches to drop)."""
-    token_hash = token.token_hash
-    session.delete(token)
-    session.flush()
-    return token_hash
+def revoke_token(session: Session, token: ApiToken) -> list[str]:
+    """Delete the token and every token it minted, theirs, and so on; returns their hashes
+    (for caches to drop)."""
+    ids, hashes = {token.id}, [token.token_hash]
+    frontier = [token.id]
+    while frontier:  # one query per generation
+        children = session.execute(
+            select(ApiToken.id, ApiToken.token_hash).where(ApiToken.parent_id.in_(frontier))
+        ).all()
+        frontier = [child_id for child_id, _ in children if child_id not in ids]
+        ids.update(frontier)
+        hashes += [token_hash for child_id, token_hash in children if child_id in frontier]
+    session.execute(delete(ApiToken).where(ApiToken.id.in_(ids)))
+    return hashes

@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 
 from contract.rundir import CHECKPOINTS, job_run_dir
 from dsl.search import SearchConfig
+from scheduler.store.artifacts import UnsafePath, confine_to_job
 from scheduler.store.models import CheckpointRecord, Job
 from scheduler.sweeps.study import Asked, SweepStudy
 from workers.checkpoint import list_checkpoints
@@ -188,14 +189,20 @@ def continue_member(
 
 
 def latest_checkpoint(session: Session, job: Job, artifacts: Path) -> Path | None:
-    """The newest checkpoint the job recorded (or, unrecorded yet, left in its run directory)."""
+    """The newest checkpoint the job recorded (or, unrecorded yet, left in its run directory),
+    resolved inside the job's run directory: a recorded path or a link that leads elsewhere
+    (another job's checkpoint, another user's dataset) is never copied into a trial."""
     paths = session.scalars(
         select(CheckpointRecord.path)
         .where(CheckpointRecord.job_id == job.id)
         .order_by(CheckpointRecord.step.desc())
     )
-    for path in paths:
-        if Path(path).is_file():
-            return Path(path)
-    found = list_checkpoints(job_run_dir(artifacts, job.id) / CHECKPOINTS)
-    return found[-1][1] if found else None
+    on_disk = list_checkpoints(job_run_dir(artifacts, job.id) / CHECKPOINTS)
+    for path in [*paths, *(path for _, path in reversed(on_disk))]:
+        try:
+            confined = confine_to_job(path, artifacts, job.id, what="checkpoint")
+        except UnsafePath:
+            continue
+        if confined.is_file():
+            return confined
+    return None

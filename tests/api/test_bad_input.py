@@ -323,3 +323,89 @@ def test_unknown_ids_and_routes(api: Any, method: str, path: str, status: int) -
     response = api.client.request(method, path, headers=api.auth())
     assert response.status_code == status
     assert response.json()["detail"]
+
+
+# Each of these once answered 500 (issue 28); each must name what was wrong, and change nothing.
+FIVE_HUNDREDS = [
+    (MLP.replace("seed: 0", "seed: " + "9" * 5000), "seed", "not a valid int"),
+    (MLP.replace("seed: 0", "seed: 2024-13-45"), "seed", "not a valid timestamp"),
+    (MLP.replace("seed: 0", "seed: 0\n? " + "9" * 4400 + "\n: 1"), "<document>", "not a valid int"),
+    (MLP.replace("name: digits-mlp", 'name: "a\\0b"'), "name", "NUL"),
+]
+
+
+@pytest.mark.parametrize(("document", "where", "message"), FIVE_HUNDREDS)
+def test_scalars_python_cannot_hold_are_located(
+    api: Any, document: str, where: str, message: str
+) -> None:
+    for path in ("/api/v1/jobs/validate", "/api/v1/jobs"):
+        before = api.counts()
+        response = api.client.post(path, content=document, headers=api.yaml_headers())
+        assert response.status_code == 422, response.text
+        (issue,) = response.json()["errors"]
+        assert issue["path"] == where and message in issue["message"], issue
+        assert issue["line"] is not None
+        assert api.counts() == before
+
+
+def test_a_forged_cursor_past_32_bits_is_422(api: Any) -> None:
+    import base64
+
+    for number in ("9" * 19, str(2**31), "1" * 5000):
+        cursor = base64.urlsafe_b64encode(f"job:{number}".encode()).decode().rstrip("=")
+        response = api.client.get(
+            "/api/v1/jobs", params={"cursor": cursor[:200]}, headers=api.auth()
+        )
+        assert response.status_code == 422, response.text
+        assert "cursor" in response.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("path", "params", "where"),
+    [
+        ("/api/v1/jobs", {"name": "a\x00b"}, "query.name"),
+        ("/api/v1/tokens", {"user": "\x00"}, "query.user"),
+        ("/api/v1/jobs/a%00b", {}, "path"),
+    ],
+)
+def test_nul_characters_in_the_address_are_422(
+    api: Any, path: str, params: dict[str, str], where: str
+) -> None:
+    response = api.client.get(path, params=params, headers=api.auth())
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"].startswith(where)
+
+
+def test_nul_characters_in_a_json_body_are_4xx(api: Any) -> None:
+    """The backstop: a value PostgreSQL refuses that no earlier check caught."""
+    response = api.client.post("/api/v1/tokens", json={"name": "a\x00b"}, headers=api.auth())
+    assert 400 <= response.status_code < 500, response.text
+
+
+def test_base_dir_is_an_admins_and_names_a_folder(api: Any) -> None:
+    def post(user: str, base_dir: str) -> Any:
+        return api.client.post(
+            "/api/v1/jobs/validate",
+            json={"spec": MLP, "base_dir": base_dir},
+            headers=api.auth(user),
+        )
+
+    refused = post("alice", "/etc")
+    assert refused.status_code == 403, refused.text
+    assert "base_dir '/etc'" in refused.json()["detail"]
+    for bad in ("~nosuchuser", "~nosuchuser/data", "a\x00b"):
+        response = post("admin", bad)
+        assert response.status_code == 422, response.text
+        assert "base_dir" in response.json()["detail"]
+    assert post("admin", "/tmp").status_code == 200
+
+
+def test_an_escape_past_the_last_code_point_is_located(api: Any) -> None:
+    document = MLP.replace("seed: 0", 'seed: 0\nzzz: "\\U00110000"')
+    response = api.client.post(
+        "/api/v1/jobs/validate", content=document, headers=api.yaml_headers()
+    )
+    assert response.status_code == 422, response.text
+    (issue,) = response.json()["errors"]
+    assert issue["line"] == document.splitlines().index('zzz: "\\U00110000"') + 1
+    assert issue["column"] == 7 and "U+0010FFFF" in issue["hint"]

@@ -375,9 +375,31 @@ def test_cluster_shows_nodes_running_processes_and_the_queue(api: Any) -> None:
     assert [entry["position"] for entry in queue] == [1, 2]
     assert queue[0]["job_id"] is None and queue[0]["name"] is None  # bob's, seen by alice
     assert queue[0]["slots"] == 2 and "free resources" in queue[0]["reason"]
-    assert queue[1]["job_id"] == small and f"behind job {big}" in queue[1]["reason"]
+    # alice's job waits behind bob's, whose id she is not shown.
+    assert queue[1]["job_id"] == small and queue[1]["reason"] == "waiting behind another user's job"
     admin = api.client.get("/api/v1/cluster", headers=api.auth("admin")).json()
     assert admin["queue"][0]["job_id"] == big
+    assert admin["queue"][1]["reason"] == f"waiting behind job {big}"
+    bobs = api.client.get("/api/v1/cluster", headers=api.auth("bob")).json()
+    assert bobs["queue"][0]["job_id"] == big and bobs["queue"][1]["job_id"] is None
+
+
+def test_others_waiting_reasons_show_no_ids_or_quota_use() -> None:
+    from api.routes.cluster import visible_reason
+
+    def mine(job_id: int) -> bool:
+        return job_id == 7
+
+    quota = "waiting for its owner's quota slots: 6 of 8 held, needs 4"
+    assert visible_reason(quota, False, mine) == "waiting for its owner's quota"
+    assert visible_reason(quota, True, mine) == quota
+    assert visible_reason("waiting behind job 7", False, mine) == "waiting behind another job"
+    assert visible_reason("waiting behind job 9", True, mine) == (
+        "waiting behind another user's job"
+    )
+    assert visible_reason("waiting behind job 7", True, mine) == "waiting behind job 7"
+    free = "waiting for free resources: needs 2 worker(s): 2 slot(s)"
+    assert visible_reason(free, False, mine) == free
 
 
 def test_health_and_prometheus_metrics(api: Any) -> None:

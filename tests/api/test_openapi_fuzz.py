@@ -1,7 +1,8 @@
-"""Schemathesis against the API's own OpenAPI document, in-process (ASGI) on a real SQLite
-store and the session's real Redis, with a valid token: every operation, generated inputs
-(valid and not), no 5xx, and every response as the document declares it (status code,
-content type, body schema, headers).
+"""Schemathesis against the API's own OpenAPI document, in-process (ASGI) on a real store
+(SQLite and PostgreSQL) and the session's real Redis, as an admin and as a user: every
+operation, generated inputs (valid and not), no 5xx, and every response as the document
+declares it (status code, content type, body schema, headers). YAML bodies are job documents
+from tests/api/test_yaml_fuzz.py's grammar, not random strings.
 
 Excluded: GET /jobs/{id}/stream, a server-sent event stream that stays open while the job
 lives (tests/api/test_stream.py covers it over a real server). Nothing here trains: the app
@@ -28,7 +29,9 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from api.app import create_app
+from api.submission import YAML_TYPES
 from tests.api.conftest import example, make_settings, start_api
+from tests.api.test_yaml_fuzz import mutated_text, whole
 
 CHECKS = [
     not_a_server_error,
@@ -37,35 +40,72 @@ CHECKS = [
     response_schema_conformance,
     response_headers_conformance,
 ]
-# ~25 operations x this many examples stays well under two minutes on a busy machine.
-EXAMPLES_PER_OPERATION = 40
+# ~32 operations x this many examples x 2 users x 2 databases (about 2,500 calls, 35 s).
+EXAMPLES_PER_OPERATION = 20
+
+schemathesis.openapi.media_type(
+    "application/yaml",
+    (mutated_text() | whole).map(lambda text: text.encode("utf-8", "surrogatepass")),
+    aliases=sorted(YAML_TYPES - {"application/yaml"}),
+)
 
 
-@pytest.fixture(scope="module")
-def token_and_app(
-    tmp_path_factory: pytest.TempPathFactory, sqlite_template: Path, redis_url: str
-) -> Iterator[tuple[str, Any]]:
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def tokens_and_app(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    sqlite_template: Path,
+    postgres_url: str | None,
+    redis_url: str,
+) -> Iterator[tuple[dict[str, str], Any]]:
     base = tmp_path_factory.mktemp("openapi-fuzz")
-    database = base / "trainyard.db"
-    shutil.copyfile(sqlite_template, database)
-    settings_ = make_settings(base, f"sqlite:///{database}", redis_url, max_dataset_bytes=200_000)
+    if request.param == "sqlite":
+        database = base / "trainyard.db"
+        shutil.copyfile(sqlite_template, database)
+        url = f"sqlite:///{database}"
+    else:
+        if postgres_url is None:
+            pytest.skip("PostgreSQL at 127.0.0.1:5432 is unreachable")
+        import sqlalchemy as sa
+
+        from scheduler.store.database import migrate
+
+        engine = sa.create_engine(postgres_url)
+        with engine.begin() as conn:
+            conn.execute(sa.text("DROP SCHEMA public CASCADE; CREATE SCHEMA public"))
+        engine.dispose()
+        migrate(postgres_url)
+        url = postgres_url
+    settings_ = make_settings(
+        base,
+        url,
+        redis_url,
+        max_dataset_bytes=200_000,
+        quota_submissions_per_minute=None,
+        token_creations_per_minute=1000,
+    )
     db, tokens, _ = start_api(settings_)
     app = create_app(settings_, web_dist=None)
     from fastapi.testclient import TestClient
 
-    with TestClient(app) as client:  # runs the lifespan; a job so that ids 1.. exist
-        auth = {"Authorization": f"Bearer {tokens['alice']}", "content-type": "application/yaml"}
-        created = client.post("/api/v1/jobs", content=example("digits_mlp.yaml"), headers=auth)
-        assert created.status_code == 201, created.text
-        yield tokens["alice"], app
+    with TestClient(app) as client:  # runs the lifespan; a job each so that ids 1.. exist
+        for user in ("alice", "admin"):
+            auth = {"Authorization": f"Bearer {tokens[user]}", "content-type": "application/yaml"}
+            created = client.post("/api/v1/jobs", content=example("digits_mlp.yaml"), headers=auth)
+            assert created.status_code == 201, created.text
+        yield tokens, app
     db.dispose()
 
 
-def test_every_operation_answers_as_documented(token_and_app: tuple[str, Any]) -> None:
+@pytest.mark.parametrize("user", ["admin", "alice"])
+def test_every_operation_answers_as_documented(
+    tokens_and_app: tuple[dict[str, str], Any], user: str
+) -> None:
     """Each operation in turn, its cases drawn by Hypothesis from the document. (Driven by
     hand rather than by `schemathesis.pytest.from_fixture`, whose lazy loader reads a pytest
     attribute that pytest 9 no longer has.)"""
-    token, app = token_and_app
+    tokens, app = tokens_and_app
+    token = tokens[user]
     schema = schemathesis.openapi.from_asgi("/api/v1/openapi.json", app).exclude(
         path="/api/v1/jobs/{job_id}/stream"
     )
@@ -101,7 +141,7 @@ def test_every_operation_answers_as_documented(token_and_app: tuple[str, Any]) -
         except Exception as error:  # every operation is tried; all failures are shown at once
             failures[operation.label] = str(error)[:3000]
     print(
-        f"schemathesis: {len(calls)} operations, {sum(calls.values())} calls, "
+        f"schemathesis as {user}: {len(calls)} operations, {sum(calls.values())} calls, "
         f"{len(succeeded)} operations answered 2xx, {len(failures)} failing"
     )
     assert len(calls) >= 24, (sorted(calls), failures)

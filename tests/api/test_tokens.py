@@ -136,13 +136,138 @@ def test_an_expired_token_gets_401_saying_so(api: Any) -> None:
 
 
 def test_the_cache_never_outlives_a_token(api: Any) -> None:
-    from api.deps import TokenCache
+    from api.deps import Caller, TokenCache
     from scheduler.store.models import User
 
     cache = TokenCache(seconds=60)
     user = User(id=1, name="x", is_admin=False)
-    cache.put("soon", user, utcnow() + timedelta(seconds=0.2))
-    cache.put("later", user, None)
-    assert cache.get("soon") is user
+    cache.put(Caller(user, 1, "soon", utcnow() + timedelta(seconds=0.2)))
+    cache.put(Caller(user, 2, "later", None))
+    assert cache.get("soon").user is user  # type: ignore[union-attr]
     time.sleep(0.3)
-    assert cache.get("soon") is None and cache.get("later") is user
+    assert cache.get("soon") is None and cache.get("later").user is user  # type: ignore[union-attr]
+
+
+def bearer(secret: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"}
+
+
+def test_a_token_mints_only_tokens_that_expire_no_later_than_itself(api: Any) -> None:
+    """A stolen short-lived token cannot buy itself a long life through its offspring."""
+    short = create(api, name="short", expires_in_days=2).json()
+    with_short = bearer(short["token"])
+    inherits = api.client.post("/api/v1/tokens", json={"name": "child"}, headers=with_short)
+    assert inherits.status_code == 201, inherits.text
+    assert inherits.json()["expires_at"] == short["expires_at"]
+    before = token_count(api)
+    for days in (3, 3650):
+        longer = api.client.post(
+            "/api/v1/tokens",
+            json={"name": f"long{days}", "expires_in_days": days},
+            headers=with_short,
+        )
+        assert longer.status_code == 422, longer.text
+        assert longer.json()["detail"].startswith("expires_in_days: ")
+        assert "at most 1 days" in longer.json()["detail"]
+    assert token_count(api) == before
+    shorter = api.client.post(
+        "/api/v1/tokens", json={"name": "shorter", "expires_in_days": 1}, headers=with_short
+    )
+    assert shorter.status_code == 201 and shorter.json()["expires_at"] < short["expires_at"]
+    # A child that inherits an expiry passes it on: its own children are held to it too.
+    grandchild = api.client.post(
+        "/api/v1/tokens",
+        json={"name": "grandchild", "expires_in_days": 30},
+        headers=bearer(inherits.json()["token"]),
+    )
+    assert grandchild.status_code == 422
+    # alice's "tests" token never expires: it is a root, and may mint tokens that never expire.
+    assert create(api, name="forever").json()["expires_at"] is None
+
+
+def test_revoking_a_token_revokes_everything_it_minted(api: Any) -> None:
+    parent = create(api, name="parent").json()
+    child = api.client.post(
+        "/api/v1/tokens", json={"name": "child"}, headers=bearer(parent["token"])
+    ).json()
+    grandchild = api.client.post(
+        "/api/v1/tokens", json={"name": "grandchild"}, headers=bearer(child["token"])
+    ).json()
+    sibling = create(api, name="sibling").json()  # minted by alice's "tests", not by parent
+    family = [parent, child, grandchild]
+    for made in (*family, sibling):  # each cached by the API
+        assert api.client.get("/api/v1/jobs", headers=bearer(made["token"])).status_code == 200
+    assert (
+        api.client.delete(f"/api/v1/tokens/{parent['id']}", headers=api.auth()).status_code == 204
+    )
+    for made in family:
+        assert api.client.get("/api/v1/jobs", headers=bearer(made["token"])).status_code == 401
+    assert api.client.get("/api/v1/jobs", headers=bearer(sibling["token"])).status_code == 200
+    assert api.client.get("/api/v1/jobs", headers=api.auth()).status_code == 200
+    names = {t["name"] for t in api.client.get("/api/v1/tokens", headers=api.auth()).json()}
+    assert names == {"tests", "sibling"}
+
+
+def test_an_admin_revoking_a_users_token_revokes_its_offspring(api: Any) -> None:
+    parent = create(api, name="stolen").json()
+    child = api.client.post(
+        "/api/v1/tokens", json={"name": "offspring"}, headers=bearer(parent["token"])
+    ).json()
+    listed = api.client.get("/api/v1/tokens", params={"all": "true"}, headers=api.auth("admin"))
+    assert {"stolen", "offspring"} <= {t["name"] for t in listed.json() if t["user"] == "alice"}
+    assert (
+        api.client.delete(f"/api/v1/tokens/{parent['id']}", headers=api.auth("admin")).status_code
+        == 204
+    )
+    assert api.client.get("/api/v1/jobs", headers=bearer(child["token"])).status_code == 401
+
+
+def test_token_creation_is_rate_limited_and_capped(api: Any) -> None:
+    per_minute = api.settings.token_creations_per_minute
+    for number in range(per_minute):
+        assert create(api, name=f"t{number}").status_code == 201
+    before = token_count(api)
+    refused = create(api, name="one-too-many")
+    assert refused.status_code == 429, refused.text
+    assert "token_creations_per_minute" in refused.json()["detail"]
+    assert 1 <= int(refused.headers["retry-after"]) <= 60
+    assert token_count(api) == before
+    # bob has his own allowance; held to a cap of 2 tokens, he holds "tests" and one more.
+    services = api.app.state.services
+    services.settings = services.settings.model_copy(update={"tokens_per_user": 2})
+    assert create(api, "bob", name="second").status_code == 201
+    capped = create(api, "bob", name="third")
+    assert capped.status_code == 403 and "tokens_per_user" in capped.json()["detail"]
+
+
+def test_a_repeated_bad_token_costs_no_query(api: Any) -> None:
+    from sqlalchemy import event
+
+    statements: list[str] = []
+
+    def count(*args: Any) -> None:
+        statements.append(args[2])
+
+    engine = api.app.state.services.db.engine  # the app's own pool
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        bad = bearer("not-a-token")
+        for _ in range(20):
+            response = api.client.get("/api/v1/jobs", headers=bad)
+            assert response.status_code == 401 and response.json()["detail"] == "invalid API token"
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    lookups = [sql for sql in statements if "api_tokens" in sql]
+    assert len(lookups) == 1, lookups
+
+
+def test_a_token_revoked_elsewhere_but_still_cached_mints_nothing(api: Any) -> None:
+    """Another process revoked it and this one has not heard yet: its cache still says yes."""
+    made = create(api, name="gone").json()
+    assert api.client.get("/api/v1/jobs", headers=bearer(made["token"])).status_code == 200
+    with api.db.session() as session:  # revoked without telling this process
+        session.delete(session.get(ApiToken, made["id"]))
+    before = token_count(api)
+    minted = api.client.post("/api/v1/tokens", json={"name": "late"}, headers=bearer(made["token"]))
+    assert minted.status_code == 403 and "has been revoked" in minted.json()["detail"]
+    assert token_count(api) == before

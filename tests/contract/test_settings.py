@@ -46,3 +46,12 @@ def test_other_databases_are_refused_with_the_two_that_work(
 def test_unset_means_a_sqlite_file_in_the_data_directory(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path)
     assert settings.sql_url() == f"sqlite:///{tmp_path / 'trainyard.db'}"
+
+
+def test_urls_are_shown_without_their_passwords() -> None:
+    from contract.settings import redacted
+
+    assert redacted("redis://:p%40ss@127.0.0.1:6379/0") == "redis://:***@127.0.0.1:6379/0"
+    assert redacted("postgresql+psycopg://u:pw@db:5432/t") == "postgresql+psycopg://u:***@db:5432/t"
+    assert redacted("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+    assert redacted("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"

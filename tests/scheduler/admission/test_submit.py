@@ -247,6 +247,7 @@ def test_a_trial_is_checked_with_the_service_rules_for_its_sweeps_owner(env: Env
             owner=ann,
             cache_dir=env.backends.settings.cache_dir(),
             base_dir=ROOT,
+            artifacts=env.backends.settings.artifacts(),
         )
         new = checked.to_new_sweep(spec_yaml=SWEEP_YAML, overrides={}, base_dir=ROOT)
         # A base job that only an admin may run, stored without the submission's checks.

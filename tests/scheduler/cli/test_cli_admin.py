@@ -12,7 +12,7 @@ from typer.testing import CliRunner, Result
 from scheduler.cli.main import app
 from scheduler.store.database import Database
 from scheduler.store.models import ApiToken, UserQuota
-from scheduler.store.users import hash_token, user_for_token
+from scheduler.store.users import create_token, hash_token, user_for_token
 
 
 @pytest.fixture
@@ -47,16 +47,23 @@ def test_tokens_are_created_listed_and_revoked(env: dict[str, str], redis_url: s
         assert twice.exit_code == 1 and "already has a token named 'laptop'" in twice.stderr
         nobody = run(env, "tokens", "create", "nobody", "x")
         assert nobody.exit_code == 1 and "no user named 'nobody'" in nobody.stderr
+        with db.session() as session:  # a token the laptop's minted (through the API)
+            child = create_token(session, user, "minted", parent_id=token_id)
         listener = redis.Redis.from_url(redis_url).pubsub()
         listener.subscribe("cli-admin-test:tokens:revoked")
         listener.get_message(timeout=1)  # the subscription's confirmation
         revoked = run(env, "tokens", "revoke", str(token_id))
         assert revoked.exit_code == 0, revoked.output
-        message = listener.get_message(timeout=5)
-        assert message is not None and message["data"] == hash_token(secret).encode()
+        assert "and the 1 it minted" in revoked.stdout
+        announced = [listener.get_message(timeout=5) for _ in range(2)]
+        assert [m["data"] for m in announced if m] == [
+            hash_token(secret).encode(),
+            hash_token(child).encode(),
+        ]
         listener.close()
         with db.session() as session:
             assert user_for_token(session, secret) is None
+            assert user_for_token(session, child) is None
         again = run(env, "tokens", "revoke", str(token_id))
         assert again.exit_code == 1 and f"no token {token_id}" in again.stderr
     finally:

@@ -42,3 +42,17 @@ def test_the_embedded_redis_refuses_clients_without_the_password(tmp_path: Path)
         assert (tmp_path / "redis" / "redis.conf").stat().st_mode & 0o777 == 0o600
     finally:
         server.stop()
+
+
+def test_a_redis_url_in_a_message_shows_no_password(tmp_path: Path) -> None:
+    from contract.settings import Settings
+    from scheduler.cli.redis_server import free_port
+    from scheduler.cli.stack import Stack, StackError
+
+    secret = "s3cret-not-for-logs"
+    url = f"redis://:{secret}@127.0.0.1:{free_port()}/0"  # nothing listens there
+    stack = Stack(Settings(data_dir=tmp_path, redis_url=url), say=lambda _: None)
+    with pytest.raises(StackError) as refused:
+        stack._start_redis()
+    assert secret not in str(refused.value)
+    assert "redis://:***@127.0.0.1:" in str(refused.value)

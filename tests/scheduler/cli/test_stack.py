@@ -132,6 +132,32 @@ def test_up_serves_and_stops_every_process(
     }
     assert roles == {"api", "scheduler", "worker"}
 
+    # What the stack writes is its owner's alone: the data directory and every folder in it
+    # 0700, every file 0600 (the SQLite file, the logs, run directories, checkpoints, Redis's
+    # files); and no output or log shows the Redis password.
+    with Client(stack.url, stack.token) as client:
+        short = client.submit(
+            ROOT / "examples" / "digits_mlp.yaml", {"train_steps": 20, "checkpoint.freq": 10}
+        )
+        deadline = time.monotonic() + 90
+        while short.refresh().state != "SUCCEEDED":
+            assert time.monotonic() < deadline and short.state not in ("FAILED", "CANCELLED")
+            time.sleep(0.2)
+    run_dir = data_dir / "artifacts" / "jobs" / str(short.id)
+    assert list((run_dir / "checkpoints").glob("step-*.safetensors"))
+    assert (data_dir / "trainyard.db").is_file()
+    assert data_dir.stat().st_mode & 0o777 == 0o700
+    readable = [
+        f"{path} {path.stat().st_mode & 0o777:o}"
+        for path in data_dir.rglob("*")
+        if not path.is_symlink() and path.stat().st_mode & 0o077
+    ]
+    assert not readable, readable
+    shown = stack.output_text() + "".join(
+        log.read_text(errors="replace") for log in (data_dir / "logs").glob("*.log")
+    )
+    assert password not in shown
+
     started = time.monotonic()
     stack.process.send_signal(signal.SIGTERM)
     assert stack.process.wait(timeout=30) == 0, stack.output_text()

@@ -78,6 +78,7 @@ class Env:
                 owner=owner,
                 cache_dir=self.settings.cache_dir(),
                 base_dir=ROOT,
+                artifacts=self.settings.artifacts(),
             )
             sweep = create_sweep(
                 session, owner, checked.to_new_sweep(spec_yaml=text, overrides={}, base_dir=ROOT)

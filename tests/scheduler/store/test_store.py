@@ -343,11 +343,13 @@ def test_checkpoints_list_only_files_still_on_disk(db: Database, tmp_path: Path)
     with db.session() as session:
         _, alice, _ = users(session)
         job = create_job(session, alice, new_job())
+        checkpoints = job_run_dir(tmp_path, job.id) / "checkpoints"  # they lie in its run dir
+        checkpoints.mkdir(parents=True)
         for step in (10, 20):
-            path = tmp_path / f"step-{step}.safetensors"
+            path = checkpoints / f"step-{step}.safetensors"
             path.write_bytes(b"x" * step)
             session.add(CheckpointRecord(job_id=job.id, step=step, path=str(path), size=step))
-    (tmp_path / "step-10.safetensors").unlink()  # the trainer keeps the newest ones only
+    (checkpoints / "step-10.safetensors").unlink()  # the trainer keeps the newest ones only
     with db.session() as session:
         assert [c.step for c in report_store.checkpoints(session, job.id, artifacts=tmp_path)] == [
             20

@@ -71,6 +71,7 @@ class SweepCluster(Cluster):
                 owner=owner,
                 cache_dir=self.settings.cache_dir(),
                 base_dir=ROOT,
+                artifacts=self.settings.artifacts(),
             )
             new = checked.to_new_sweep(spec_yaml=text, overrides={}, base_dir=ROOT)
             return create_sweep(session, owner, new).id

@@ -85,6 +85,7 @@ def test_warm_start_from_a_missing_foreign_or_incompatible_sweep_is_located(
                     owner=owner,
                     cache_dir=env.settings.cache_dir(),
                     base_dir=ROOT,
+                    artifacts=env.settings.artifacts(),
                 )
         [issue] = info.value.issues
         line = next(i for i, row in enumerate(text.splitlines(), 1) if "warm_start" in row)
