@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
-from dsl.errors import DataSourceError, JobSpecError, SpecIssue
+from dsl.errors import DataSourceError, JobSpecError, Path, SpecIssue
 from dsl.graph import SourceRef, resolve_dag
 from dsl.init import initialise
 from dsl.layers.base import BuildContext, Layer, LayerConfig, LayerShapeError, Shape
@@ -85,8 +85,10 @@ def compile_job(
         if overrides:
             raise ValueError("overrides apply to a job document, not to a validated JobSpec")
         spec, source = job, SourceMap(filename)
+        source = source.aliased(written_paths(spec))
     else:
         spec, source = _validate(job, overrides, filename)
+        source = source.aliased(written_paths(spec))
         issues = cross_field_issues(spec, source) + (rules(spec, source) if rules else [])
         if issues:
             raise JobSpecError(issues)
@@ -108,6 +110,17 @@ def _validate(
         return JobSpec.model_validate(raw), source
     except ValidationError as exc:
         raise JobSpecError(translate_validation_error(exc, raw, source)) from None
+
+
+def written_paths(spec: JobSpec) -> dict[Path, Path]:
+    """Where the paths of the expanded job (the layers of repeated blocks, the blocks named in
+    pipeline stages) were written in the document, so that its errors point there."""
+    aliases = spec.neuralnet.expanded().aliases()
+    for i, (_, written) in enumerate(spec.stage_lists() or []):
+        for k, j in enumerate(written):
+            if k != j:
+                aliases[("pipeline", "stages", i, k)] = ("pipeline", "stages", i, j)
+    return aliases
 
 
 def _describe(data: DataDescription, spec: JobSpec, source: SourceMap) -> BuildContext:
@@ -135,7 +148,7 @@ def _describe(data: DataDescription, spec: JobSpec, source: SourceMap) -> BuildC
 def cross_field_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
     """Rules that span several keys: the DAG, what the training algorithm needs, the topology,
     the pipeline's stages, the objective and the sections that read it, a sweep's search."""
-    layers = spec.neuralnet.layers
+    layers = spec.neuralnet.expanded().layers
     _, issues = resolve_dag(layers, source)
     types = [layer.type for layer in layers]
     alg = spec.train_one_batch.alg
@@ -229,10 +242,11 @@ def _build_net(
     spec: JobSpec, source: SourceMap, ctx: BuildContext
 ) -> tuple[NeuralNet, list[LayerRow]]:
     """Infer every layer's output shape from the data's sample shape and build the modules."""
-    order, issues = resolve_dag(spec.neuralnet.layers, source)
+    layers = spec.neuralnet.expanded().layers
+    order, issues = resolve_dag(layers, source)
     if issues:
         raise JobSpecError(issues)
-    position = {layer.name: i for i, layer in enumerate(spec.neuralnet.layers)}
+    position = {layer.name: i for i, layer in enumerate(layers)}
     shapes: dict[str, Shape | list[Shape]] = {}
     compiled: list[CompiledLayer] = []
     total = 0  # parameters so far
