@@ -26,6 +26,7 @@ from workers.trainer import Trainer, TrainOptions
 torch.set_num_threads(1)
 
 TOL = {"atol": 2e-5, "rtol": 1e-4}
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 MLP: dict[str, Any] = {
     "name": "pipeline-mlp",
@@ -167,6 +168,26 @@ def test_a_pipelined_job_ends_with_the_unpipelined_parameters(
         records = read_metrics(worker_dir(tmp_path / "pipeline", 0, stage))
         busy = [r["train/pipeline/busy"] for r in records if "train/pipeline/busy" in r]
         assert busy and all(0.0 < b <= 1.0 for b in busy)
+
+
+@pytest.mark.slow
+def test_the_pipelined_char_gpt_ends_with_the_unpipelined_parameters(
+    redis_url: str, cache_dir: Path, tmp_path: Path
+) -> None:
+    """examples/char_gpt_pipeline.yaml, cut between its two transformer blocks, against
+    examples/char_gpt.yaml on the same batches: attention, layer norms and the repeated block's
+    copies on two stages, their sum of micro-batch gradients the whole batch's."""
+    short = {"train_steps": 4, "disp_freq": 2, "validate": {"freq": 0, "steps": 2}}
+    short |= {"test": {"freq": 0, "steps": 2}}
+    pipelined = yaml.safe_load((EXAMPLES / "char_gpt_pipeline.yaml").read_text()) | short
+    unpipelined = yaml.safe_load((EXAMPLES / "char_gpt.yaml").read_text()) | short
+    assert {k: v for k, v in pipelined.items() if k not in ("name", "pipeline")} == {
+        k: v for k, v in unpipelined.items() if k != "name"
+    }
+    run = _launch(pipelined, redis_url, cache_dir, tmp_path / "pipeline")
+    assert set(run.workers) == {(0, 0), (0, 1)}
+    local = _local(unpipelined, cache_dir, tmp_path / "local")
+    _assert_same_params(tmp_path / "pipeline", local)
 
 
 @pytest.mark.slow
