@@ -25,6 +25,7 @@ from dsl.net import CompiledLayer, NeuralNet
 from dsl.objective import objective_issues
 from dsl.overrides import apply_overrides
 from dsl.pipeline import pipeline_issues
+from dsl.plugins import seed_for
 from dsl.schema import JobSpec
 from dsl.search_checks import search_issues
 from dsl.source import ParsedDocument, SourceMap, read_document
@@ -257,7 +258,13 @@ def _build_net(
             continue  # a source failed to build; its own issue is already reported
         in_shapes = [_shape_of(shapes[ref.layer], ref) for ref in refs]
         try:
-            module, out_shape = _build_layer(layer, in_shapes, ctx, budget=MAX_PARAMS - total)
+            module, out_shape = _build_layer(
+                layer,
+                in_shapes,
+                ctx,
+                budget=MAX_PARAMS - total,
+                seed=seed_for(spec.seed, layer.name),
+            )
         except _Unbuildable as exc:
             issues.append(
                 source.issue(path, f"layer '{layer.name}' ({layer.type}): {exc}", exc.hint)
@@ -313,9 +320,11 @@ TORCH_SIZE_ERRORS = (RuntimeError, TypeError, OverflowError, ValueError, MemoryE
 
 
 def _build_layer(
-    layer: LayerConfig, in_shapes: list[Shape], ctx: BuildContext, *, budget: int
+    layer: LayerConfig, in_shapes: list[Shape], ctx: BuildContext, *, budget: int, seed: int
 ) -> tuple[Layer, Shape | list[Shape]]:
-    """The layer's module and output shape, counted first on the meta device (no memory)."""
+    """The layer's module and output shape, counted first on the meta device (no memory).
+    It is built under a torch seed of its own (`seed`): a module that initialises itself (a
+    plugin's) starts the same in every process of the job."""
     try:
         with torch.device("meta"):
             probe, _ = layer.build(in_shapes, ctx)
@@ -331,7 +340,9 @@ def _build_layer(
                 "use fewer units, filters or a smaller input",
             )
     try:
-        return layer.build(in_shapes, ctx)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return layer.build(in_shapes, ctx)
     except LayerShapeError:
         raise
     except TORCH_SIZE_ERRORS as exc:
@@ -373,8 +384,17 @@ def _param_key_issues(
 
 @torch.no_grad()
 def _initialise(net: NeuralNet, seed: int) -> None:
-    """Initialise every parameter from its ParamSpec, in net order, from one seeded stream."""
+    """Initialise every parameter from its ParamSpec, in net order, from one seeded stream;
+    a module that initialises itself (a plugin's) keeps its values unless `param:` names it."""
+    kept = {
+        f"{c.config.name}/{local}"
+        for c in net.compiled
+        if c.module.initialises_itself
+        for local, _ in c.module.named_parameters()
+        if c.module.param_role(local) not in c.config.param
+    }
     generator = torch.Generator().manual_seed(seed)
     specs = net.param_specs()
     for name, param in net.named_params().items():
-        initialise(param, specs[name], generator)
+        if name not in kept:
+            initialise(param, specs[name], generator)

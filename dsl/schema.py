@@ -20,6 +20,7 @@ from dsl.blocks import (
     expand_layers,
     expand_stage,
     expanded_count,
+    layer_union,
 )
 from dsl.config import StrictModel
 from dsl.data_config import DataConfig
@@ -27,7 +28,7 @@ from dsl.frameworks import FRAMEWORK_SPECS
 from dsl.layers.base import LAYERS, LayerConfig
 from dsl.objective import ObjectiveConfig
 from dsl.search import SearchConfig
-from dsl.updater_config import UpdaterConfig
+from dsl.updater_config import UpdaterConfig, updater_union
 
 
 def _item_union() -> Any:
@@ -280,6 +281,17 @@ class JobSpec(StrictModel):
             return None
         net = self.neuralnet.expanded()
         return [expand_stage(names, net) for names in self.pipeline.stages]
+
+
+def rebuild_schema() -> None:
+    """Make the layer and updater types registered since this module was imported (a plugin's,
+    dsl/plugins.py) part of the language: its models are rebuilt with the registries' unions."""
+    RepeatBlock.model_fields["layers"].annotation = list[layer_union()]  # type: ignore[assignment, misc]
+    RepeatBlock.model_rebuild(force=True)
+    NeuralNetConfig.model_fields["layers"].annotation = list[_item_union()]  # type: ignore[assignment, misc]
+    NeuralNetConfig.model_rebuild(force=True)
+    JobSpec.model_fields["updater"].annotation = updater_union()
+    JobSpec.model_rebuild(force=True)
 
 
 def json_schema() -> dict[str, Any]:
