@@ -15,7 +15,7 @@ import importlib.util
 import os
 import sys
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -52,6 +52,23 @@ LOADING: list[Plugin] = []
 def plugin_of(type_name: str) -> Plugin | None:
     """The plugin that registered the layer or updater type `type_name` (None: built in)."""
     return OWNERS.get(type_name)
+
+
+def plugin_needs(layer_types: Iterable[str], updater_type: str) -> list[dict[str, str]]:
+    """The plugin types a job uses, each {kind, type, plugin, version}: what placement asks of
+    a node (its processes must load that plugin, at that version)."""
+    needs: dict[str, dict[str, str]] = {}
+    kinds = [("layer", name) for name in layer_types] + [("updater", updater_type)]
+    for kind, name in kinds:
+        owner = OWNERS.get(name)
+        if owner is not None and name not in needs:
+            needs[name] = {
+                "kind": kind,
+                "type": name,
+                "plugin": owner.name,
+                "version": owner.version,
+            }
+    return list(needs.values())
 
 
 # -- loading ------------------------------------------------------------------------------
