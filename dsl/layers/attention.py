@@ -43,8 +43,11 @@ class Attention(Layer):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, steps, dim = x.shape
         qkv = F.linear(x, self.w_qkv, self.b_qkv)  # (B, T, 3D)
-        # (B, T, 3D) -> 3 x (B, H, T, D/H)
-        q, k, v = qkv.view(batch, steps, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
+        # (B, T, 3D) -> 3 x (B, H, T, D/H), views of it
+        q, k, v = (
+            part.view(batch, steps, self.heads, dim // self.heads).transpose(1, 2)
+            for part in qkv.split(dim, dim=2)
+        )
         out = F.scaled_dot_product_attention(
             q,
             k,
@@ -113,7 +116,8 @@ class LearnedPositions(Layer):
         return ParamSpec(init="gaussian", std=0.02)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.w[: x.shape[1]]  # (B, T, D) + (T, D)
+        # (B, T, D) + (T, D); the whole table when T is max_len (no slice to back-propagate)
+        return x + (self.w if x.shape[1] == len(self.w) else self.w[: x.shape[1]])
 
 
 class FixedPositions(Layer):
