@@ -16,6 +16,7 @@ import yaml
 
 from bench.local_cluster import LocalRun, launch_local
 from dsl.planner import plan_pipeline
+from dsl.plugins import load_plugins, unloaded_after
 from tests.conftest import compile_with_data
 from workers.checkpoint import load_checkpoint, resolve_checkpoint
 from workers.context import worker_dir
@@ -27,6 +28,7 @@ torch.set_num_threads(1)
 
 TOL = {"atol": 2e-5, "rtol": 1e-4}
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+PLUGIN = Path(__file__).resolve().parents[2] / "fixtures" / "plugin_dist" / "trainyard_rmsnorm.py"
 
 MLP: dict[str, Any] = {
     "name": "pipeline-mlp",
@@ -188,6 +190,39 @@ def test_the_pipelined_char_gpt_ends_with_the_unpipelined_parameters(
     assert set(run.workers) == {(0, 0), (0, 1)}
     local = _local(unpipelined, cache_dir, tmp_path / "local")
     _assert_same_params(tmp_path / "pipeline", local)
+
+
+@pytest.mark.slow
+def test_a_pipelined_plugin_layer_ends_with_the_unpipelined_parameters(
+    redis_url: str, cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/plugins.md's rmsnorm and a plugin layer that initialises its own weights at random
+    (an nn.Linear) on the second stage: every stage process loads the plugins and builds them
+    with the values the local trainer has (each layer's module is built under its own seed)."""
+    mixer = tmp_path / "mixer.py"
+    mixer.write_text(
+        "from torch import nn\nfrom trainyard.plugins import layer\n\n"
+        "@layer('mixer')\nclass Mixer(nn.Module):\n"
+        "    def __init__(self, in_shape, *, units: int):\n"
+        "        super().__init__()\n        self.proj = nn.Linear(in_shape[-1], units)\n"
+        "    def forward(self, x):\n        return self.proj(x)\n"
+    )
+    job = copy.deepcopy(MLP)
+    layers = job["neuralnet"]["layers"]
+    layers[3:3] = [
+        {"name": "norm", "type": "rmsnorm", "srclayers": ["act1"], "eps": 1e-5},
+        {"name": "mix", "type": "mixer", "srclayers": ["norm"], "units": 32},
+    ]
+    layers[5]["srclayers"] = ["mix"]
+    monkeypatch.setenv("TRAINYARD_PLUGINS", f"{PLUGIN},{mixer}")
+    with unloaded_after():
+        load_plugins()
+        stages = [["data", "fc1", "act1"], ["norm", "mix", "fc2", "act2", "fc3", "loss", "acc"]]
+        pipelined = _pipelined(job, stages=stages, microbatches=4)
+        _launch(pipelined, redis_url, cache_dir, tmp_path / "pipeline")
+        local = _local(job, cache_dir, tmp_path / "local")
+        _assert_same_params(tmp_path / "pipeline", local)
+        assert "mix/proj.weight" in local.net.named_params()
 
 
 @pytest.mark.slow
