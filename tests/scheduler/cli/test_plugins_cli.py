@@ -68,9 +68,6 @@ def test_an_installed_plugin_is_found_by_its_entry_point(installed: Path, tmp_pa
     done = trainyard("train", "job.yaml", "--json", cwd=tmp_path, PYTHONPATH=f"{ROOT}:{installed}")
     assert done.returncode == 0, done.stderr
     assert '"status": "succeeded"' in done.stdout
-    without = trainyard("validate", "job.yaml", cwd=tmp_path)
-    assert without.returncode != 0
-    assert "unknown type 'rmsnorm'" in without.stdout + without.stderr
 
 
 def test_a_failing_plugin_stops_the_command(tmp_path: Path) -> None:
