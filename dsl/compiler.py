@@ -25,6 +25,7 @@ from dsl.net import CompiledLayer, NeuralNet
 from dsl.objective import objective_issues
 from dsl.overrides import apply_overrides
 from dsl.pipeline import pipeline_issues
+from dsl.plugin_types import ELEMENTWISE, PLUGIN_UPDATERS
 from dsl.plugins import seed_for
 from dsl.schema import JobSpec
 from dsl.search_checks import search_issues
@@ -183,6 +184,7 @@ def cross_field_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
     issues.extend(pipeline_issues(spec, source))
     issues.extend(_batch_issues(spec, topology, source))
     issues.extend(_precision_issues(spec, topology, source))
+    issues.extend(_plugin_updater_issues(spec, topology, source))
     issues.extend(objective_issues(spec, topology, source))
     issues.extend(search_issues(spec, source))
     return issues
@@ -233,6 +235,24 @@ def _precision_issues(spec: JobSpec, topology: Topology, source: SourceMap) -> l
             )
         )
     return issues
+
+
+def _plugin_updater_issues(spec: JobSpec, topology: Topology, source: SourceMap) -> list[SpecIssue]:
+    """Server shards each apply the updater to a slice of the parameters: a plugin updater
+    runs there only if it says each element's update is its own (`elementwise`)."""
+    name = spec.updater.type
+    shards = topology.nserver_groups * topology.nservers_per_group
+    if name not in PLUGIN_UPDATERS or name in ELEMENTWISE or not shards:
+        return []
+    return [
+        source.issue(
+            ("updater", "type"),
+            f"the plugin updater '{name}' is not declared elementwise, and the server shards of "
+            f"framework {topology.framework} apply the updater to slices of the parameters",
+            f"declare it with @updater('{name}', elementwise=True) if each element's update "
+            "depends on its own gradient and state alone, or use framework allreduce",
+        )
+    ]
 
 
 def _is_loss_type(layer_type: str) -> bool:

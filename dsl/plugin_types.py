@@ -27,6 +27,9 @@ F = TypeVar("F", bound=Callable[..., Optimizer])
 
 # updater type -> the function that builds its optimiser (workers/updaters.py reads it)
 PLUGIN_UPDATERS: dict[str, Callable[..., Optimizer]] = {}
+# The plugin updaters declared elementwise: each element's update depends on that element's
+# gradient and state alone, so server shards may apply them to slices of the parameters.
+ELEMENTWISE: set[str] = set()
 
 
 class PluginLayer(Layer):
@@ -57,10 +60,13 @@ def layer(name: str, *, sources: int | None = 1) -> Callable[[M], M]:
     return register
 
 
-def updater(name: str) -> Callable[[F], F]:
+def updater(name: str, *, elementwise: bool = False) -> Callable[[F], F]:
     """Register a function `(param_groups, *, keys...) -> torch.optim.Optimizer` as the updater
     type `name`. The groups carry their `lr` and `weight_decay`, set from the job's `lr` and
-    `weight_decay` keys (every updater takes those and `clip`)."""
+    `weight_decay` keys (every updater takes those and `clip`). `elementwise`: each element's
+    update depends on its own gradient and state alone (SGD, Adam, signSGD; not LAMB's
+    per-tensor norms), so parameter-server shards, which each update a slice of a parameter,
+    may run it; the frameworks with server shards refuse the others."""
 
     def register(build: F) -> F:
         _check_name(name, [*UPDATER_CONFIGS, *PLUGIN_UPDATERS], "updater")
@@ -75,6 +81,8 @@ def updater(name: str) -> Callable[[F], F]:
         )
         UPDATER_CONFIGS[name] = config
         PLUGIN_UPDATERS[name] = build
+        if elementwise:
+            ELEMENTWISE.add(name)
         _record(name, "updaters")
         return build
 

@@ -167,7 +167,7 @@ def unloaded_after() -> Iterator[None]:
     """Forget the plugins loaded inside the block (their types too) when it ends: for tests,
     which load plugins into a process that goes on."""
     from dsl.layers.base import LAYERS
-    from dsl.plugin_types import PLUGIN_UPDATERS
+    from dsl.plugin_types import ELEMENTWISE, PLUGIN_UPDATERS
     from dsl.updater_config import UPDATER_CONFIGS
 
     before = set(PLUGINS)
@@ -182,6 +182,7 @@ def unloaded_after() -> Iterator[None]:
             for type_name in plugin.updaters:
                 UPDATER_CONFIGS.pop(type_name, None)
                 PLUGIN_UPDATERS.pop(type_name, None)
+                ELEMENTWISE.discard(type_name)
                 OWNERS.pop(type_name, None)
             sys.modules.pop(name, None)
         from dsl.schema import rebuild_schema

@@ -153,3 +153,30 @@ def test_a_plugin_that_fails_to_import_is_named(tmp_path: Path) -> None:
     )
     with unloaded_after(), pytest.raises(PluginError, match="plugin nowhere_at_all"):
         load_plugins(["nowhere_at_all"])
+
+
+def test_server_shards_run_only_elementwise_plugin_updaters(tmp_path: Path) -> None:
+    plugin = tmp_path / "lamb_like.py"
+    plugin.write_text(
+        "import torch\nfrom trainyard.plugins import updater\n\n"
+        "@updater('pertensor')\ndef per_tensor(groups, *, trust: float = 0.01):\n"
+        "    return torch.optim.SGD(groups)\n"
+    )
+    text = (
+        "name: ps\ndata: {source: synthetic, task: classification, num_samples: 64, "
+        "num_features: 8, batch_size: 8}\nneuralnet:\n  layers:\n"
+        "    - {name: data, type: input}\n    - {name: fc, type: dense, srclayers: [data]}\n"
+        "    - {name: loss, type: softmax_loss, srclayers: [fc]}\n"
+        "updater: {type: UPDATER, lr: {base: 0.01}}\ntrain_steps: 2\n"
+        "cluster: {framework: sandblaster}\n"
+    )
+    ctx = BuildContext(sample_shape=(8,), num_classes=3)
+    with unloaded_after():
+        load_plugins([str(plugin), str(FIXTURE)])
+        with pytest.raises(JobSpecError) as err:
+            compile_job(text.replace("UPDATER", "pertensor"), ctx)
+        [issue] = err.value.issues
+        assert issue.path == "updater.type" and issue.line == 8
+        assert "the plugin updater 'pertensor' is not declared elementwise" in issue.message
+        compile_job(text.replace("UPDATER", "signsgd"), ctx)  # declared elementwise
+        compile_job(text.replace("UPDATER", "pertensor").replace("sandblaster", "allreduce"), ctx)
