@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from contract.rundir import SUMMARY
 from dsl.compiler import compile_job
+from dsl.plugins import load_plugins
 from dsl.schema import JobSpec
 from dsl.topology import Topology, resolve_topology
 from workers.checkpoint import write_json_atomic
@@ -306,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("rank", type=int)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    load_plugins()  # as every process of the platform does (TRAINYARD_PLUGINS, entry points)
     config = LaunchConfig(**json.loads(args.config.read_text()))
     return _run_process(config, args.role, args.group, args.rank)
 

@@ -23,6 +23,12 @@ class NodeRegistration:
     # The parameter-server Redis servers it could not reach, as "host:port: error"
     # (scheduler/agent/ps_reach.py); none: all answered, or an agent that does not check.
     ps_unreachable: tuple[str, ...] = ()
+    # The plugins its processes load (dsl/plugins.py), each "name=version" ("name=" for a
+    # module of no distribution): jobs using a plugin's types are placed only where it is.
+    plugins: tuple[str, ...] = ()
+
+    def plugin_versions(self) -> dict[str, str]:
+        return {name: version for name, _, version in (p.partition("=") for p in self.plugins)}
 
     def to_hash(self) -> dict[str, str]:
         return to_fields(self)

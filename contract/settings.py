@@ -73,6 +73,11 @@ class Settings(BaseSettings):
         default=None, description="checkpoints and uploaded datasets; default <data_dir>/artifacts"
     )
     redis_prefix: str = Field(default="trainyard", description="prefix of every Redis key")
+    plugins: str | None = Field(
+        default=None,
+        description="comma-separated plugin modules or .py files every process loads at start, "
+        "besides installed `trainyard.plugins` entry points (docs/plugins.md)",
+    )
 
     # The API server
     host: str = Field(default="127.0.0.1", description="address the API server listens on")
@@ -192,6 +197,11 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{self.resolved_data_dir() / 'trainyard.db'}"
+
+    def plugin_list(self) -> list[str]:
+        """The setting's plugins, .py paths made absolute (for processes in other folders)."""
+        items = [item.strip() for item in (self.plugins or "").split(",") if item.strip()]
+        return [str(Path(i).expanduser().resolve()) if i.endswith(".py") else i for i in items]
 
     def ps_urls(self) -> list[str]:
         if self.redis_ps_urls:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
-from dsl.errors import DataSourceError, JobSpecError, SpecIssue
+from dsl.errors import DataSourceError, JobSpecError, Path, SpecIssue
 from dsl.graph import SourceRef, resolve_dag
 from dsl.init import initialise
 from dsl.layers.base import BuildContext, Layer, LayerConfig, LayerShapeError, Shape
@@ -25,6 +25,8 @@ from dsl.net import CompiledLayer, NeuralNet
 from dsl.objective import objective_issues
 from dsl.overrides import apply_overrides
 from dsl.pipeline import pipeline_issues
+from dsl.plugin_types import ELEMENTWISE, PLUGIN_UPDATERS
+from dsl.plugins import seed_for
 from dsl.schema import JobSpec
 from dsl.search_checks import search_issues
 from dsl.source import ParsedDocument, SourceMap, read_document
@@ -85,8 +87,10 @@ def compile_job(
         if overrides:
             raise ValueError("overrides apply to a job document, not to a validated JobSpec")
         spec, source = job, SourceMap(filename)
+        source = source.aliased(written_paths(spec))
     else:
         spec, source = _validate(job, overrides, filename)
+        source = source.aliased(written_paths(spec))
         issues = cross_field_issues(spec, source) + (rules(spec, source) if rules else [])
         if issues:
             raise JobSpecError(issues)
@@ -108,6 +112,17 @@ def _validate(
         return JobSpec.model_validate(raw), source
     except ValidationError as exc:
         raise JobSpecError(translate_validation_error(exc, raw, source)) from None
+
+
+def written_paths(spec: JobSpec) -> dict[Path, Path]:
+    """Where the paths of the expanded job (the layers of repeated blocks, the blocks named in
+    pipeline stages) were written in the document, so that its errors point there."""
+    aliases = spec.neuralnet.expanded().aliases()
+    for i, (_, written) in enumerate(spec.stage_lists() or []):
+        for k, j in enumerate(written):
+            if k != j:
+                aliases[("pipeline", "stages", i, k)] = ("pipeline", "stages", i, j)
+    return aliases
 
 
 def _describe(data: DataDescription, spec: JobSpec, source: SourceMap) -> BuildContext:
@@ -135,7 +150,7 @@ def _describe(data: DataDescription, spec: JobSpec, source: SourceMap) -> BuildC
 def cross_field_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
     """Rules that span several keys: the DAG, what the training algorithm needs, the topology,
     the pipeline's stages, the objective and the sections that read it, a sweep's search."""
-    layers = spec.neuralnet.layers
+    layers = spec.neuralnet.expanded().layers
     _, issues = resolve_dag(layers, source)
     types = [layer.type for layer in layers]
     alg = spec.train_one_batch.alg
@@ -169,6 +184,7 @@ def cross_field_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
     issues.extend(pipeline_issues(spec, source))
     issues.extend(_batch_issues(spec, topology, source))
     issues.extend(_precision_issues(spec, topology, source))
+    issues.extend(_plugin_updater_issues(spec, topology, source))
     issues.extend(objective_issues(spec, topology, source))
     issues.extend(search_issues(spec, source))
     return issues
@@ -221,6 +237,24 @@ def _precision_issues(spec: JobSpec, topology: Topology, source: SourceMap) -> l
     return issues
 
 
+def _plugin_updater_issues(spec: JobSpec, topology: Topology, source: SourceMap) -> list[SpecIssue]:
+    """Server shards each apply the updater to a slice of the parameters: a plugin updater
+    runs there only if it says each element's update is its own (`elementwise`)."""
+    name = spec.updater.type
+    shards = topology.nserver_groups * topology.nservers_per_group
+    if name not in PLUGIN_UPDATERS or name in ELEMENTWISE or not shards:
+        return []
+    return [
+        source.issue(
+            ("updater", "type"),
+            f"the plugin updater '{name}' is not declared elementwise, and the server shards of "
+            f"framework {topology.framework} apply the updater to slices of the parameters",
+            f"declare it with @updater('{name}', elementwise=True) if each element's update "
+            "depends on its own gradient and state alone, or use framework allreduce",
+        )
+    ]
+
+
 def _is_loss_type(layer_type: str) -> bool:
     return layer_type.endswith("_loss")
 
@@ -229,10 +263,11 @@ def _build_net(
     spec: JobSpec, source: SourceMap, ctx: BuildContext
 ) -> tuple[NeuralNet, list[LayerRow]]:
     """Infer every layer's output shape from the data's sample shape and build the modules."""
-    order, issues = resolve_dag(spec.neuralnet.layers, source)
+    layers = spec.neuralnet.expanded().layers
+    order, issues = resolve_dag(layers, source)
     if issues:
         raise JobSpecError(issues)
-    position = {layer.name: i for i, layer in enumerate(spec.neuralnet.layers)}
+    position = {layer.name: i for i, layer in enumerate(layers)}
     shapes: dict[str, Shape | list[Shape]] = {}
     compiled: list[CompiledLayer] = []
     total = 0  # parameters so far
@@ -243,7 +278,13 @@ def _build_net(
             continue  # a source failed to build; its own issue is already reported
         in_shapes = [_shape_of(shapes[ref.layer], ref) for ref in refs]
         try:
-            module, out_shape = _build_layer(layer, in_shapes, ctx, budget=MAX_PARAMS - total)
+            module, out_shape = _build_layer(
+                layer,
+                in_shapes,
+                ctx,
+                budget=MAX_PARAMS - total,
+                seed=seed_for(spec.seed, layer.name),
+            )
         except _Unbuildable as exc:
             issues.append(
                 source.issue(path, f"layer '{layer.name}' ({layer.type}): {exc}", exc.hint)
@@ -299,9 +340,11 @@ TORCH_SIZE_ERRORS = (RuntimeError, TypeError, OverflowError, ValueError, MemoryE
 
 
 def _build_layer(
-    layer: LayerConfig, in_shapes: list[Shape], ctx: BuildContext, *, budget: int
+    layer: LayerConfig, in_shapes: list[Shape], ctx: BuildContext, *, budget: int, seed: int
 ) -> tuple[Layer, Shape | list[Shape]]:
-    """The layer's module and output shape, counted first on the meta device (no memory)."""
+    """The layer's module and output shape, counted first on the meta device (no memory).
+    It is built under a torch seed of its own (`seed`): a module that initialises itself (a
+    plugin's) starts the same in every process of the job."""
     try:
         with torch.device("meta"):
             probe, _ = layer.build(in_shapes, ctx)
@@ -317,7 +360,9 @@ def _build_layer(
                 "use fewer units, filters or a smaller input",
             )
     try:
-        return layer.build(in_shapes, ctx)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return layer.build(in_shapes, ctx)
     except LayerShapeError:
         raise
     except TORCH_SIZE_ERRORS as exc:
@@ -359,8 +404,17 @@ def _param_key_issues(
 
 @torch.no_grad()
 def _initialise(net: NeuralNet, seed: int) -> None:
-    """Initialise every parameter from its ParamSpec, in net order, from one seeded stream."""
+    """Initialise every parameter from its ParamSpec, in net order, from one seeded stream;
+    a module that initialises itself (a plugin's) keeps its values unless `param:` names it."""
+    kept = {
+        f"{c.config.name}/{local}"
+        for c in net.compiled
+        if c.module.initialises_itself
+        for local, _ in c.module.named_parameters()
+        if c.module.param_role(local) not in c.config.param
+    }
     generator = torch.Generator().manual_seed(seed)
     specs = net.param_specs()
     for name, param in net.named_params().items():
-        initialise(param, specs[name], generator)
+        if name not in kept:
+            initialise(param, specs[name], generator)

@@ -36,13 +36,21 @@ class Step:
     wants_label: bool
 
 
+def module_key(name: str) -> str:
+    """A layer's key among torch's submodules, which may not hold a '.': the copy `block.0.ln`
+    of a repeated block is the submodule `block/0/ln` (no written name holds a '/')."""
+    return name.replace(".", "/")
+
+
 class NeuralNet(nn.Module):
     """Runs the layers of one phase in order, feeding each its sources' outputs."""
 
     def __init__(self, layers: list[CompiledLayer]) -> None:
         super().__init__()
         self.compiled = layers
-        self.layers = nn.ModuleDict({layer.config.name: layer.module for layer in layers})
+        self.layers = nn.ModuleDict(
+            {module_key(layer.config.name): layer.module for layer in layers}
+        )
         self._plans: dict[Phase, list[Step]] = {
             phase: [
                 Step(
@@ -62,11 +70,15 @@ class NeuralNet(nn.Module):
         """The layers `phase` runs, in order."""
         return list(self._plans[phase])
 
+    def named_layers(self) -> list[tuple[str, Layer]]:
+        """The layers' modules by their job-language names, in order."""
+        return [(layer.config.name, layer.module) for layer in self.compiled]
+
     def named_params(self) -> dict[str, nn.Parameter]:
         """Parameters by their job-language names, `<layer>/<param>`."""
         return {
             f"{name}/{local}": param
-            for name, module in self.layers.items()
+            for name, module in self.named_layers()
             for local, param in module.named_parameters()
         }
 

@@ -67,7 +67,7 @@ def evaluation_metrics(spec: JobSpec) -> list[str]:
     if spec.train_one_batch.alg == "cd":
         return ["recon_error"]
     names: dict[str, None] = {}
-    for layer in spec.neuralnet.layers:
+    for layer in spec.neuralnet.expanded().layers:
         if layer.include is not None and "test" not in layer.include:
             continue
         if layer.type.endswith("_loss"):

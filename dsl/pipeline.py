@@ -77,10 +77,12 @@ def pipeline_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
     issues = _algorithm_issues(spec, source)
     issues += _microbatch_issues(spec, config, source)
     issues += _partition_issues(spec, source)
+    layers = spec.neuralnet.expanded().layers
     if isinstance(config.stages, int):
-        issues += _count_issues(spec.neuralnet.layers, config.stages, source)
+        issues += _count_issues(layers, config.stages, source)
     else:
-        issues += StageLists(spec.neuralnet.layers, config.stages, source).issues()
+        stages = [names for names, _ in spec.stage_lists() or []]
+        issues += StageLists(layers, stages, source).issues()
     return issues
 
 
@@ -157,7 +159,7 @@ def _partition_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
         "split the batch"
     )
     issues = []
-    layers = spec.neuralnet.layers
+    layers = spec.neuralnet.expanded().layers
     inherit = [layer.name for layer in layers if layer.partition_dim is None]
     if spec.neuralnet.partition_dim == 1 and inherit:
         issues.append(

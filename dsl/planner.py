@@ -126,8 +126,9 @@ def plan_pipeline(job: CompiledJob, costs: Costs | None = None) -> PipelinePlan:
             raise ValueError(f"costs lack the layers {', '.join(missing)}")
     layers = [c.config for c in job.net.compiled]  # topological order
     model = StageCosts(layers, costs if costs is not None else estimate_costs(job), config)
-    if isinstance(config.stages, list):
-        lists = [model.in_order(names) for names in config.stages]
+    written = job.spec.stage_lists()
+    if written is not None:
+        lists = [model.in_order(names) for names, _ in written]
         _check_cap(job, model, lists)
     else:
         lists = _best_cut(job, model)

@@ -44,6 +44,10 @@ class Registry(Generic[T]):
 
         return decorate
 
+    def unregister(self, name: str) -> None:
+        """Forget `name` (a plugin's type, when a test unloads the plugin)."""
+        del self._items[name]
+
     def get(self, name: str) -> T:
         try:
             return self._items[name]

@@ -9,20 +9,31 @@ import json
 import warnings
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 import dsl.layers  # noqa: F401  (registers every layer type)
+from dsl.blocks import (
+    MAX_EXPANDED_LAYERS,
+    ExpandedNet,
+    NetItem,
+    RepeatBlock,
+    expand_layers,
+    expand_stage,
+    expanded_count,
+    layer_union,
+)
 from dsl.config import StrictModel
 from dsl.data_config import DataConfig
 from dsl.frameworks import FRAMEWORK_SPECS
 from dsl.layers.base import LAYERS, LayerConfig
 from dsl.objective import ObjectiveConfig
 from dsl.search import SearchConfig
-from dsl.updater_config import UpdaterConfig
+from dsl.updater_config import UpdaterConfig, updater_union
 
 
-def _layer_union() -> Any:
-    classes = list(dict.fromkeys(cls for _, cls in LAYERS.items()))
+def _item_union() -> Any:
+    """A net's items: the registered layer types and repeated blocks, told apart by `type`."""
+    classes = [*dict.fromkeys(cls for _, cls in LAYERS.items()), RepeatBlock]
     return Annotated[Union[tuple(classes)], Field(discriminator="type")]  # noqa: UP007
 
 
@@ -31,10 +42,10 @@ def _framework_names() -> Any:
 
 
 if TYPE_CHECKING:
-    AnyLayer = LayerConfig
+    AnyItem = NetItem
     Framework = str
 else:
-    AnyLayer = _layer_union()
+    AnyItem = _item_union()
     Framework = _framework_names()
 
 
@@ -46,7 +57,23 @@ class NeuralNetConfig(StrictModel):
         description="how the net is split over the workers of a group: 0 batch, 1 features, "
         "-1 not at all; layers may override it",
     )
-    layers: list[AnyLayer] = Field(min_length=1, description="the layers, in any order")
+    layers: list[AnyItem] = Field(
+        min_length=1, description="the layers (and repeated blocks of layers), in any order"
+    )
+
+    @model_validator(mode="after")
+    def _bounded(self) -> NeuralNetConfig:
+        count = expanded_count(self.layers)
+        if count > MAX_EXPANDED_LAYERS:
+            raise ValueError(
+                f"the net has {count:,} layers once its blocks are repeated, more than the "
+                f"limit of {MAX_EXPANDED_LAYERS:,}; repeat fewer times or fewer layers"
+            )
+        return self
+
+    def expanded(self) -> ExpandedNet:
+        """The net's layers with every repeated block expanded into its copies."""
+        return expand_layers(self.layers)
 
 
 class BPConfig(StrictModel):
@@ -242,10 +269,29 @@ class JobSpec(StrictModel):
     )
 
     def layer(self, name: str) -> LayerConfig:
-        for layer in self.neuralnet.layers:
+        for layer in self.neuralnet.expanded().layers:
             if layer.name == name:
                 return layer
         raise KeyError(name)
+
+    def stage_lists(self) -> list[tuple[list[str], list[int]]] | None:
+        """The pipeline's stages as written lists, each block or copy they name expanded into
+        its layers, with the written position of every name; None without written lists."""
+        if self.pipeline is None or isinstance(self.pipeline.stages, int):
+            return None
+        net = self.neuralnet.expanded()
+        return [expand_stage(names, net) for names in self.pipeline.stages]
+
+
+def rebuild_schema() -> None:
+    """Make the layer and updater types registered since this module was imported (a plugin's,
+    dsl/plugins.py) part of the language: its models are rebuilt with the registries' unions."""
+    RepeatBlock.model_fields["layers"].annotation = list[layer_union()]  # type: ignore[assignment, misc]
+    RepeatBlock.model_rebuild(force=True)
+    NeuralNetConfig.model_fields["layers"].annotation = list[_item_union()]  # type: ignore[assignment, misc]
+    NeuralNetConfig.model_rebuild(force=True)
+    JobSpec.model_fields["updater"].annotation = updater_union()
+    JobSpec.model_rebuild(force=True)
 
 
 def json_schema() -> dict[str, Any]:

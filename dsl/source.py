@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import yaml
@@ -29,10 +29,28 @@ class SourceMap:
     filename: str = "<job>"
     values: dict[Path, Position] = field(default_factory=dict)
     keys: dict[Path, Position] = field(default_factory=dict)
+    # Paths of the compiled job that stand elsewhere in the document: an expanded layer of a
+    # repeated block (its layer in the block), a block named in a pipeline stage.
+    aliases: dict[Path, Path] = field(default_factory=dict)
+
+    def aliased(self, aliases: dict[Path, Path]) -> SourceMap:
+        """This map, reading `aliases` (a path prefix -> the prefix where it was written)."""
+        return replace(self, aliases={**self.aliases, **aliases})
+
+    def written(self, path: Path) -> Path:
+        """Where `path` stands in the document: its longest aliased prefix replaced."""
+        path = tuple(path)
+        for end in range(len(path), 0, -1):
+            origin = self.aliases.get(path[:end])
+            if origin is not None:
+                return (*origin, *path[end:])
+        return path
 
     def locate(self, path: Path) -> Position | None:
         """The key's position if the path names a key, else its value's, else its parent's."""
-        probe = tuple(path)
+        return self._position(self.written(path))
+
+    def _position(self, probe: Path) -> Position | None:
         while True:
             if probe in self.keys:
                 return self.keys[probe]
@@ -43,7 +61,8 @@ class SourceMap:
             probe = probe[:-1]
 
     def issue(self, path: Path, message: str, hint: str | None = None) -> SpecIssue:
-        pos = self.locate(path)
+        path = self.written(path)
+        pos = self._position(path)
         line, column = pos if pos else (None, None)
         return SpecIssue(format_path(path), message, line, column, hint)
 

@@ -8,7 +8,7 @@ meaningful for it, so `momentum` on `adam` is an unknown-key error rather than s
 from __future__ import annotations
 
 from itertools import pairwise
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import Field, model_validator
 
@@ -175,8 +175,9 @@ class ClipConfig(StrictModel):
 
 
 class UpdaterBase(StrictModel):
-    """Keys every updater takes."""
+    """Keys every updater takes. Subclasses narrow `type` to a Literal."""
 
+    type: str
     weight_decay: float = Field(
         default=0.0,
         ge=0,
@@ -268,13 +269,24 @@ class AdamaxConfig(UpdaterBase):
     eps: float = Field(default=1e-8, gt=0, description="added to the running max of |gradient|")
 
 
-UpdaterConfig = Annotated[
-    SGDConfig
-    | NesterovConfig
-    | AdagradConfig
-    | RMSPropConfig
-    | AdaDeltaConfig
-    | AdamConfig
-    | AdamaxConfig,
-    Field(discriminator="type"),
-]
+# Updater type -> its model: the built-in ones, and those plugins add (dsl/plugins.py).
+UPDATER_CONFIGS: dict[str, type[UpdaterBase]] = {
+    "sgd": SGDConfig,
+    "nesterov": NesterovConfig,
+    "adagrad": AdagradConfig,
+    "rmsprop": RMSPropConfig,
+    "adadelta": AdaDeltaConfig,
+    "adam": AdamConfig,
+    "adamax": AdamaxConfig,
+}
+
+
+def updater_union() -> Any:
+    """Every updater type's model as one pydantic union, told apart by `type`."""
+    return Annotated[Union[tuple(UPDATER_CONFIGS.values())], Field(discriminator="type")]  # noqa: UP007
+
+
+if TYPE_CHECKING:
+    UpdaterConfig = UpdaterBase
+else:
+    UpdaterConfig = updater_union()

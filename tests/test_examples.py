@@ -183,3 +183,18 @@ def test_char_rnn_loss_per_character_falls(tmp_path: Path, cache_dir: Path) -> N
     run.train()
     assert run.recorder.series("test/loss")[-1] < 2.1
     assert run.recorder.series("test/accuracy")[-1] > 0.4
+
+
+def test_char_gpt_trains_a_few_steps(tmp_path: Path, cache_dir: Path) -> None:
+    # Full length (1500 steps, about 2.5 minutes on one core) is in docs/dsl.md's table.
+    quick = ("train_steps=40", "disp_freq=10", "validate.freq=20", "validate.steps=2")
+    run = Run("char_gpt", tmp_path, cache_dir, *quick, "test.steps=2")
+    assert run.vocabulary is not None
+    start = run.trainer.evaluate()["test/loss"]
+    assert start == pytest.approx(math.log(run.vocabulary), abs=0.5)
+    run.train()
+    losses = run.recorder.series("train/loss")
+    assert len(losses) == 4 and losses[-1] < losses[0] - 0.3
+    assert len(run.recorder.series("val/loss")) == 2
+    params = run.trainer.net.named_params()
+    assert {"block.0.att/w_qkv", "block.1.fc/w", "lnf/w"} <= set(params)

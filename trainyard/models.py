@@ -31,6 +31,9 @@ class NodeOut(BaseModel):
     ps_unreachable: list[str] = Field(
         description="parameter-server Redis its agent cannot reach, each 'host:port: error'"
     )
+    plugins: dict[str, str] = Field(
+        default_factory=dict, description="the plugins its processes load, name -> version"
+    )
 
 
 class QueueEntryOut(BaseModel):

@@ -30,6 +30,7 @@ from contract.codec import decode
 from contract.keys import Keys
 from contract.settings import Settings
 from contract.stream import JobStream
+from dsl.plugins import PluginError, load_plugins
 from workers.fork_server import serve
 from workers.metrics import RedisSink
 
@@ -251,6 +252,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        # Before the fork server warms up: the processes it forks have them loaded.
+        load_plugins()
+    except PluginError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.INVALID
     if args.fork_server is None:
         return run_allocation(args, args.allocation)
     warm_up()

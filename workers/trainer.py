@@ -473,7 +473,7 @@ class Trainer:
     def _write_checkpoint(self, directory: Path | None = None, keep: int | None = None) -> Path:
         buffers = {
             f"{name}/{local}": buf
-            for name, module in self.net.layers.items()
+            for name, module in self.net.named_layers()
             for local, buf in module.named_buffers()
         }
         ckpt = Checkpoint(
@@ -561,7 +561,7 @@ class Trainer:
 
     def _load_buffers(self, ckpt: Checkpoint) -> None:
         with torch.no_grad():
-            for name, module in self.net.layers.items():
+            for name, module in self.net.named_layers():
                 for local, buf in module.named_buffers():
                     saved = ckpt.buffers.get(f"{name}/{local}")
                     if saved is not None and saved.shape == buf.shape:

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from dsl.plugin_types import PLUGIN_UPDATERS
 from dsl.registry import Registry
 from dsl.updater_config import (
     AdaDeltaConfig,
@@ -23,6 +24,7 @@ from dsl.updater_config import (
     NesterovConfig,
     RMSPropConfig,
     SGDConfig,
+    UpdaterBase,
     UpdaterConfig,
 )
 from workers.schedules import lr_at
@@ -70,6 +72,15 @@ def _adamax(groups: list[ParamGroup], cfg: AdamaxConfig) -> torch.optim.Optimize
     return torch.optim.Adamax(groups, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
 
 
+def _build_optimizer(groups: list[ParamGroup], config: UpdaterConfig) -> torch.optim.Optimizer:
+    """The built-in updater's optimiser, or a plugin's (its function gets its own keys)."""
+    plugin = PLUGIN_UPDATERS.get(config.type)
+    if plugin is None:
+        return UPDATERS.get(config.type)(groups, config)
+    own = set(type(config).model_fields) - set(UpdaterBase.model_fields)
+    return plugin(groups, **{key: getattr(config, key) for key in own})
+
+
 @dataclass(frozen=True)
 class ParamEntry:
     """One named parameter and its per-parameter scales (from the layer's `param:` section)."""
@@ -112,7 +123,7 @@ class Updater:
             for (lr_s, wd_s), tensors in by_scales.items()
         ]
         self._lr_scales = [lr_s for lr_s, _ in by_scales]
-        self.optimizer = UPDATERS.get(config.type)(groups, config)
+        self.optimizer = _build_optimizer(groups, config)
 
         self._params = [entry.tensor for entry in params]
         tensor_names = {id(entry.tensor): entry.name for entry in params}

@@ -80,6 +80,7 @@ def cluster(session: SessionDep, user: CurrentUser, services: ServicesDep) -> Cl
                 gpus_used=capacity.gpus_used,
                 last_heartbeat=aware(node.last_heartbeat),
                 ps_unreachable=node.ps_unreachable or [],
+                plugins=node.plugins or {},
             )
             for node, capacity in view.nodes
         ],

@@ -328,7 +328,7 @@ def job_graph(
     job: VisibleJob, user: CurrentUser, session: SessionDep, services: ServicesDep
 ) -> GraphOut:
     compiled = compiled_job(job, user, session, services)
-    include = {layer.name: layer.include for layer in compiled.spec.neuralnet.layers}
+    include = {layer.name: layer.include for layer in compiled.spec.neuralnet.expanded().layers}
     return GraphOut(
         nodes=[
             GraphNode(

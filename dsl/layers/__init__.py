@@ -1,4 +1,5 @@
 from dsl.layers import activation as activation
+from dsl.layers import attention as attention
 from dsl.layers import connection as connection
 from dsl.layers import conv as conv
 from dsl.layers import dense as dense

@@ -87,6 +87,47 @@ class STanhConfig(LayerConfig):
         return STanh(), in_shapes[0]
 
 
+class GELU(Layer):
+    def __init__(self, approximate: str) -> None:
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(x, approximate=self.approximate)
+
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate}"
+
+
+@register_layer("gelu")
+class GELUConfig(LayerConfig):
+    """x * Phi(x), Phi the standard normal's distribution function (the transformers' activation);
+    `approximate: tanh` is GPT-2's tanh approximation of it."""
+
+    type: Literal["gelu"]
+    approximate: Literal["none", "tanh"] = Field(
+        default="none", description="none: the exact erf form; tanh: GPT-2's approximation"
+    )
+
+    def build(self, in_shapes: list[Shape], ctx: BuildContext) -> tuple[Layer, Shape]:
+        return GELU(self.approximate), in_shapes[0]
+
+
+class SiLU(Layer):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.silu(x)
+
+
+@register_layer("silu")
+class SiLUConfig(LayerConfig):
+    """x * sigmoid(x) (also called swish)."""
+
+    type: Literal["silu"]
+
+    def build(self, in_shapes: list[Shape], ctx: BuildContext) -> tuple[Layer, Shape]:
+        return SiLU(), in_shapes[0]
+
+
 class Softmax(Layer):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.softmax(x, dim=-1)

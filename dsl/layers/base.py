@@ -56,6 +56,9 @@ class Layer(nn.Module):
     is_loss: ClassVar[bool] = False
     is_metric: ClassVar[bool] = False
     stateful: ClassVar[bool] = False
+    # Whether the module gave its parameters their first values itself (a plugin's module);
+    # otherwise the compiler initialises them from their `param:` settings.
+    initialises_itself: ClassVar[bool] = False
 
     def param_role(self, local_name: str) -> str:
         """Which `param:` key configures the parameter called `local_name`."""

@@ -1,4 +1,4 @@
-"""Normalisation layers: SINGA's cross-channel LRN and batch normalisation."""
+"""Normalisation layers: SINGA's cross-channel LRN, batch and layer normalisation."""
 
 from __future__ import annotations
 
@@ -116,3 +116,39 @@ class BatchNormConfig(LayerConfig):
     def build(self, in_shapes: list[Shape], ctx: BuildContext) -> tuple[Layer, Shape]:
         _expect_channels(in_shapes[0])
         return BatchNorm(in_shapes[0][0], self.momentum, self.eps), in_shapes[0]
+
+
+class LayerNorm(Layer):
+    """Scale `w` and shift `b` of the last axis, whose values are normalised per position."""
+
+    def __init__(self, features: int, eps: float) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.empty(features))
+        self.b = nn.Parameter(torch.empty(features))
+        self.eps = eps
+
+    def default_param(self, role: str) -> ParamSpec:
+        # the identity on inputs of zero mean and unit variance, as torch's nn.LayerNorm starts
+        if role == "w":
+            return ParamSpec(init="constant", value=1.0)
+        return super().default_param(role)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # (B, ..., F): mean and variance over F at every position, the same in both phases
+        return F.layer_norm(x, (self.w.numel(),), self.w, self.b, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.w.numel()}, eps={self.eps}"
+
+
+@register_layer("layernorm")
+class LayerNormConfig(LayerConfig):
+    """Layer normalisation over the last axis of each position (of (F,), or (T, D) per step),
+    with a learned scale and shift; training and evaluation compute the same."""
+
+    type: Literal["layernorm"]
+    eps: float = Field(default=1e-5, gt=0.0, description="added to the variance for stability")
+
+    def build(self, in_shapes: list[Shape], ctx: BuildContext) -> tuple[Layer, Shape]:
+        _expect_channels(in_shapes[0])
+        return LayerNorm(in_shapes[0][-1], self.eps), in_shapes[0]

@@ -28,6 +28,7 @@ from dsl.errors import DataSourceError, JobSpecError, SpecIssue
 from dsl.layers.base import BuildContext
 from dsl.objective import resolve_objective, resolve_search, selection_warnings
 from dsl.planner import PipelinePlan, plan_pipeline
+from dsl.plugins import plugin_needs
 from dsl.schema import JobSpec
 from dsl.search import SearchConfig, base_document
 from dsl.search_checks import space_issues
@@ -113,6 +114,11 @@ class CheckedJob:
             overrides=dict(overrides),
             spec=self.execution_spec,
             topology=self.topology.to_dict(),
+            plugins=plugin_needs(
+                [layer.type for layer in self.spec.neuralnet.expanded().layers],
+                self.spec.updater.type,
+            )
+            or None,
             framework=self.spec.cluster.framework,
             train_steps=self.spec.train_steps,
             objective=objective.metric,

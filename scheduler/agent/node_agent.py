@@ -43,6 +43,7 @@ from contract.keys import FINISHED_TTL_SECONDS, Keys
 from contract.nodes import NodeRegistration
 from contract.settings import Settings
 from contract.stream import JobStream, StateRecord
+from dsl.plugins import versions as plugin_versions
 from scheduler.agent.processes import ForkServer, FreshProcesses, Launcher, WorkerProcess
 from scheduler.agent.ps_reach import PS_CHECK_SECONDS, unreachable_ps
 from scheduler.celery_app import RUN_ALLOCATION, create_celery, node_queue
@@ -155,6 +156,7 @@ class Agent:
             pid=os.getpid(),
             draining=self.shutdown.is_set(),
             ps_unreachable=tuple(self.ps_unreachable),
+            plugins=tuple(f"{name}={version}" for name, version in plugin_versions().items()),
         )
         pipe.hset(self.keys.node(self.name), mapping=registration.to_hash())  # type: ignore[arg-type]
         # A node that dies unannounced drops out of Redis too, so a scheduler started later

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Annotated, Any
@@ -243,5 +244,21 @@ register(app)
 
 
 def main() -> None:
-    """The `trainyard` console script (and `python -m scheduler`)."""
+    """The `trainyard` console script (and `python -m scheduler`). Every process of the
+    platform it starts (the API, the scheduler, node agents) loads the plugins first; a plugin
+    that fails stops it with the plugin's name and error."""
+    load_plugins_or_exit()
     client_cli.run(app)
+
+
+def load_plugins_or_exit() -> None:
+    """Load the plugins, if any are installed or configured (dsl/plugins.py)."""
+    from dsl import plugins
+
+    if not plugins.wanted():
+        return  # the client's commands start without torch
+    try:
+        plugins.load_plugins()
+    except plugins.PluginError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -230,6 +230,9 @@ class Stack:
         )
         if self.settings.artifact_dir is not None:
             env["TRAINYARD_ARTIFACT_DIR"] = str(self.settings.artifacts().resolve())
+        if self.settings.plugins:
+            # every child loads the same plugins, wherever it runs from
+            env["TRAINYARD_PLUGINS"] = ",".join(self.settings.plugin_list())
         return env
 
     def _spawn(self, name: str, env: dict[str, str]) -> None:

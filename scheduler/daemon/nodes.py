@@ -92,6 +92,7 @@ def sync_nodes(
         row.queue, row.slots, row.gpus = info.queue, info.slots, info.gpus
         row.last_heartbeat = datetime.fromtimestamp(info.heartbeat, UTC)
         sync_reach(row, list(info.ps_unreachable))
+        row.plugins = info.plugin_versions() or None
         if info.draining and row.state != NodeState.DRAINING:
             # Its agent is stopping: no new work goes there; its jobs drain on their own.
             row.state = NodeState.DRAINING

@@ -43,6 +43,7 @@ def node_capacities(session: Session) -> list[NodeCapacity]:
             gpus_used=used.get(node.id, (0, 0))[1],
             alive=node.state == NodeState.ALIVE,
             ps_unreachable=tuple(node.ps_unreachable or ()),
+            plugins=dict(node.plugins or {}),
         )
         for node in session.scalars(select(Node).order_by(Node.name))
     ]
@@ -63,7 +64,11 @@ def placement_request(job: Job | Row[Any]) -> PlacementRequest:
     """What `job` asks of the cluster; a plain row must carry id, owner_id, priority and a
     topology."""
     return PlacementRequest.from_topology(
-        job.id, job_topology(job), priority=job.priority, owner_id=job.owner_id
+        job.id,
+        job_topology(job),
+        priority=job.priority,
+        owner_id=job.owner_id,
+        plugins=job.plugins or (),
     )
 
 
@@ -71,7 +76,14 @@ def placement_request(job: Job | Row[Any]) -> PlacementRequest:
 # only when used (a placed job's spec, an old row without a topology), not for every queued job
 # at every scheduling pass or GET /cluster.
 PLACEMENT_COLUMNS = load_only(
-    Job.id, Job.owner_id, Job.name, Job.state, Job.priority, Job.topology, Job.cancel_requested
+    Job.id,
+    Job.owner_id,
+    Job.name,
+    Job.state,
+    Job.priority,
+    Job.topology,
+    Job.plugins,
+    Job.cancel_requested,
 )
 
 
@@ -143,7 +155,7 @@ def owner_shares(session: Session, defaults: Limits, owner_ids: set[int]) -> dic
 
 
 _QUEUED_ROWS = (
-    select(Job.id, Job.owner_id, Job.name, Job.priority, Job.topology)
+    select(Job.id, Job.owner_id, Job.name, Job.priority, Job.topology, Job.plugins)
     .where(Job.state == JobState.QUEUED)
     .order_by(*QUEUE_ORDER)
 )

@@ -42,10 +42,18 @@ class NodeCapacity:
     alive: bool = True
     # The parameter-server Redis servers its agent cannot reach, each "host:port: error".
     ps_unreachable: tuple[str, ...] = ()
+    # The plugins its processes load, name -> version.
+    plugins: Mapping[str, str] = field(default_factory=dict)
 
     def takes(self, request: PlacementRequest) -> bool:
         """Whether any process of `request` may go here (room aside)."""
-        return self.alive and not (request.parameter_server and self.ps_unreachable)
+        if not self.alive or (request.parameter_server and self.ps_unreachable):
+            return False
+        return all(self.has(need) for need in request.plugins)
+
+    def has(self, need: PluginNeed) -> bool:
+        """Whether its processes load the plugin `need` names, at the version it names."""
+        return self.plugins.get(need.plugin) == need.version
 
     @property
     def free_slots(self) -> int:
@@ -64,6 +72,20 @@ class NodeCapacity:
 
 
 @dataclass(frozen=True)
+class PluginNeed:
+    """A plugin type a job uses: only nodes whose processes load the plugin take it."""
+
+    kind: str  # layer | updater
+    type: str
+    plugin: str
+    version: str
+
+    def describe(self) -> str:
+        version = f" {self.version}" if self.version else ""
+        return f"plugin {self.kind} '{self.type}' ({self.plugin}{version})"
+
+
+@dataclass(frozen=True)
 class PlacementRequest:
     """What one job needs: its workers and separate server shards as (group, rank) pairs."""
 
@@ -74,6 +96,7 @@ class PlacementRequest:
     gpus_per_worker: int = 0
     priority: int = 0
     owner_id: int = 0
+    plugins: tuple[PluginNeed, ...] = ()
 
     # Server shards exchange parameters over the network; they need a CPU slot, never a GPU.
     SLOTS_PER_SERVER: ClassVar[int] = 1
@@ -86,8 +109,10 @@ class PlacementRequest:
         *,
         priority: int = 0,
         owner_id: int = 0,
+        plugins: Iterable[Mapping[str, str]] = (),
     ) -> PlacementRequest:
-        """From a resolved Topology or its `to_dict()` form (as jobs store it)."""
+        """From a resolved Topology or its `to_dict()` form (as jobs store it), and the plugin
+        types the job uses (as jobs store them)."""
         t: Mapping[str, Any] = topology if isinstance(topology, Mapping) else topology.to_dict()
         server_groups = int(t["nserver_groups"]) if t["server_worker_separate"] else 0
         return cls(
@@ -104,6 +129,7 @@ class PlacementRequest:
             gpus_per_worker=int(t["gpus_per_worker"]),
             priority=priority,
             owner_id=owner_id,
+            plugins=tuple(PluginNeed(**need) for need in plugins),
         )
 
     @property
@@ -234,6 +260,19 @@ def unreachable_note(request: PlacementRequest, nodes: Sequence[NodeCapacity]) -
     )
 
 
+def missing_plugin(request: PlacementRequest, nodes: Sequence[NodeCapacity]) -> str | None:
+    """Why no alive node can ever take `request`: "needs plugin layer 'rmsnorm' (mylayers 1.2);
+    no node has it", or None."""
+    alive = [node for node in nodes if node.alive]
+    for need in request.plugins:
+        if not any(node.has(need) for node in alive):
+            return f"needs {need.describe()}; no node has it"
+    if request.plugins and not any(node.takes(request) for node in alive):
+        needs = ", ".join(need.describe() for need in request.plugins)
+        return f"needs {needs}; no node has them all"
+    return None
+
+
 def fits_empty_cluster(request: PlacementRequest, nodes: Sequence[NodeCapacity]) -> bool:
     """Could the job ever run on these (alive) nodes, were they idle?"""
     empty = [replace(node, slots_used=0, gpus_used=0) for node in nodes]
@@ -327,6 +366,10 @@ def plan_queue(
     head: int | None = None
     for request in ordered:
         usable = [node for node in alive if node.takes(request)]
+        lacking = missing_plugin(request, alive)
+        if lacking is not None:
+            waiting[request.job_id] = lacking
+            continue
         if not fits_empty_cluster(request, usable):
             total_slots = sum(n.slots for n in usable)
             total_gpus = sum(n.gpus for n in usable)

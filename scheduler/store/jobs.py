@@ -50,6 +50,8 @@ class NewJob:
     # validation split and an objective, a classifier's is test/accuracy.
     objective: str = "test/accuracy"
     objective_mode: str = "max"
+    # the plugin types it uses (dsl/plugins.py plugin_needs); None: none
+    plugins: list[dict[str, str]] | None = None
 
 
 def create_job(session: Session, owner: User, new: NewJob) -> Job:
@@ -64,6 +66,7 @@ def create_job(session: Session, owner: User, new: NewJob) -> Job:
         overrides=new.overrides,
         spec=new.spec,
         topology=new.topology,
+        plugins=new.plugins,
         framework=new.framework,
         train_steps=new.train_steps,
         objective=new.objective,

@@ -133,6 +133,9 @@ class Job(Base):
     overrides: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # validated, overrides applied
     topology: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # resolved cluster
+    # The plugin types it uses, each {kind, type, plugin, version}: placed only on nodes whose
+    # processes load those plugins (dsl/plugins.py); null: none.
+    plugins: Mapped[list[dict[str, str]] | None] = mapped_column(JSON, nullable=True)
     framework: Mapped[str] = mapped_column(String(32), default="local")
     train_steps: Mapped[int] = mapped_column(Integer)
     step: Mapped[int] = mapped_column(Integer, default=0)
@@ -312,6 +315,8 @@ class Node(Base):
     # its registration says (scheduler/agent/ps_reach.py); null: none, or an agent that does not
     # check.
     ps_unreachable: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    # The plugins its agent's processes load, name -> version (dsl/plugins.py); null: none.
+    plugins: Mapped[dict[str, str] | None] = mapped_column(JSON, nullable=True)
 
 
 class Allocation(Base):

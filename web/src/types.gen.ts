@@ -23,6 +23,8 @@ export interface NodeOut {
   last_heartbeat: string;
   /** parameter-server Redis its agent cannot reach, each 'host:port: error' */
   ps_unreachable: string[];
+  /** the plugins its processes load, name -> version */
+  plugins?: Record<string, string>;
 }
 
 export interface QueueEntryOut {

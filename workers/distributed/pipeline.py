@@ -26,7 +26,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 
 from contract.stream import TimelineRecord
 from dsl.compiler import CompiledJob
-from dsl.net import NeuralNet
+from dsl.net import NeuralNet, module_key
 from dsl.planner import PipelinePlan
 from dsl.schema import JobSpec
 from workers.algorithms import BatchResult
@@ -145,7 +145,7 @@ class PipelineRunner:
         self.train_flow = stage_flows(job.net, plan, "train")[groups.stage]
         self.test_flow = stage_flows(job.net, plan, "test")[groups.stage]
         names = set(plan.stages[groups.stage].layers)
-        layers = nn.ModuleDict({n: m for n, m in job.net.layers.items() if n in names})
+        layers = nn.ModuleDict({module_key(n): m for n, m in job.net.named_layers() if n in names})
         self.module = StageModule(
             layers,
             self.train_flow,
@@ -299,7 +299,7 @@ class PipelineCheckpoints:
             {name: p.detach().cpu() for name, p in net.named_params().items()},
             {
                 f"{name}/{local}": b.detach().cpu()
-                for name, module in net.layers.items()
+                for name, module in net.named_layers()
                 for local, b in module.named_buffers()
             },
             trainer.updater.state_tensors(),

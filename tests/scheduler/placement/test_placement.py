@@ -229,3 +229,30 @@ def test_plans_are_valid_and_found_whenever_one_exists(
         assert name in by_name  # never a lost node
         assert used_slots <= by_name[name].free_slots
         assert used_gpus <= by_name[name].free_gpus
+
+
+RMSNORM = {"kind": "layer", "type": "rmsnorm", "plugin": "trainyard_rmsnorm", "version": "1.2"}
+
+
+def test_a_plugin_job_goes_only_to_nodes_with_the_plugin() -> None:
+    with_it = replace(node("b", 4), plugins={"trainyard_rmsnorm": "1.2"})
+    older = replace(node("c", 8), plugins={"trainyard_rmsnorm": "1.1"})
+    topology = resolve_topology(ClusterConfig(framework="allreduce", nworkers_per_group=2))
+    request = PlacementRequest.from_topology(7, topology, plugins=[RMSNORM])
+    plan = plan_placement(request, [node("a", 8), with_it, older])
+    assert plan is not None and plan.nodes() == ["b"]
+    # without the plugin the job would take the tightest node that fits it, not b
+    assert plan_placement(replace(request, plugins=()), [node("a", 2), with_it]).nodes() == ["a"]  # type: ignore[union-attr]
+
+
+def test_a_plugin_job_no_node_has_waits_with_the_reason() -> None:
+    request = PlacementRequest.from_topology(
+        7, resolve_topology(ClusterConfig()), plugins=[RMSNORM]
+    )
+    other = job(8, 1)
+    older = replace(node("c", 8), plugins={"trainyard_rmsnorm": "1.1"})
+    decision = plan_queue([request, other], [node("a", 8), older])
+    assert decision.waiting == {
+        7: "needs plugin layer 'rmsnorm' (trainyard_rmsnorm 1.2); no node has it"
+    }
+    assert [placed.job_id for placed, _ in decision.placed] == [8]

@@ -16,6 +16,7 @@ import yaml
 
 from bench.local_cluster import LocalRun, launch_local
 from dsl.planner import plan_pipeline
+from dsl.plugins import load_plugins, unloaded_after
 from tests.conftest import compile_with_data
 from workers.checkpoint import load_checkpoint, resolve_checkpoint
 from workers.context import worker_dir
@@ -26,6 +27,8 @@ from workers.trainer import Trainer, TrainOptions
 torch.set_num_threads(1)
 
 TOL = {"atol": 2e-5, "rtol": 1e-4}
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+PLUGIN = Path(__file__).resolve().parents[2] / "fixtures" / "plugin_dist" / "trainyard_rmsnorm.py"
 
 MLP: dict[str, Any] = {
     "name": "pipeline-mlp",
@@ -167,6 +170,59 @@ def test_a_pipelined_job_ends_with_the_unpipelined_parameters(
         records = read_metrics(worker_dir(tmp_path / "pipeline", 0, stage))
         busy = [r["train/pipeline/busy"] for r in records if "train/pipeline/busy" in r]
         assert busy and all(0.0 < b <= 1.0 for b in busy)
+
+
+@pytest.mark.slow
+def test_the_pipelined_char_gpt_ends_with_the_unpipelined_parameters(
+    redis_url: str, cache_dir: Path, tmp_path: Path
+) -> None:
+    """examples/char_gpt_pipeline.yaml, cut between its two transformer blocks, against
+    examples/char_gpt.yaml on the same batches: attention, layer norms and the repeated block's
+    copies on two stages, their sum of micro-batch gradients the whole batch's."""
+    short = {"train_steps": 4, "disp_freq": 2, "validate": {"freq": 0, "steps": 2}}
+    short |= {"test": {"freq": 0, "steps": 2}}
+    pipelined = yaml.safe_load((EXAMPLES / "char_gpt_pipeline.yaml").read_text()) | short
+    unpipelined = yaml.safe_load((EXAMPLES / "char_gpt.yaml").read_text()) | short
+    assert {k: v for k, v in pipelined.items() if k not in ("name", "pipeline")} == {
+        k: v for k, v in unpipelined.items() if k != "name"
+    }
+    run = _launch(pipelined, redis_url, cache_dir, tmp_path / "pipeline")
+    assert set(run.workers) == {(0, 0), (0, 1)}
+    local = _local(unpipelined, cache_dir, tmp_path / "local")
+    _assert_same_params(tmp_path / "pipeline", local)
+
+
+@pytest.mark.slow
+def test_a_pipelined_plugin_layer_ends_with_the_unpipelined_parameters(
+    redis_url: str, cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/plugins.md's rmsnorm and a plugin layer that initialises its own weights at random
+    (an nn.Linear) on the second stage: every stage process loads the plugins and builds them
+    with the values the local trainer has (each layer's module is built under its own seed)."""
+    mixer = tmp_path / "mixer.py"
+    mixer.write_text(
+        "from torch import nn\nfrom trainyard.plugins import layer\n\n"
+        "@layer('mixer')\nclass Mixer(nn.Module):\n"
+        "    def __init__(self, in_shape, *, units: int):\n"
+        "        super().__init__()\n        self.proj = nn.Linear(in_shape[-1], units)\n"
+        "    def forward(self, x):\n        return self.proj(x)\n"
+    )
+    job = copy.deepcopy(MLP)
+    layers = job["neuralnet"]["layers"]
+    layers[3:3] = [
+        {"name": "norm", "type": "rmsnorm", "srclayers": ["act1"], "eps": 1e-5},
+        {"name": "mix", "type": "mixer", "srclayers": ["norm"], "units": 32},
+    ]
+    layers[5]["srclayers"] = ["mix"]
+    monkeypatch.setenv("TRAINYARD_PLUGINS", f"{PLUGIN},{mixer}")
+    with unloaded_after():
+        load_plugins()
+        stages = [["data", "fc1", "act1"], ["norm", "mix", "fc2", "act2", "fc3", "loss", "acc"]]
+        pipelined = _pipelined(job, stages=stages, microbatches=4)
+        _launch(pipelined, redis_url, cache_dir, tmp_path / "pipeline")
+        local = _local(job, cache_dir, tmp_path / "local")
+        _assert_same_params(tmp_path / "pipeline", local)
+        assert "mix/proj.weight" in local.net.named_params()
 
 
 @pytest.mark.slow
