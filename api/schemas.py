@@ -354,6 +354,10 @@ class NodeOut(BaseModel):
         default_factory=dict,
         description="the plugins its processes load, name -> version",
     )
+    plugin_error: str | None = Field(
+        default=None,
+        description="why a plugin failed to load in its agent, which takes no jobs; null: none",
+    )
 
 
 class AllocationOut(BaseModel):

@@ -26,6 +26,9 @@ class NodeRegistration:
     # The plugins its processes load (dsl/plugins.py), each "name=version" ("name=" for a
     # module of no distribution): jobs using a plugin's types are placed only where it is.
     plugins: tuple[str, ...] = ()
+    # Why a plugin failed to load in its agent ("plugin x (path) failed to load: ..."): such a
+    # node takes no jobs and says why on its node card; "": every plugin loaded.
+    plugin_error: str = ""
 
     def plugin_versions(self) -> dict[str, str]:
         return {name: version for name, _, version in (p.partition("=") for p in self.plugins)}

@@ -81,6 +81,7 @@ def cluster(session: SessionDep, user: CurrentUser, services: ServicesDep) -> Cl
                 last_heartbeat=aware(node.last_heartbeat),
                 ps_unreachable=node.ps_unreachable or [],
                 plugins=node.plugins or {},
+                plugin_error=node.plugin_error,
             )
             for node, capacity in view.nodes
         ],

@@ -5,6 +5,10 @@ It needs only Redis and the shared artifact directory. It registers the node in 
 reach) and refreshes that every heartbeat_seconds; the scheduler turns it into a SQL Node row
 and marks it lost when the heartbeats stop.
 
+A plugin that fails to load (dsl/plugins.py) does not stop the agent: it registers the node
+with the error (`plugin_error`), which placement skips and the node card shows, and takes no
+jobs (no Celery worker, no worker processes) until it is stopped.
+
 The task `trainyard.run_allocation(allocation_id)` is thin and idempotent: it claims the
 allocation once, reports RUNNING, hands the allocation to a worker process, supervises it
 (cancel -> kill its process group) and reports how it ended, all on the job's stream.
@@ -43,6 +47,7 @@ from contract.keys import FINISHED_TTL_SECONDS, Keys
 from contract.nodes import NodeRegistration
 from contract.settings import Settings
 from contract.stream import JobStream, StateRecord
+from dsl.plugins import PluginError, load_plugins
 from dsl.plugins import versions as plugin_versions
 from scheduler.agent.processes import ForkServer, FreshProcesses, Launcher, WorkerProcess
 from scheduler.agent.ps_reach import PS_CHECK_SECONDS, unreachable_ps
@@ -57,6 +62,8 @@ STOP_GRACE_SECONDS = 1.0
 # How long a draining worker may take to save its restart point and exit (within the
 # 10 seconds `docker compose stop` waits before it kills).
 DRAIN_SECONDS = 8.0
+# A plugin's error, as registered: its message and the start of its traceback's last line.
+PLUGIN_ERROR_CHARS = 2000
 
 
 def exit_cause(code: int) -> str:
@@ -131,6 +138,8 @@ class Agent:
     shutdown: threading.Event = field(default_factory=threading.Event)
     # The parameter-server Redis servers the last check could not reach, "host:port: error".
     ps_unreachable: list[str] = field(default_factory=list)
+    # Why a plugin failed to load here ("" when all loaded): the node takes no jobs.
+    plugin_error: str = ""
 
     @property
     def keys(self) -> Keys:
@@ -157,6 +166,7 @@ class Agent:
             draining=self.shutdown.is_set(),
             ps_unreachable=tuple(self.ps_unreachable),
             plugins=tuple(f"{name}={version}" for name, version in plugin_versions().items()),
+            plugin_error=self.plugin_error,
         )
         pipe.hset(self.keys.node(self.name), mapping=registration.to_hash())  # type: ignore[arg-type]
         # A node that dies unannounced drops out of Redis too, so a scheduler started later
@@ -318,7 +328,17 @@ def register_tasks(app: Celery, agent: Agent) -> None:
         return agent.run_allocation(int(allocation_id))
 
 
-def create_agent(settings: Settings) -> Agent:
+def load_plugins_reporting() -> str:
+    """Load the plugins (dsl/plugins.py); the error of one that fails, "" when all loaded."""
+    try:
+        load_plugins()
+    except PluginError as exc:
+        log.error("%s; this node takes no jobs until its agent restarts without it", exc)
+        return str(exc)[:PLUGIN_ERROR_CHARS]
+    return ""
+
+
+def create_agent(settings: Settings, plugin_error: str = "") -> Agent:
     if not settings.redis_url:
         raise RuntimeError(
             "a node agent needs the stack's Redis: set REDIS_URL (or TRAINYARD_REDIS_URL)"
@@ -328,12 +348,35 @@ def create_agent(settings: Settings) -> Agent:
         client=redis.Redis.from_url(settings.redis_url),
         gpus=detect_gpus(settings),
         launcher=create_launcher(settings),
+        plugin_error=plugin_error,
     )
+
+
+def serve_plugin_error(agent: Agent) -> None:
+    """A node whose plugin failed to load: registered with the error, heartbeating so that the
+    cluster page shows it, taking no jobs (no Celery worker consumes its queue), until
+    SIGTERM/SIGINT."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    agent.reconcile()  # what an earlier run of this agent left is reported all the same
+    agent.heartbeat()
+    try:
+        while not stop.wait(agent.settings.heartbeat_seconds):
+            try:
+                agent.heartbeat()
+            except redis.RedisError as exc:
+                log.warning("heartbeat failed: %s", exc)
+    finally:
+        agent.deregister()
 
 
 def run_agent(settings: Settings) -> None:
     """Run a node agent in the foreground until SIGTERM/SIGINT."""
-    agent = create_agent(settings)
+    agent = create_agent(settings, plugin_error=load_plugins_reporting())
+    if agent.plugin_error:
+        serve_plugin_error(agent)
+        return
     app = create_celery(settings)
     register_tasks(app, agent)
 

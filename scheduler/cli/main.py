@@ -246,8 +246,11 @@ register(app)
 def main() -> None:
     """The `trainyard` console script (and `python -m scheduler`). Every process of the
     platform it starts (the API, the scheduler, node agents) loads the plugins first; a plugin
-    that fails stops it with the plugin's name and error."""
-    load_plugins_or_exit()
+    that fails stops it with the plugin's name and error; a node agent (`worker`) loads them
+    itself, and reports one that fails on its node card instead (scheduler/agent/node_agent.py).
+    """
+    if sys.argv[1:2] != ["worker"]:
+        load_plugins_or_exit()
     client_cli.run(app)
 
 

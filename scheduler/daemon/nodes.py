@@ -93,6 +93,10 @@ def sync_nodes(
         row.last_heartbeat = datetime.fromtimestamp(info.heartbeat, UTC)
         sync_reach(row, list(info.ps_unreachable))
         row.plugins = info.plugin_versions() or None
+        if info.plugin_error != (row.plugin_error or ""):
+            if info.plugin_error:
+                log.warning("node %s takes no jobs: %s", name, info.plugin_error)
+            row.plugin_error = info.plugin_error or None
         if info.draining and row.state != NodeState.DRAINING:
             # Its agent is stopping: no new work goes there; its jobs drain on their own.
             row.state = NodeState.DRAINING

@@ -44,6 +44,7 @@ def node_capacities(session: Session) -> list[NodeCapacity]:
             alive=node.state == NodeState.ALIVE,
             ps_unreachable=tuple(node.ps_unreachable or ()),
             plugins=dict(node.plugins or {}),
+            plugin_error=node.plugin_error or "",
         )
         for node in session.scalars(select(Node).order_by(Node.name))
     ]

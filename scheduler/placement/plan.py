@@ -44,10 +44,14 @@ class NodeCapacity:
     ps_unreachable: tuple[str, ...] = ()
     # The plugins its processes load, name -> version.
     plugins: Mapping[str, str] = field(default_factory=dict)
+    # Why a plugin failed to load in its agent: it takes no jobs. "": every plugin loaded.
+    plugin_error: str = ""
 
     def takes(self, request: PlacementRequest) -> bool:
         """Whether any process of `request` may go here (room aside)."""
-        if not self.alive or (request.parameter_server and self.ps_unreachable):
+        if not self.alive or self.plugin_error:
+            return False
+        if request.parameter_server and self.ps_unreachable:
             return False
         return all(self.has(need) for need in request.plugins)
 
@@ -260,16 +264,26 @@ def unreachable_note(request: PlacementRequest, nodes: Sequence[NodeCapacity]) -
     )
 
 
+def plugin_error_note(nodes: Sequence[NodeCapacity]) -> str:
+    """Why alive `nodes` take no job at all (a plugin failed to load in their agent):
+    "; node-2 takes no jobs: plugin broken (/p/broken.py) failed to load: ...", or ""."""
+    return "".join(
+        f"; {node.name} takes no jobs: {node.plugin_error}"
+        for node in sorted(nodes, key=lambda n: n.name)
+        if node.alive and node.plugin_error
+    )
+
+
 def missing_plugin(request: PlacementRequest, nodes: Sequence[NodeCapacity]) -> str | None:
     """Why no alive node can ever take `request`: "needs plugin layer 'rmsnorm' (mylayers 1.2);
     no node has it", or None."""
     alive = [node for node in nodes if node.alive]
     for need in request.plugins:
         if not any(node.has(need) for node in alive):
-            return f"needs {need.describe()}; no node has it"
+            return f"needs {need.describe()}; no node has it" + plugin_error_note(alive)
     if request.plugins and not any(node.takes(request) for node in alive):
         needs = ", ".join(need.describe() for need in request.plugins)
-        return f"needs {needs}; no node has them all"
+        return f"needs {needs}; no node has them all" + plugin_error_note(alive)
     return None
 
 
@@ -377,6 +391,7 @@ def plan_queue(
                 f"needs {request.describe()}; the cluster cannot fit it even when idle "
                 f"({len(usable)} node(s), {total_slots} slot(s), {total_gpus} GPU(s))"
                 + unreachable_note(request, alive)
+                + plugin_error_note(alive)
             )
             continue
         share = owners.get(request.owner_id, OwnerShare())
@@ -393,6 +408,7 @@ def plan_queue(
             waiting[request.job_id] = (
                 f"waiting for free resources: needs {request.describe()}"
                 + unreachable_note(request, alive)
+                + plugin_error_note(alive)
             )
             continue
         free = _apply(free, plan)

@@ -15,6 +15,7 @@ from scheduler.placement.plan import (
     PlacementRequest,
     fits_empty_cluster,
     plan_placement,
+    plugin_error_note,
     unreachable_note,
 )
 from scheduler.store.models import Job
@@ -45,8 +46,9 @@ def placement_preview(session: Session, topology: Topology, priority: int) -> Pr
     plan = plan_placement(request, nodes)
     if plan is None:
         usable = [node for node in alive if node.takes(request)]
-        # Nodes that cannot reach the parameter-server Redis may reach it later: not "never".
-        note = unreachable_note(request, alive)
+        # Nodes that cannot reach the parameter-server Redis may reach it later, and a node
+        # whose plugin failed may load it once its agent restarts: not "never".
+        note = unreachable_note(request, alive) + plugin_error_note(alive)
         if fits_empty_cluster(request, usable):
             free_slots = sum(node.free_slots for node in usable)
             free_gpus = sum(node.free_gpus for node in usable)

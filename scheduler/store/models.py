@@ -317,6 +317,9 @@ class Node(Base):
     ps_unreachable: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     # The plugins its agent's processes load, name -> version (dsl/plugins.py); null: none.
     plugins: Mapped[dict[str, str] | None] = mapped_column(JSON, nullable=True)
+    # Why a plugin failed to load in its agent, as its registration says: it takes no jobs.
+    # Null: every plugin loaded.
+    plugin_error: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class Allocation(Base):

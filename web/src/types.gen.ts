@@ -25,6 +25,8 @@ export interface NodeOut {
   ps_unreachable: string[];
   /** the plugins its processes load, name -> version */
   plugins?: Record<string, string>;
+  /** why a plugin failed to load in its agent, which takes no jobs; null: none */
+  plugin_error?: string | null;
 }
 
 export interface QueueEntryOut {

@@ -256,3 +256,23 @@ def test_a_plugin_job_no_node_has_waits_with_the_reason() -> None:
         7: "needs plugin layer 'rmsnorm' (trainyard_rmsnorm 1.2); no node has it"
     }
     assert [placed.job_id for placed, _ in decision.placed] == [8]
+
+
+BROKEN = "plugin broken (/p/broken.py) failed to load: RuntimeError: no"
+
+
+def test_a_node_whose_plugin_failed_takes_no_jobs_and_says_why() -> None:
+    broken = replace(node("a", 8), plugin_error=BROKEN)  # first by name, and roomiest
+    plan = plan_placement(job(7, 1), [broken, node("b", 4)])
+    assert plan is not None and plan.nodes() == ["b"]
+    decision = plan_queue([job(7, 2)], [broken])
+    assert decision.placed == []
+    assert decision.waiting[7].endswith(f"; a takes no jobs: {BROKEN}"), decision.waiting
+    # a plugin job the failed node would have the plugin for: not "no node has it" alone
+    request = PlacementRequest.from_topology(
+        8, resolve_topology(ClusterConfig()), plugins=[RMSNORM]
+    )
+    assert plan_queue([request], [broken, node("b", 4)]).waiting == {
+        8: f"needs plugin layer 'rmsnorm' (trainyard_rmsnorm 1.2); no node has it; "
+        f"a takes no jobs: {BROKEN}"
+    }
