@@ -66,6 +66,8 @@ class Stack:
     url: str
     token: str
     api: httpx.Client
+    redis_url: str = ""  # for node agents a test starts beside the stack's own
+    data_dir: Path = Path()
 
 
 def _free_port() -> int:
@@ -74,7 +76,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _stack_env(data_dir: Path) -> dict[str, str]:
+def stack_env(data_dir: Path) -> dict[str, str]:
     # The stack is our own: no Redis, SQL or other settings leak in from the caller's shell.
     env = {
         k: v
@@ -109,7 +111,7 @@ class SharedStack:
                     *(sys.executable, "-m", "scheduler", "up"),
                     *("--data-dir", str(data_dir), "--port", str(port)),
                 ],
-                env=_stack_env(data_dir),
+                env=stack_env(data_dir),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -128,7 +130,8 @@ class SharedStack:
             headers={"Authorization": f"Bearer {info['token']}"},
             timeout=30,
         )
-        self.process, self.stack = process, Stack(info["url"], info["token"], api)
+        self.process = process
+        self.stack = Stack(info["url"], info["token"], api, info["redis_url"], data_dir)
 
     def stop(self) -> None:
         process, stack = self.process, self.stack

@@ -1,5 +1,5 @@
-// Cluster: nodes with their slots and GPUs in use (and any parameter-server Redis they cannot
-// reach), the running jobs' worker groups and server shards, and the queue in the order the
+// Cluster: nodes with their slots and GPUs in use, the plugins their processes load (and any
+// parameter-server Redis they cannot reach, or a plugin that failed to load there), the running jobs' worker groups and server shards, and the queue in the order the
 // scheduler will place it. Refreshed every 2 s.
 
 import { type Cluster, api } from "../api";
@@ -47,6 +47,9 @@ function nodesSection(cluster: Cluster): HTMLElement {
       ...node.ps_unreachable.map((what) =>
         h("div", { class: "bad small ps-unreachable" }, `cannot reach parameter-server Redis ${what}`),
       ),
+      pluginsLine(node.plugins ?? {}),
+      // Its agent stays up to say so, and takes no jobs until restarted with the plugin fixed.
+      node.plugin_error ? h("div", { class: "bad small plugin-error" }, `takes no jobs: ${node.plugin_error}`) : null,
     ),
   );
   return section(
@@ -55,6 +58,14 @@ function nodesSection(cluster: Cluster): HTMLElement {
       ? h("div", { class: "node-grid", id: "nodes" }, ...cards)
       : h("p", { class: "muted", id: "nodes" }, "No node agent has registered. Start one with `trainyard worker`."),
   );
+}
+
+// "plugins: trainyard_rmsnorm@1.2, mylayers": a .py file or a module of no distribution has no
+// version.
+function pluginsLine(plugins: Record<string, string>): Node | null {
+  const names = Object.entries(plugins).map(([name, version]) => (version ? `${name}@${version}` : name));
+  if (!names.length) return null;
+  return h("div", { class: "small plugins" }, `plugins: ${names.join(", ")}`);
 }
 
 function runningSection(cluster: Cluster): HTMLElement {
