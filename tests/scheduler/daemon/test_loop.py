@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -413,3 +414,27 @@ def test_a_row_without_a_topology_is_placed_from_its_spec(db: Database, settings
     with db.session() as session:
         placed = schedule_once(session, settings)
     assert sorted(item.info.rank for item in placed) == [0, 1]
+
+
+def test_a_node_whose_plugin_failed_holds_no_job_until_its_agent_loads_it(
+    db: Database, settings: Settings
+) -> None:
+    broken = "plugin broken (/p/broken.py) failed to load: RuntimeError: no"
+    failed = replace(registration(2), plugin_error=broken)
+    with db.session() as session:
+        sync_nodes(session, {"n1": failed}, NodeTracker(), TIMEOUT, now=0.0)
+    job_id = add_job(db, 1)
+    with db.session() as session:
+        assert schedule_once(session, settings) == []
+        [node] = node_capacities(session)
+        assert node.alive and node.plugin_error == broken
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        assert job is not None and job.state == JobState.QUEUED
+        assert job.pending_reason is not None
+        assert job.pending_reason.endswith(f"; n1 takes no jobs: {broken}"), job.pending_reason
+    with db.session() as session:  # its agent restarted with the plugin fixed
+        sync_nodes(session, {"n1": registration(2, beat=2.0)}, NodeTracker(), TIMEOUT, now=0.0)
+        assert session.scalars(select(Node.plugin_error)).one() is None
+        assert len(schedule_once(session, settings)) == 1
+    assert state(db, job_id) == JobState.SCHEDULED
