@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -27,6 +27,7 @@ import torch
 from contract.rundir import CHECKPOINTS, RESTART, SUMMARY, checkpoint_path
 from contract.stream import EventRecord, MetricRecord
 from dsl.compiler import CompiledJob
+from dsl.inference import MODEL_KEY, DataFacts, ModelCard
 from dsl.objective import resolve_objective
 from dsl.schema import JobSpec
 from workers.algorithms import ALGORITHMS, BatchResult
@@ -272,6 +273,8 @@ class Trainer:
         self.stopped_early: str | None = None
         self.checkpoint_dir = options.run_dir / CHECKPOINTS
         self.compiled_net = CompiledNet(self.net, enabled=self.spec.compile, log=self.log)
+        # Every checkpoint describes its model, so that the file alone rebuilds the net.
+        self.model_card = ModelCard(self.spec, DataFacts(**asdict(dataset.info))).to_json()
 
     # -- a run -----------------------------------------------------------------------------
     def run(self, on_step: Callable[[int], None] | None = None) -> Summary:
@@ -487,6 +490,7 @@ class Trainer:
                 "epoch": str(self.batches.state()["epoch"]),
                 "position": str(self.batches.state()["position"]),
                 META_KEY: self.selection.to_meta(),
+                MODEL_KEY: self.model_card,
                 **self.precision.state(),
             },
         )
