@@ -17,7 +17,7 @@ import math
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import yaml
@@ -37,6 +37,11 @@ from trainyard.models import (
     SweepOut,
 )
 from trainyard.sweeps import Sweep
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from dsl.inference import InferenceNet
 
 API_PREFIX = "/api/v1"
 MAX_POINTS = 100_000  # the most points per series the server returns in one answer
@@ -212,6 +217,7 @@ class Job:
     def __init__(self, client: Client, info: JobOut) -> None:
         self.client = client
         self.info = info
+        self._models: dict[tuple[str | int | None, bool], InferenceNet] = {}
 
     def __repr__(self) -> str:
         return f"Job(id={self.id}, name={self.name!r}, state={self.state}, step={self.step})"
@@ -377,3 +383,25 @@ class Job:
             raise Unreachable(f"cannot reach {self.client.url} ({exc})") from None
         partial.replace(target)
         return target
+
+    # -- the trained model ------------------------------------------------------------------------
+    def load_model(
+        self, checkpoint: str | int | None = None, *, probabilities: bool = False
+    ) -> InferenceNet:
+        """The job's net for prediction (trainyard.load_model): its `best` checkpoint where one
+        was kept, else its `latest`, or the one of a step; downloaded once."""
+        from trainyard.loading import load_model
+
+        key = (checkpoint, probabilities)
+        if key not in self._models:
+            self._models[key] = load_model(self, checkpoint, probabilities=probabilities)
+        return self._models[key]
+
+    def predict(
+        self, x: Any, checkpoint: str | int | None = None, *, probabilities: bool = False
+    ) -> np.ndarray:
+        """The scores of the samples `x` (an array or tensor (N, *sample_shape)) that fed the
+        job's loss layer, or their softmax with `probabilities`, as a float32 array."""
+        from trainyard.predicting import predict_array
+
+        return predict_array(self.load_model(checkpoint, probabilities=probabilities), x)
