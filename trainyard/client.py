@@ -13,6 +13,7 @@ errors (`JobSpecRejected.errors`, the same `SpecIssue`s the local CLI prints).
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Iterator, Mapping
@@ -346,6 +347,41 @@ class Job:
     def checkpoints(self) -> list[CheckpointOut]:
         data = self.client.get_json(f"/jobs/{self.id}/checkpoints")
         return [CheckpointOut.model_validate(c) for c in data]
+
+    def export(
+        self,
+        path: str | Path,
+        format: str = "onnx",
+        checkpoint: str | int | None = None,
+        *,
+        probabilities: bool = False,
+    ) -> Path:
+        """The job's net exported by the server (`onnx` or `torch-export`) to `path`, with its
+        metadata (input name, shape and dtype; a text job's vocabulary) in `<path>.json`."""
+        params: dict[str, Any] = {"format": format, "probabilities": probabilities}
+        if checkpoint is not None:
+            params["checkpoint"] = str(checkpoint)
+        target = Path(path).expanduser()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".part")
+        try:
+            with self.client.http.stream(
+                "GET", f"/jobs/{self.id}/export", params=params, timeout=None
+            ) as response:
+                if not response.is_success:
+                    response.read()
+                    raise_for_response(response)
+                metadata = response.headers.get("x-trainyard-model", "{}")
+                with partial.open("wb") as handle:
+                    for chunk in response.iter_bytes():
+                        handle.write(chunk)
+        except httpx.TransportError as exc:
+            partial.unlink(missing_ok=True)
+            raise Unreachable(f"cannot reach {self.client.url} ({exc})") from None
+        partial.replace(target)
+        text = json.dumps(json.loads(metadata), indent=2, sort_keys=True) + "\n"
+        target.with_name(target.name + ".json").write_text(text)
+        return target
 
     def download_checkpoint(
         self, directory: str | Path, step: int | None = None, *, best: bool = False
