@@ -112,6 +112,18 @@ class EarlyStopConfig(StrictModel):
     )
 
 
+class InitFrom(StrictModel):
+    """A checkpoint of one of your jobs on the service, to start from (fine-tuning)."""
+
+    job: int = Field(ge=1, le=2**31 - 1, description="the id of one of your jobs")
+    checkpoint: str | None = Field(
+        default=None,
+        pattern=r"^(best|latest|[0-9]{1,10})$",
+        description="best, latest or a step; default the job's best where it kept one, else "
+        "its latest",
+    )
+
+
 class CheckpointConfig(StrictModel):
     freq: int = Field(default=0, ge=0, description="save every N steps; 0 = only at the end")
     keep: int = Field(default=3, ge=1, description="how many recent checkpoints to keep")
@@ -120,10 +132,11 @@ class CheckpointConfig(StrictModel):
         description="also keep the checkpoint of the objective's best step, whatever `keep` "
         "deletes (saved at the validation that finds it)",
     )
-    init_from: str | None = Field(
+    init_from: str | InitFrom | None = Field(
         default=None,
-        description="a checkpoint file (or run directory) whose parameters initialise this net, "
-        "matched by name <layer>/<param>",
+        description="the checkpoint whose parameters initialise this net, matched by name "
+        "<layer>/<param> and shape: {job: ID, checkpoint: best} (one of your jobs), or a "
+        "checkpoint file or run directory (admins on the service)",
     )
 
 

@@ -537,8 +537,14 @@ class Trainer:
             )
             self.log(f"restarted alone at step {self.step}; parameters from the server shards")
             return
-        if self.spec.checkpoint.init_from:
-            where = Path(self.spec.checkpoint.init_from)
+        init_from = self.spec.checkpoint.init_from
+        if init_from is not None and not isinstance(init_from, str):
+            raise CheckpointError(
+                f"checkpoint.init_from: job {init_from.job} is on the service; the service finds "
+                "its checkpoint (trainyard submit), or `trainyard train` downloads it"
+            )
+        if init_from:
+            where = Path(init_from)
             if not where.is_absolute():
                 where = self.options.base_dir / where
             try:

@@ -151,6 +151,7 @@ def check(
                 overrides=overrides,
                 cache_dir=cache_dir,
                 base_dir=base_dir,
+                artifacts=backends.settings.artifacts(),
             )
             job = sweep.checked
         else:
@@ -161,6 +162,7 @@ def check(
                 overrides=overrides,
                 cache_dir=cache_dir,
                 base_dir=base_dir,
+                artifacts=backends.settings.artifacts(),
             )
     except RecursionError:
         raise JobSpecError(

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 import trainyard
 from contract.settings import Settings
 from dsl.schema import JobSpec
+from scheduler.cli.main import app as full_app
 from tests.conftest import EXAMPLES
 from trainyard import Client, Job
 from trainyard.cli import app
@@ -119,3 +120,36 @@ def test_trainyard_predict_a_job(
         app, ["predict", "99999", "-i", str(source), "-o", str(out)], env=environment
     )
     assert other.exit_code == 1 and "no job 99999" in other.output
+
+
+def test_fine_tune_from_a_job_on_the_service_and_here(
+    jobs: dict[str, Job], client: Client, stack: RunningStack, tmp_path: Path
+) -> None:
+    source = jobs["digits_mlp"]
+    tuned = client.submit(
+        EXAMPLES / "digits_mlp.yaml",
+        overrides={"train_steps": 2, "checkpoint.init_from": {"job": source.id}},
+    )
+    assert isinstance(tuned, Job)
+    assert tuned.wait(timeout=120, poll=0.2).state == "SUCCEEDED", tuned.error
+    best = f"step-{source.info.best_step:08d}.safetensors"
+    assert any("initialised 6 parameters from" in line and best in line for line in tuned.logs())
+
+    job_file = tmp_path / "tune.yaml"
+    document = yaml.safe_load((EXAMPLES / "digits_mlp.yaml").read_text())
+    document.update(
+        train_steps=2, checkpoint={"init_from": {"job": source.id, "checkpoint": "latest"}}
+    )
+    job_file.write_text(yaml.safe_dump(document))
+    environment = {
+        "TRAINYARD_DATA_DIR": str(stack.data_dir),
+        "TRAINYARD_URL": None,
+        "TRAINYARD_TOKEN": None,
+        "COLUMNS": "200",
+    }
+    done = CliRunner().invoke(
+        full_app, ["train", str(job_file), "--run-dir", str(tmp_path / "run")], env=environment
+    )
+    assert done.exit_code == 0, done.output
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "initialised 6 parameters from" in log and f"step-{source.step:08d}" in log
