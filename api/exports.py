@@ -41,7 +41,6 @@ class ExportUnavailable(StoreError):
 class Export:
     folder: Path  # the temporary folder, removed once the answer is sent
     file: Path
-    step: int
     metadata: dict[str, object]
 
 
@@ -52,7 +51,7 @@ class Exporter:
         self.settings = settings
         self.slots = threading.BoundedSemaphore(settings.exports_at_once)
 
-    def export(
+    def export_job(
         self,
         session: Session,
         user: User,
@@ -65,18 +64,23 @@ class Exporter:
         """The job's checkpoint that `choice` names, exported as `fmt`; the job must be the
         caller's own (others' answer 404 as if absent, an admin's included)."""
         if job.owner_id != user.id:
-            raise NotFound(f"job {job.id} not found")
-        if fmt not in FORMATS:
-            raise InvalidRequest(f"format {fmt!r}: say one of {', '.join(FORMATS)}")
-        limit = self.settings.max_export_bytes
+            raise NotFound(f"no job {job.id}")
         step, checkpoint = report_store.model_checkpoint(
             session, job.id, choice, artifacts=self.settings.artifacts()
         )
+        label = f"{job.name}-job{job.id}-step{step}"
+        return self.export_file(checkpoint, fmt=fmt, probabilities=probabilities, label=label)
+
+    def export_file(self, checkpoint: Path, *, fmt: str, probabilities: bool, label: str) -> Export:
+        """A checkpoint file exported as `fmt`, in `<label><suffix>` of a temporary folder."""
+        if fmt not in FORMATS:
+            raise InvalidRequest(f"format {fmt!r}: say one of {', '.join(FORMATS)}")
+        limit = self.settings.max_export_bytes
         if checkpoint.stat().st_size > limit:
             raise TooLarge(
-                f"the checkpoint of job {job.id} at step {step} is larger than the "
-                f"{limit:,} bytes the service exports (max_export_bytes); download it "
-                "(trainyard download) and export the file where you are (trainyard export FILE)"
+                f"the checkpoint of {label} is larger than the {limit:,} bytes the service "
+                "exports (max_export_bytes); download it (trainyard download) and export the "
+                "file where you are (trainyard export FILE)"
             )
         if not self.slots.acquire(blocking=False):
             raise RateLimited(
@@ -86,12 +90,12 @@ class Exporter:
             )
         folder = Path(tempfile.mkdtemp(prefix="trainyard-export-"))
         try:
-            out = folder / f"{job.name}-job{job.id}-step{step}{SUFFIXES[fmt]}"
-            self._run(checkpoint, fmt, out, probabilities, job.id)
+            out = folder / f"{label}{SUFFIXES[fmt]}"
+            self._run(checkpoint, fmt, out, probabilities, label)
             if out.stat().st_size > limit:
                 raise TooLarge(
-                    f"the export of job {job.id} is larger than the {limit:,} bytes the "
-                    "service sends (max_export_bytes)"
+                    f"the export of {label} is larger than the {limit:,} bytes the service "
+                    "sends (max_export_bytes)"
                 )
             metadata: dict[str, object] = json.loads(metadata_path(out).read_text())
         except BaseException:
@@ -99,9 +103,9 @@ class Exporter:
             raise
         finally:
             self.slots.release()
-        return Export(folder, out, step, metadata)
+        return Export(folder, out, metadata)
 
-    def _run(self, checkpoint: Path, fmt: str, out: Path, probabilities: bool, job_id: int) -> None:
+    def _run(self, checkpoint: Path, fmt: str, out: Path, probabilities: bool, label: str) -> None:
         command = [sys.executable, "-m", "dsl.export", str(checkpoint), fmt, str(out)]
         if probabilities:
             command.append("--probabilities")
@@ -113,12 +117,12 @@ class Exporter:
             )
         except subprocess.TimeoutExpired:
             raise ExportUnavailable(
-                f"the export of job {job_id} took longer than the {seconds:g} s the service "
+                f"the export of {label} took longer than the {seconds:g} s the service "
                 "allows (export_timeout_seconds) and was stopped"
             ) from None
         if done.returncode == 2:
             reason = done.stderr.strip().splitlines()[-1].removeprefix("error: ")
-            raise InvalidRequest(f"job {job_id} cannot be exported as {fmt}: {reason}")
+            raise InvalidRequest(f"{label} cannot be exported as {fmt}: {reason}")
         if done.returncode != 0 or not out.is_file():
             last = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
-            raise ExportUnavailable(f"the export of job {job_id} as {fmt} failed: {last}")
+            raise ExportUnavailable(f"the export of {label} as {fmt} failed: {last}")

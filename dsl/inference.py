@@ -1,7 +1,7 @@
 """The inference net: a trained job's net as a plain `torch.nn.Module` that scores samples.
 
-Every checkpoint a trainer writes carries its model card (`ModelCard`: the job's execution spec
-and the facts of its data) in its metadata, under `MODEL_KEY`, so one file is
+Every checkpoint a trainer writes carries its model card (dsl/model_card.py: the job's execution
+spec and the facts of its data) in its metadata, so one file is
 enough to rebuild the net anywhere: the Python client (`trainyard.load_model`), the exports
 (`dsl/export.py`), `trainyard predict` and the service all call `load_inference_net` or
 `inference_net`.
@@ -15,8 +15,7 @@ prediction for euclidean_loss.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,63 +25,15 @@ from safetensors.torch import load_file, safe_open
 from torch import nn
 
 from dsl.graph import SourceRef
-from dsl.layers.base import BuildContext, StatefulLayer
+from dsl.layers.base import StatefulLayer
+from dsl.model_card import MODEL_KEY, ModelCard
 from dsl.net import NeuralNet, Step
-from dsl.schema import JobSpec
 
 DTYPES = {"float32": torch.float32, "int64": torch.int64}
-# The checkpoint metadata entry that holds its model card, so that one checkpoint file is enough
-# to rebuild its net.
-MODEL_KEY = "model"
 
 
 class InferenceError(ValueError):
     """A model cannot be built, loaded or run as asked; `str()` says why and what to do."""
-
-
-@dataclass(frozen=True)
-class DataFacts:
-    """What a model needs of its data to be built again, and what its input is."""
-
-    sample_shape: tuple[int, ...]
-    x_dtype: str  # float32 or int64 (token ids)
-    num_classes: int | None
-    label_shape: tuple[int, ...] = ()
-    label_is_index: bool = True
-    vocabulary: str | None = None  # the characters behind token ids (text)
-
-    def build_context(self) -> BuildContext:
-        return BuildContext(
-            sample_shape=tuple(self.sample_shape),
-            num_classes=self.num_classes,
-            label_shape=tuple(self.label_shape),
-            label_is_index=self.label_is_index,
-        )
-
-
-@dataclass(frozen=True)
-class ModelCard:
-    """A checkpoint's description of its model: the job it came from and its data's facts."""
-
-    spec: JobSpec
-    data: DataFacts
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "spec": self.spec.model_dump(mode="json", exclude_unset=True),
-                "data": asdict(self.data),
-            },
-            sort_keys=True,
-        )
-
-    @classmethod
-    def from_json(cls, text: str) -> ModelCard:
-        raw = json.loads(text)
-        data = dict(raw["data"])
-        data["sample_shape"] = tuple(data["sample_shape"])
-        data["label_shape"] = tuple(data.get("label_shape", ()))
-        return cls(spec=JobSpec.model_validate(raw["spec"]), data=DataFacts(**data))
 
 
 @dataclass

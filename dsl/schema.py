@@ -9,7 +9,7 @@ import json
 import warnings
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 import dsl.layers  # noqa: F401  (registers every layer type)
 from dsl.config import StrictModel
@@ -113,15 +113,29 @@ class EarlyStopConfig(StrictModel):
 
 
 class InitFrom(StrictModel):
-    """A checkpoint of one of your jobs on the service, to start from (fine-tuning)."""
+    """A checkpoint on the service to start from (fine-tuning): one of your jobs', or one of
+    your registered models."""
 
-    job: int = Field(ge=1, le=2**31 - 1, description="the id of one of your jobs")
+    job: int | None = Field(default=None, ge=1, le=2**31 - 1, description="one of your jobs")
     checkpoint: str | None = Field(
         default=None,
         pattern=r"^(best|latest|[0-9]{1,10})$",
-        description="best, latest or a step; default the job's best where it kept one, else "
-        "its latest",
+        description="the job's checkpoint: best, latest or a step; default its best where it "
+        "kept one, else its latest",
     )
+    model: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}(@([0-9]{1,10}|[A-Za-z][A-Za-z0-9_.\-]{0,49}))?$",
+        description="one of your registered models: name@3, name@production or name (its newest)",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> InitFrom:
+        if (self.job is None) == (self.model is None):
+            raise ValueError("give one of job (one of your jobs) and model (a registered model)")
+        if self.model is not None and self.checkpoint is not None:
+            raise ValueError("checkpoint chooses among a job's checkpoints; a model version is one")
+        return self
 
 
 class CheckpointConfig(StrictModel):

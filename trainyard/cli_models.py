@@ -1,9 +1,10 @@
 """Commands that take a trained model off the platform: `export` and `predict`.
 
-JOB is a job id on the server, a run directory of `trainyard train`, or a checkpoint file.
-`export` of a job asks the server (GET /jobs/{id}/export); of a run directory or file it exports
-here. `predict` always scores here, the checkpoint downloaded once. Torch loads when a command
-runs, not when the CLI starts.
+JOB is a job id or a registered model (`model:name@3`) on the server, a run directory of
+`trainyard train`, or a checkpoint file. `export` of a job or model asks the server (GET
+/jobs/{id}/export, /models/{name}/{version}/export); of a run directory or file it exports
+here. `predict` always scores here, the checkpoint downloaded once. `models` is the registry's
+(trainyard/cli_registry.py). Torch loads when a command runs, not when the CLI starts.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ err_console = Console(stderr=True)
 JobOrPath = Annotated[
     str,
     typer.Argument(
-        help="a job id on the server, a run directory or a checkpoint file", show_default=False
+        help="a job id or a registered model (model:name@3, model:name@production) on the "
+        "server, a run directory or a checkpoint file",
+        show_default=False,
     ),
 ]
 CheckpointOption = Annotated[
@@ -37,8 +40,10 @@ Probabilities = Annotated[
 ]
 
 
-def _job_or_path(job: str) -> Job | Path:
-    """A server's Job for an id, else the path as given."""
+def _job_or_path(job: str) -> Job | Path | str:
+    """A server's Job for an id, a model reference as it is, else the path as given."""
+    if job.startswith("model:"):
+        return job
     if job.isdigit():
         client = connect()
         with reporting():
@@ -66,6 +71,8 @@ def export(
     with reporting():
         if isinstance(target, ServerJob):
             written = target.export(output, format, checkpoint, probabilities=probabilities)
+        elif isinstance(target, str):
+            written = connect().export_model(target, output, format, probabilities=probabilities)
         else:
             written = _export_here(target, output, format, checkpoint, probabilities)
     console.print(f"saved {written} (metadata: {written.name}.json)")

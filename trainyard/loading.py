@@ -55,7 +55,8 @@ def load_model(
     """The net of a job's checkpoint, in eval mode, for prediction: `model(x)` gives the scores
     that fed the job's loss layer (their softmax with `probabilities`).
 
-    `job_or_path`: a `Job`, a job id (on the server of `client`, else of `Client()`), a run
+    `job_or_path`: a `Job`, a job id or a registered model (`model:name@3`, `model:name@tag`,
+    `model:name` for its newest version; on the server of `client`, else of `Client()`), a run
     directory of `trainyard train`, or a checkpoint file.
     """
     path = checkpoint_file(job_or_path, checkpoint, client=client)
@@ -80,6 +81,10 @@ def checkpoint_file(
     from trainyard.client import Client, Job
 
     choice = parse_choice(checkpoint)
+    if isinstance(job_or_path, str) and job_or_path.startswith("model:"):
+        if choice is not None:
+            raise ModelError(f"{job_or_path} is one checkpoint: it has no other to choose")
+        return download_registered(client or Client(), job_or_path)
     if isinstance(job_or_path, Job):
         return download_model_checkpoint(job_or_path, choice)
     if isinstance(job_or_path, int) or (isinstance(job_or_path, str) and job_or_path.isdigit()):
@@ -166,3 +171,14 @@ def download_model_checkpoint(job: Job, choice: Choice = None) -> Path:
 def _server_folder(url: str) -> str:
     """A folder name for a server's address (jobs of two servers may share an id)."""
     return "".join(c if c.isalnum() else "_" for c in url.split("://")[-1]).strip("_")
+
+
+def download_registered(client: Client, ref: str) -> Path:
+    """A registered model version's checkpoint, downloaded once into the client's cache."""
+    found = client.model(ref)
+    stamp = int(found.created_at.timestamp())  # a version deleted and registered again differs
+    name = f"model-{found.name}-v{found.version}-{stamp}.safetensors"
+    cached = Settings().cache_dir() / "models" / _server_folder(client.url) / name
+    if cached.is_file():
+        return cached
+    return client.download(f"/models/{found.name}/{found.version}/checkpoint", cached)

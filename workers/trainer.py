@@ -27,7 +27,7 @@ import torch
 from contract.rundir import CHECKPOINTS, RESTART, SUMMARY, checkpoint_path
 from contract.stream import EventRecord, MetricRecord
 from dsl.compiler import CompiledJob
-from dsl.inference import MODEL_KEY, DataFacts, ModelCard
+from dsl.model_card import MODEL_KEY, DataFacts, ModelCard
 from dsl.objective import resolve_objective
 from dsl.schema import JobSpec
 from workers.algorithms import ALGORITHMS, BatchResult
@@ -539,9 +539,10 @@ class Trainer:
             return
         init_from = self.spec.checkpoint.init_from
         if init_from is not None and not isinstance(init_from, str):
+            what = f"job {init_from.job}" if init_from.job else f"model {init_from.model}"
             raise CheckpointError(
-                f"checkpoint.init_from: job {init_from.job} is on the service; the service finds "
-                "its checkpoint (trainyard submit), or `trainyard train` downloads it"
+                f"checkpoint.init_from: {what} is on the service; the service finds its "
+                "checkpoint (trainyard submit), or `trainyard train` downloads it"
             )
         if init_from:
             where = Path(init_from)

@@ -428,7 +428,7 @@ def export_model(
     ] = False,
 ) -> FileResponse:
     choice = int(checkpoint) if checkpoint and checkpoint.isdigit() else checkpoint
-    done = services.exporter.export(
+    done = services.exporter.export_job(
         session, user, job, fmt=format, choice=choice, probabilities=probabilities
     )
     return FileResponse(

@@ -36,9 +36,10 @@ from dsl.source import ParsedDocument, SourceMap
 from dsl.topology import Topology, resolve_topology
 from scheduler.store.artifacts import UnsafePath
 from scheduler.store.datasets import dataset_names, get_dataset
-from scheduler.store.errors import StoreError
+from scheduler.store.errors import NotFound, StoreError
 from scheduler.store.jobs import NewJob, own_job
 from scheduler.store.models import User
+from scheduler.store.registry import get_model, model_file, parse_ref
 from scheduler.store.reports import model_checkpoint
 from scheduler.store.sweeps import NewSweep
 from scheduler.sweeps.warm_start import warm_start_issues
@@ -181,36 +182,53 @@ def check_job(
 def starting_checkpoint(
     session: Session, owner: User, compiled: CompiledJob, artifacts: Path | None
 ) -> Path:
-    """The checkpoint file `init_from: {job: ID}` names, one of the owner's jobs' (another
-    user's job is as absent), whose parameters of the net's names have the net's shapes (and
-    at least one does); else a JobSpecError located at checkpoint.init_from."""
+    """The checkpoint file `init_from: {job: ID}` or `{model: name@3}` names, the owner's own
+    (another user's job or model is as absent), whose parameters of the net's names have the
+    net's shapes (and at least one does); else a JobSpecError located at checkpoint.init_from."""
     init = compiled.spec.checkpoint.init_from
     assert isinstance(init, InitFrom)
     source, where = compiled.source, ("checkpoint", "init_from")
-    job = own_job(session, owner.id, init.job)
-    if job is None or artifacts is None:
-        raise JobSpecError(
-            source.issue(
-                (*where, "job"), f"you have no job {init.job}", "trainyard jobs lists yours"
-            )
-        )
-    choice = (
-        int(init.checkpoint) if init.checkpoint and init.checkpoint.isdigit() else init.checkpoint
-    )
     try:
-        step, path = model_checkpoint(session, job.id, choice, artifacts=artifacts)
-        with safe_open(str(path), framework="pt") as handle:
+        if artifacts is None:
+            raise NotFound("the service keeps no checkpoints here")
+        if init.model is not None:
+            what = f"model {init.model}"
+            name, which = parse_ref(init.model)
+            path = model_file(get_model(session, owner, name, which))
+        else:
+            assert init.job is not None  # one of the two, as the schema checks
+            job = own_job(session, owner.id, init.job)
+            if job is None:
+                raise JobSpecError(
+                    source.issue(
+                        (*where, "job"),
+                        f"you have no job {init.job}",
+                        "trainyard jobs lists yours",
+                    )
+                )
+            choice = init.checkpoint
+            step, path = model_checkpoint(
+                session,
+                job.id,
+                int(choice) if choice and choice.isdigit() else choice,
+                artifacts=artifacts,
+            )
+            what = f"job {job.id}'s checkpoint at step {step}"
+        with safe_open(str(path), framework="numpy") as handle:
             saved = {
                 key.removeprefix("param/"): list(handle.get_slice(key).get_shape())
                 for key in handle.keys()  # noqa: SIM118  (a safetensors handle, not a dict)
                 if key.startswith("param/")
             }
+    except NotFound as exc:
+        if init.model is None:
+            raise JobSpecError(source.issue(where, str(exc))) from None
+        hint = "trainyard models list shows yours"
+        raise JobSpecError(source.issue((*where, "model"), str(exc), hint)) from None
     except (StoreError, UnsafePath) as exc:
         raise JobSpecError(source.issue(where, str(exc))) from None
     except (OSError, SafetensorError) as exc:
-        raise JobSpecError(
-            source.issue(where, f"job {job.id}'s checkpoint at step {step} cannot be read: {exc}")
-        ) from None
+        raise JobSpecError(source.issue(where, f"{what} cannot be read: {exc}")) from None
     net = {name: list(p.shape) for name, p in compiled.net.named_params().items()}
     wrong = [
         f"{name} (the checkpoint's {saved[name]}, this net's {shape})"
@@ -221,8 +239,8 @@ def starting_checkpoint(
         raise JobSpecError(
             source.issue(
                 where,
-                f"{len(wrong)} parameter(s) of job {job.id}'s checkpoint at step {step} have "
-                f"other shapes than this net's: {', '.join(wrong)}",
+                f"{len(wrong)} parameter(s) of {what} have other shapes than this net's: "
+                f"{', '.join(wrong)}",
                 "rename the layers that differ, so that they start from their initialisers",
             )
         )
@@ -230,8 +248,8 @@ def starting_checkpoint(
         raise JobSpecError(
             source.issue(
                 where,
-                f"no parameter of job {job.id}'s checkpoint at step {step} has a name of this "
-                f"net's (it has {', '.join(sorted(saved)[:8])})",
+                f"no parameter of {what} has a name of this net's "
+                f"(it has {', '.join(sorted(saved)[:8])})",
                 "layers are matched by name: <layer>/<param>",
             )
         )

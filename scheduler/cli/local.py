@@ -299,8 +299,8 @@ def train(
 
 
 def _download_init_from(compiled: CompiledJob) -> None:
-    """`init_from: {job: ID}` names a job of the server's: its checkpoint, downloaded once,
-    is the file this run starts from."""
+    """`init_from: {job: ID}` or `{model: name@3}` names a job or a registered model of the
+    server's: its checkpoint, downloaded once, is the file this run starts from."""
     from dsl.schema import InitFrom
     from trainyard.errors import TrainyardError
     from trainyard.loading import checkpoint_file
@@ -308,8 +308,10 @@ def _download_init_from(compiled: CompiledJob) -> None:
     init = compiled.spec.checkpoint.init_from
     if not isinstance(init, InitFrom):
         return
+    target = f"model:{init.model}" if init.model is not None else init.job
+    assert target is not None  # one of the two, as the schema checks
     try:
-        path = checkpoint_file(init.job, init.checkpoint)
+        path = checkpoint_file(target, init.checkpoint)
     except TrainyardError as exc:
         err_console.print(f"[bold red]error[/] checkpoint.init_from: {exc.message}")
         raise typer.Exit(2) from None

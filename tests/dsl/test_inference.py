@@ -11,15 +11,9 @@ from safetensors.torch import load_file, save_file
 
 from contract.rundir import CHECKPOINTS, list_checkpoints
 from dsl.compiler import compile_job
-from dsl.inference import (
-    DataFacts,
-    InferenceError,
-    InferenceNet,
-    ModelCard,
-    load_inference_net,
-    read_checkpoint,
-)
+from dsl.inference import InferenceError, InferenceNet, load_inference_net, read_checkpoint
 from dsl.layers.base import BuildContext
+from dsl.model_card import DataFacts, ModelCard
 from tests.conftest import EXAMPLES, TrainedRun
 
 DIGITS = BuildContext(sample_shape=(1, 8, 8), num_classes=10)
