@@ -153,3 +153,61 @@ def test_fine_tune_from_a_job_on_the_service_and_here(
     assert done.exit_code == 0, done.output
     log = (tmp_path / "run" / "train.log").read_text()
     assert "initialised 6 parameters from" in log and f"step-{source.step:08d}" in log
+
+
+def test_the_registry_from_the_sdk_and_the_cli(
+    jobs: dict[str, Job],
+    client: Client,
+    stack: RunningStack,
+    cache_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TRAINYARD_DATA_DIR", str(tmp_path))  # the client's cache of checkpoints
+    job = jobs["digits_mlp"]
+    name = f"digits-{job.id}"
+    version = client.register_model(name, job)
+    assert version.ref == f"{name}@1" and version.step == job.info.best_step
+    assert version.objective_value == pytest.approx(job.info.best_metric)
+    environment = {
+        "TRAINYARD_DATA_DIR": str(stack.data_dir),
+        "TRAINYARD_URL": None,
+        "TRAINYARD_TOKEN": None,
+        "COLUMNS": "200",
+    }
+
+    def cli(*args: str) -> str:
+        done = CliRunner().invoke(app, list(args), env=environment)
+        assert done.exit_code == 0, done.output
+        return done.output
+
+    assert f"registered {name}@2" in cli(
+        "models", "register", name, str(job.id), "--checkpoint", "latest"
+    )
+    assert "production" in cli("models", "tag", name, "1", "production")
+    listed = cli("models", "list")
+    assert f"{name}@1" in listed and f"{name}@2" in listed
+    assert f"from job {job.id}" in cli("models", "show", f"{name}@production")
+
+    x, _ = split_of("digits_mlp", cache_dir)
+    expected = job.predict(x)
+    model = trainyard.load_model(f"model:{name}@production", client=client)
+    with torch.no_grad():
+        np.testing.assert_allclose(model(x).numpy(), expected, atol=1e-6, rtol=0)
+    exported = client.export_model(f"{name}@production", tmp_path / "m.onnx")
+    session = onnxruntime.InferenceSession(str(exported), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(session.run(None, {"x": x.numpy()})[0], expected, atol=1e-4)
+    source, out = tmp_path / "x.npy", tmp_path / "out.npy"
+    np.save(source, x.numpy())
+    cli("predict", f"model:{name}@production", "-i", str(source), "-o", str(out))
+    np.testing.assert_allclose(np.load(out), expected, atol=1e-6, rtol=0)
+
+    tuned = client.submit(
+        EXAMPLES / "digits_mlp.yaml",
+        overrides={"train_steps": 2, "checkpoint.init_from": {"model": f"{name}@production"}},
+    )
+    assert isinstance(tuned, Job)
+    assert tuned.wait(timeout=120, poll=0.2).state == "SUCCEEDED", tuned.error
+    assert any(f"{name}-v1.safetensors" in line for line in tuned.logs())
+    cli("models", "delete", name, "2")
+    assert [v.ref for v in client.models() if v.name == name] == [f"{name}@1"]
