@@ -135,7 +135,16 @@ class InferenceNet(nn.Module):
             raise InferenceError(
                 "the model takes token ids (integers), and the input has fractions"
             )
-        return x.to(self.input_dtype)
+        x = x.to(self.input_dtype)
+        classes = self.card.data.num_classes
+        if self.input_dtype == torch.int64 and classes is not None and x.numel():
+            low, high = int(x.min()), int(x.max())
+            if low < 0 or high >= classes:
+                raise InferenceError(
+                    f"the model takes token ids in [0, {classes}), and the input has "
+                    f"{low if low < 0 else high}"
+                )
+        return x
 
     def metadata(self) -> dict[str, Any]:
         """What an export records beside the net: its input, output and vocabulary."""

@@ -16,9 +16,12 @@ import pytest
 import torch
 
 from contract.rundir import CHECKPOINTS, list_checkpoints
+from dsl.compiler import compile_job
 from dsl.export import export_model, metadata_path
-from dsl.inference import InferenceError, load_inference_net
-from tests.conftest import TrainedRun
+from dsl.inference import InferenceError, InferenceNet, load_inference_net
+from dsl.layers.base import BuildContext
+from dsl.model_card import DataFacts, ModelCard
+from tests.conftest import ROOT, TrainedRun
 
 EXAMPLES = ["digits_mlp", "mnist1d_cnn"]
 
@@ -117,3 +120,29 @@ def test_an_unknown_format_is_named(trained_runs: dict[str, TrainedRun], tmp_pat
     with pytest.raises(InferenceError, match="say one of onnx, torch-export"):
         export_model(load_inference_net(latest), "tflite", tmp_path / "m.tflite")
     assert torch.get_num_threads() == 1
+
+
+def test_a_text_jobs_exports_take_token_ids_and_record_the_vocabulary(tmp_path: Path) -> None:
+    vocabulary = "abcdefghij"
+    compiled = compile_job(
+        (ROOT / "examples" / "char_rnn.yaml").read_text(),
+        BuildContext(sample_shape=(16,), num_classes=10, label_shape=(16,)),
+    )
+    card = ModelCard(compiled.spec, DataFacts((16,), "int64", 10, (16,), True, vocabulary))
+    model = InferenceNet(compiled.net, card)
+    x = torch.randint(0, 10, (3, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        scores = model(x)  # (B, T, V): a score per token id at every step
+    assert scores.shape == (3, 16, 10)
+    onnx_file = export_model(model, "onnx", tmp_path / "text.onnx")
+    session = onnxruntime.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+    (exported,) = session.run(None, {"x": x.numpy()})
+    np.testing.assert_allclose(exported, scores.numpy(), atol=1e-4, rtol=0)
+    meta = json.loads(metadata_path(onnx_file).read_text())
+    assert meta["vocabulary"] == vocabulary
+    assert meta["input"] == {"name": "x", "shape": ["batch", 16], "dtype": "int64"}
+    program = torch.export.load(str(export_model(model, "torch-export", tmp_path / "t.pt2")))
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(x), scores, atol=1e-4, rtol=0)
+    with pytest.raises(InferenceError, match=r"token ids in \[0, 10\), and the input has 12"):
+        model.check_input(torch.full((1, 16), 12))
