@@ -14,11 +14,11 @@ from typer.testing import CliRunner
 from tests.conftest import TrainedRun
 from trainyard.cli import app
 
-runner = CliRunner()
+runner = CliRunner(env={"COLUMNS": "200"})  # rich wraps at 80 columns in a file
 
 
 @pytest.mark.parametrize("example", ["digits_mlp", "mnist1d_cnn"])
-def test_export_and_predict_a_run_directory_agree(
+def test_predict_a_run_directory(
     trained_runs: dict[str, TrainedRun], tmp_path: Path, example: str
 ) -> None:
     run = trained_runs[example]
@@ -33,6 +33,10 @@ def test_export_and_predict_a_run_directory_agree(
     assert f"scored {len(run.x_test)} samples with step" in done.output
     np.testing.assert_allclose(np.load(scores), run.scores.numpy(), atol=1e-5, rtol=0)
 
+
+def test_export_a_run_directory(trained_runs: dict[str, TrainedRun], tmp_path: Path) -> None:
+    """The command (both examples' exports: tests/dsl/test_export.py)."""
+    run = trained_runs["digits_mlp"]
     onnx_file = tmp_path / "model.onnx"
     done = runner.invoke(
         app, ["export", str(run.run_dir), "--checkpoint", "latest", "-o", str(onnx_file)]
@@ -40,7 +44,7 @@ def test_export_and_predict_a_run_directory_agree(
     assert done.exit_code == 0, done.output
     session = onnxruntime.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
     (exported,) = session.run(None, {"x": run.x_test.numpy()})
-    np.testing.assert_allclose(exported, np.load(scores), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(exported, run.scores.numpy(), atol=1e-4, rtol=0)
     meta = json.loads((tmp_path / "model.onnx.json").read_text())
     assert meta["input"]["shape"] == ["batch", *run.x_test.shape[1:]]
 
