@@ -19,6 +19,7 @@ from trainyard.cli_client import AsJson, connect, reporting
 from trainyard.models import ModelVersionOut
 
 console = Console()
+err_console = Console(stderr=True)
 
 Ref = Annotated[
     str, typer.Argument(help="name@3, name@production or name (its newest)", show_default=False)
@@ -41,15 +42,30 @@ def _value(version: ModelVersionOut) -> str:
 @models_app.command()
 def register(
     name: Name,
-    job_id: Annotated[int, typer.Argument(help="one of your jobs", show_default=False)],
+    job_id: Annotated[
+        int | None, typer.Argument(help="one of your jobs", show_default=False)
+    ] = None,
+    sweep: Annotated[
+        int | None, typer.Option(help="instead of a job: this sweep's best trial's job")
+    ] = None,
     checkpoint: Annotated[
         str | None,
         typer.Option(help="best, latest or a step; default the best where kept, else latest"),
     ] = None,
 ) -> None:
-    """Register a job's checkpoint as the next version of a model."""
+    """Register a job's checkpoint (or a sweep's best trial's) as the next version of a model."""
+    if (job_id is None) == (sweep is None):
+        err_console.print("[bold red]error[/] give a job id or --sweep ID, one of the two")
+        raise typer.Exit(2)
     client = connect()
     with reporting():
+        if sweep is not None:
+            best = client.sweep(sweep).best()
+            if best is None:
+                err_console.print(f"[bold red]error[/] sweep {sweep} has no best trial yet")
+                raise typer.Exit(1)
+            job_id = best.job_id
+        assert job_id is not None
         version = client.register_model(name, job_id, checkpoint)
     console.print(
         f"registered [bold]{version.ref}[/]: job {version.job_id} step {version.step}, "

@@ -211,3 +211,30 @@ def test_the_registry_from_the_sdk_and_the_cli(
     assert any(f"{name}-v1.safetensors" in line for line in tuned.logs())
     cli("models", "delete", name, "2")
     assert [v.ref for v in client.models() if v.name == name] == [f"{name}@1"]
+
+
+def test_register_a_sweeps_best_trial(client: Client, stack: RunningStack) -> None:
+    document = yaml.safe_load((EXAMPLES / "digits_mlp.yaml").read_text())
+    document.update(train_steps=20, test={"freq": 10}, checkpoint={"freq": 10, "keep_best": True})
+    document["search"] = {
+        "metric": "test/accuracy",
+        "mode": "max",
+        "algorithm": "random",
+        "max_trials": 2,
+        "max_parallel": 2,
+        "space": {"updater.lr.base": {"loguniform": [0.01, 0.1]}},
+    }
+    sweep = client.submit(document)
+    assert not isinstance(sweep, Job)
+    sweep.wait(timeout=180, poll=0.5)
+    best = sweep.best()
+    assert best is not None
+    environment = {"TRAINYARD_DATA_DIR": str(stack.data_dir), "TRAINYARD_URL": None}
+    name = f"sweep-{sweep.id}"
+    done = CliRunner().invoke(
+        app, ["models", "register", name, "--sweep", str(sweep.id)], env=environment
+    )
+    assert done.exit_code == 0, done.output
+    assert client.model(name).job_id == best.job_id
+    both = CliRunner().invoke(app, ["models", "register", name, "3", "--sweep", "1"])
+    assert both.exit_code == 2 and "one of the two" in both.output
