@@ -61,3 +61,37 @@ def test_register_tag_and_delete_models(signed_in: Page, stack: Stack) -> None:
     page.fill("#model-job", "999999")
     page.click("form.register-model button[type=submit]")
     page.locator("#model-message", has_text="no job 999999").wait_for()
+
+
+def test_register_a_sweeps_best_trial_from_its_page(signed_in: Page, stack: Stack) -> None:
+    document = yaml.safe_load(
+        job_yaml(
+            "digits_mlp",
+            name="e2e-sweep-model",
+            train_steps=20,
+            test={"freq": 10},
+            checkpoint={"freq": 10, "keep_best": True},
+        )
+    )
+    document["search"] = {
+        "metric": "test/accuracy",
+        "mode": "max",
+        "algorithm": "random",
+        "max_trials": 2,
+        "max_parallel": 2,
+        "space": {"updater.lr.base": {"loguniform": [0.01, 0.1]}},
+    }
+    answer = stack.api.post(
+        "/sweeps", content=yaml.safe_dump(document), headers={"Content-Type": "application/yaml"}
+    )
+    assert answer.status_code == 201, answer.text
+    sweep_id = answer.json()["id"]
+    page = signed_in
+    page.goto(stack.url + f"/#/sweeps/{sweep_id}")
+    page.locator("#trials tbody tr", has_text="SUCCEEDED").nth(1).wait_for(timeout=120_000)
+    page.fill("#register-best-name", "e2e-best")
+    page.click("#register-best")
+    page.locator("#register-best-message", has_text="registered e2e-best@1").wait_for()
+    best = stack.api.get(f"/sweeps/{sweep_id}").json()["best"]
+    assert stack.api.get("/models/e2e-best/1").json()["job_id"] == best["job_id"]
+    shoot(page, "sweep-register-best")
