@@ -87,6 +87,8 @@ def test_the_best_model_scores_as_the_service_measured_it(
     session = onnxruntime.InferenceSession(str(exported), providers=["CPUExecutionProvider"])
     (onnx_scores,) = session.run(None, {"x": x.numpy()})
     np.testing.assert_allclose(onnx_scores, scores, atol=1e-4, rtol=0)
+    if name != "digits_mlp":
+        return  # the .pt2 of both examples: tests/dsl/test_export.py; here the server's once
     pt2 = job.export(tmp_path / "model.pt2", "torch-export", "best")
     with torch.no_grad():
         program = torch.export.load(str(pt2)).module()
