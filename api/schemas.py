@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from contract.allocation import AllocationState
+from dsl.data_config import DATASET_NAME_PATTERN
 from scheduler.store.models import JobOut
 from scheduler.store.states import JobState, NodeState, SweepState
 
@@ -439,3 +440,43 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
         code: {"model": ErrorBody, "description": ERROR_DESCRIPTIONS[code]}
         for code in (*codes, 503)
     }
+
+
+class ModelRegister(BaseModel):
+    name: str = Field(
+        pattern=DATASET_NAME_PATTERN,
+        description="the model's name: letters, digits, '_', '.', '-'; a new version each time",
+    )
+    job_id: int = Field(ge=1, le=2**31 - 1, description="one of your jobs")
+    checkpoint: str | None = Field(
+        default=None,
+        pattern=r"^(best|latest|[0-9]{1,10})$",
+        description="best, latest or a step; default the job's best where it kept one, else "
+        "its latest",
+    )
+
+
+class ModelVersionOut(BaseModel):
+    name: str
+    version: int
+    ref: str = Field(description="name@version, as jobs and commands take it (model:name@3)")
+    tags: list[str] = Field(description="e.g. production; a tag is on one version of a name")
+    job_id: int | None = Field(description="the job it came from (null once deleted)")
+    job_name: str
+    step: int = Field(description="the checkpoint's training step")
+    size: int = Field(description="bytes")
+    objective: str = Field(description="the job's objective metric, e.g. val/accuracy")
+    objective_mode: str = Field(description="max or min")
+    objective_value: float | None = Field(description="the objective's value at that step")
+    metrics: dict[str, Any] = Field(description="the job's summary: its final figures")
+    input: dict[str, Any] = Field(
+        description="the samples it takes: sample_shape, x_dtype, num_classes, vocabulary"
+    )
+    spec: dict[str, Any] = Field(description="the job's execution spec")
+    created_at: datetime
+
+
+class ModelTag(BaseModel):
+    tag: str = Field(
+        pattern=r"^[A-Za-z][A-Za-z0-9_.\-]{0,49}$", description="a letter, then letters, digits"
+    )

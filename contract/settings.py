@@ -84,6 +84,17 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, description="port the API server listens on")
     max_job_bytes: int = Field(default=1_000_000, description="largest job document accepted")
     max_dataset_bytes: int = Field(default=50_000_000, description="largest dataset upload")
+    max_export_bytes: int = Field(
+        default=512_000_000,
+        gt=0,
+        description="largest checkpoint the API exports (GET /jobs/{id}/export), and export",
+    )
+    export_timeout_seconds: float = Field(
+        default=120.0, gt=0, description="an export running longer is stopped (503)"
+    )
+    exports_at_once: int = Field(
+        default=1, ge=1, description="exports one API process runs at a time; more answer 429"
+    )
     api_threads: int = Field(
         default=4,
         ge=1,

@@ -245,6 +245,26 @@ class MetricsOut(BaseModel):
     series: list[SeriesOut]
 
 
+class ModelVersionOut(BaseModel):
+    name: str
+    version: int
+    ref: str = Field(description="name@version, as jobs and commands take it (model:name@3)")
+    tags: list[str] = Field(description="e.g. production; a tag is on one version of a name")
+    job_id: int | None = Field(description="the job it came from (null once deleted)")
+    job_name: str
+    step: int = Field(description="the checkpoint's training step")
+    size: int = Field(description="bytes")
+    objective: str = Field(description="the job's objective metric, e.g. val/accuracy")
+    objective_mode: str = Field(description="max or min")
+    objective_value: float | None = Field(description="the objective's value at that step")
+    metrics: dict[str, Any] = Field(description="the job's summary: its final figures")
+    input: dict[str, Any] = Field(
+        description="the samples it takes: sample_shape, x_dtype, num_classes, vocabulary"
+    )
+    spec: dict[str, Any] = Field(description="the job's execution spec")
+    created_at: datetime
+
+
 class TimelineEventOut(BaseModel):
     kind: Literal["F", "B"] = Field(description="F: a micro-batch's forward, B: its backward")
     microbatch: int

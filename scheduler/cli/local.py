@@ -233,6 +233,7 @@ def train(
             "(`trainyard train` runs one process)"
         )
         raise typer.Exit(2)
+    _download_init_from(compiled)
     out_dir = run_dir or Path("runs") / spec.name
     if not resume and out_dir.exists():
         for stale in (METRICS, TRAIN_LOG, SUMMARY, CHECKPOINTS):
@@ -295,6 +296,26 @@ def train(
         )
     if summary.status != "succeeded":
         raise typer.Exit(1)
+
+
+def _download_init_from(compiled: CompiledJob) -> None:
+    """`init_from: {job: ID}` or `{model: name@3}` names a job or a registered model of the
+    server's: its checkpoint, downloaded once, is the file this run starts from."""
+    from dsl.schema import InitFrom
+    from trainyard.errors import TrainyardError
+    from trainyard.loading import checkpoint_file
+
+    init = compiled.spec.checkpoint.init_from
+    if not isinstance(init, InitFrom):
+        return
+    target = f"model:{init.model}" if init.model is not None else init.job
+    assert target is not None  # one of the two, as the schema checks
+    try:
+        path = checkpoint_file(target, init.checkpoint)
+    except TrainyardError as exc:
+        err_console.print(f"[bold red]error[/] checkpoint.init_from: {exc.message}")
+        raise typer.Exit(2) from None
+    compiled.spec.checkpoint.init_from = str(path)
 
 
 def register(app: typer.Typer) -> None:

@@ -337,6 +337,33 @@ class Allocation(Base):
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
+class ModelVersion(Base):
+    """One version of a user's registered model (scheduler/store/registry.py): a copy of a
+    job's checkpoint, kept when the job goes, with what it was chosen by."""
+
+    __tablename__ = "model_versions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    name: Mapped[str] = mapped_column(String(100))
+    version: Mapped[int] = mapped_column(Integer)  # 1, 2, ... per (owner, name)
+    job_id: Mapped[int | None] = mapped_column(
+        ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True
+    )
+    job_name: Mapped[str] = mapped_column(String(100))
+    step: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(Text)
+    size: Mapped[int] = mapped_column(BigInteger)
+    objective: Mapped[str] = mapped_column(String(64))
+    objective_mode: Mapped[str] = mapped_column(String(3))
+    objective_value: Mapped[float | None] = mapped_column(Float, nullable=True)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # the job's summary
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # the job's execution spec
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)  # the model card's data facts
+    tags: Mapped[list[str]] = mapped_column(JSON, default=list)  # a tag is on one version
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    __table_args__ = (UniqueConstraint("owner_id", "name", "version"),)
+
+
 class DatasetRecord(Base):
     __tablename__ = "datasets"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

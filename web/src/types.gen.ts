@@ -254,6 +254,35 @@ export interface MetricsOut {
   series: SeriesOut[];
 }
 
+export interface ModelVersionOut {
+  name: string;
+  version: number;
+  /** name@version, as jobs and commands take it (model:name@3) */
+  ref: string;
+  /** e.g. production; a tag is on one version of a name */
+  tags: string[];
+  /** the job it came from (null once deleted) */
+  job_id: number | null;
+  job_name: string;
+  /** the checkpoint's training step */
+  step: number;
+  /** bytes */
+  size: number;
+  /** the job's objective metric, e.g. val/accuracy */
+  objective: string;
+  /** max or min */
+  objective_mode: string;
+  /** the objective's value at that step */
+  objective_value: number | null;
+  /** the job's summary: its final figures */
+  metrics: Record<string, unknown>;
+  /** the samples it takes: sample_shape, x_dtype, num_classes, vocabulary */
+  input: Record<string, unknown>;
+  /** the job's execution spec */
+  spec: Record<string, unknown>;
+  created_at: string;
+}
+
 export interface TimelineEventOut {
   /** F: a micro-batch's forward, B: its backward */
   kind: "F" | "B";
