@@ -23,6 +23,13 @@ class NodeRegistration:
     # The parameter-server Redis servers it could not reach, as "host:port: error"
     # (scheduler/agent/ps_reach.py); none: all answered, or an agent that does not check.
     ps_unreachable: tuple[str, ...] = ()
+    # The memory (MB) its worker processes may use together (0: an agent that does not say);
+    # each slot's share is a worker's default limit (contract/allocation.py: memory_mb).
+    memory_mb: int = 0
+
+    @property
+    def memory_per_slot_mb(self) -> int:
+        return self.memory_mb // self.slots if self.slots else 0
 
     def to_hash(self) -> dict[str, str]:
         return to_fields(self)

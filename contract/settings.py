@@ -120,6 +120,13 @@ class Settings(BaseSettings):
         description="CPU slots this node offers to jobs; default its CPU count",
     )
     node_gpus: int | None = Field(default=None, ge=0, description="default: the GPUs torch sees")
+    node_memory_mb: int | None = Field(
+        default=None,
+        ge=64,
+        description="memory (MB) this node's worker processes may use together, shared "
+        "between its slots: a worker's default limit is its slots' share; default the "
+        "machine's memory",
+    )
     fork_workers: bool = Field(
         default=True,
         description="a node agent forks each worker process from one process of its own that "
@@ -151,6 +158,12 @@ class Settings(BaseSettings):
 
     def resolved_data_dir(self) -> Path:
         return self.data_dir.expanduser()
+
+    def node_memory(self) -> int:
+        """The memory (MB) this node offers its workers: node_memory_mb, or the machine's."""
+        if self.node_memory_mb is not None:
+            return self.node_memory_mb
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
 
     def cache_dir(self) -> Path:
         """Generated datasets (mnist1d) are cached here."""

@@ -165,7 +165,7 @@ def cross_field_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
         )
     topology = resolve_topology(spec.cluster, spec.pipeline)
     for key, message, hint in topology_problems(topology):
-        issues.append(source.issue(("cluster", key), message, hint))
+        issues.append(source.issue(("cluster", *key.split(".")), message, hint))
     issues.extend(pipeline_issues(spec, source))
     issues.extend(_batch_issues(spec, topology, source))
     issues.extend(_precision_issues(spec, topology, source))

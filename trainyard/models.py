@@ -416,6 +416,18 @@ class LayerOut(BaseModel):
     partition_dim: int
 
 
+class MemoryOut(BaseModel):
+    """One worker process's estimated peak memory, part by part (dsl/memory.py)."""
+
+    total_mb: int = Field(description="the estimate, which its memory limit must hold")
+    parameters_mb: int
+    gradients_mb: int
+    updater_state_mb: int = Field(description="the updater's moments or momentum")
+    activations_mb: int = Field(description="a training step's layer outputs, its batch share")
+    data_mb: int = Field(description="every split of the data the worker holds")
+    runtime_mb: int = Field(description="the interpreter and torch")
+
+
 class StageOut(BaseModel):
     layers: list[str] = Field(description="the layers the stage runs, in topological order")
     params: int
@@ -465,6 +477,7 @@ class ValidationOut(BaseModel):
     layers: list[LayerOut]
     total_params: int
     topology: dict[str, Any]
+    memory: MemoryOut = Field(description="each worker's estimated peak memory")
     placement: PlacementOut
     pipeline: PipelinePlanOut | None = Field(
         description="the pipeline's stages as the planner cut them; null without a pipeline"

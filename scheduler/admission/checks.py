@@ -26,6 +26,7 @@ from dsl.compiler import CompiledJob, compile_job
 from dsl.data_config import CsvData, DatasetData, DataSourceConfig, NpzData, TextData
 from dsl.errors import DataSourceError, JobSpecError, SpecIssue
 from dsl.layers.base import BuildContext
+from dsl.memory import MemoryEstimate, estimate_memory
 from dsl.objective import resolve_objective, resolve_search, selection_warnings
 from dsl.planner import PipelinePlan, plan_pipeline
 from dsl.schema import JobSpec
@@ -33,6 +34,8 @@ from dsl.search import SearchConfig, base_document
 from dsl.search_checks import space_issues
 from dsl.source import ParsedDocument, SourceMap
 from dsl.topology import Topology, resolve_topology
+from scheduler.placement.cluster import largest_memory_share, node_capacities
+from scheduler.placement.plan import NodeCapacity
 from scheduler.store.datasets import dataset_names, get_dataset
 from scheduler.store.jobs import NewJob
 from scheduler.store.models import User
@@ -93,6 +96,7 @@ class CheckedJob:
     topology: Topology
     execution_spec: dict[str, Any]
     plan: PipelinePlan | None  # the stages of a job with a pipeline section
+    memory: MemoryEstimate  # one worker's peak
 
     @property
     def spec(self) -> JobSpec:
@@ -137,13 +141,15 @@ def check_job(
     Relative file paths (admins only) resolve against `base_dir`.
     """
     resolved: list[DataSourceConfig] = []
+    described: list[DataInfo] = []
 
     def describe_data(spec: JobSpec) -> BuildContext:
         stored = isinstance(job, JobSpec)
         try:
             data = spec.data if stored else _data_to_run(session, owner, spec, base_dir)
             resolved.append(data)
-            return _describe(data, spec.seed, cache_dir).build_context()
+            described.append(_describe(data, spec.seed, cache_dir))
+            return described[-1].build_context()
         except DataSourceError as exc:
             if isinstance(spec.data, DatasetData):
                 raise _as_dataset_error(exc) from None
@@ -161,12 +167,58 @@ def check_job(
         )
     spec = compiled.spec
     plan = plan_pipeline(compiled) if spec.pipeline is not None else None
+    topology = resolve_topology(spec.cluster, spec.pipeline)
+    memory = estimate_memory(compiled, topology, described[0].nbytes)
+    if not isinstance(job, JobSpec):
+        issues = memory_issues(memory, topology, node_capacities(session), compiled.source)
+        if issues:
+            raise JobSpecError(issues)
     return CheckedJob(
-        compiled,
-        resolve_topology(spec.cluster, spec.pipeline),
-        _execution_spec(spec, resolved[0], base_dir, plan),
-        plan,
+        compiled, topology, _execution_spec(spec, resolved[0], base_dir, plan), plan, memory
     )
+
+
+def memory_issues(
+    memory: MemoryEstimate, topology: Topology, nodes: list[NodeCapacity], source: SourceMap
+) -> list[SpecIssue]:
+    """A worker that would pass its memory limit, or need more than any node could give it:
+    refused now rather than killed (or queued forever) later."""
+    need = memory.total_mb
+    slots = topology.slots_per_worker
+    largest = largest_memory_share(nodes, slots)
+    where = ("cluster", "resources", "memory_mb")
+    if topology.memory_mb and largest is not None and topology.memory_mb > largest[1]:
+        node, most = largest
+        return [
+            source.issue(
+                where,
+                f"memory_mb {topology.memory_mb} is more than a worker of {slots} slot(s) can "
+                f"get on any node (at most {most} MB, on {node})",
+                f"ask for at most {most}, or more slots_per_worker (each brings a slot's share "
+                "of its node's memory)",
+            )
+        ]
+    if topology.memory_mb and need > topology.memory_mb:
+        return [
+            source.issue(
+                where,
+                f"each worker needs about {memory.describe()}, more than its memory_mb "
+                f"{topology.memory_mb}",
+                f"raise memory_mb to at least {need}, or use a smaller batch_size or net",
+            )
+        ]
+    if not topology.memory_mb and largest is not None and need > largest[1]:
+        node, most = largest
+        return [
+            source.issue(
+                ("cluster", "resources"),
+                f"each worker needs about {memory.describe()}, more than a worker of {slots} "
+                f"slot(s) gets on any node (at most {most} MB, on {node})",
+                "ask for more slots_per_worker (each brings a slot's share of its node's "
+                "memory), or use a smaller batch_size, net or dataset",
+            )
+        ]
+    return []
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -98,7 +98,18 @@ def allocation_info(
         resume_from=job.restart_from or "",
         restart_seconds=settings.restart_point_seconds,
         start_step=start_step,
+        memory_mb=memory_limit(topology, alloc.slots, node),
+        devices=tuple(int(i) for i in alloc.devices or ()),
     )
+
+
+def memory_limit(topology: dict[str, Any], slots: int, node: Node) -> int:
+    """A process's memory limit (MB): the job's cluster.resources.memory_mb, else its slots'
+    share of its node's memory (0: neither is known, no limit)."""
+    asked = int(topology.get("memory_mb") or 0)
+    if asked:
+        return asked
+    return (node.memory_mb or 0) // node.slots * slots if node.slots else 0
 
 
 def schedule_once(session: Session, settings: Settings) -> list[Dispatch]:
@@ -136,6 +147,7 @@ def schedule_once(session: Session, settings: Settings) -> list[Dispatch]:
                 rank=a.rank,
                 slots=a.slots,
                 gpus=a.gpus,
+                devices=list(a.devices) or None,
                 state=AllocationState.PENDING,
             )
             for a in plan.assignments
@@ -173,10 +185,14 @@ def replace_processes(session: Session, settings: Settings) -> list[Dispatch]:
             dead.append((alloc, job))
     if not dead:
         return []
-    free = {
-        node.name: [node.slots - node.slots_used, node.gpus - node.gpus_used]
+    capacities = {
+        node.name: node
         for node in node_capacities(session)
         if node.alive and not node.ps_unreachable
+    }
+    free = {
+        name: [node.slots - node.slots_used, node.gpus - node.gpus_used]
+        for name, node in capacities.items()
     }
     alive = {
         node.id: node
@@ -195,6 +211,11 @@ def replace_processes(session: Session, settings: Settings) -> list[Dispatch]:
         node = same if same is not None and fits(same) else next(filter(fits, others), None)
         if node is None:
             continue
+        devices = capacities[node.name].free_devices(old.gpus)
+        capacities[node.name] = replace(
+            capacities[node.name],
+            devices_used=capacities[node.name].devices_used | set(devices),
+        )
         alloc = Allocation(
             job_id=old.job_id,
             node_id=node.id,
@@ -203,6 +224,7 @@ def replace_processes(session: Session, settings: Settings) -> list[Dispatch]:
             rank=old.rank,
             slots=old.slots,
             gpus=old.gpus,
+            devices=list(devices) or None,
             state=AllocationState.PENDING,
         )
         session.add(alloc)

@@ -33,6 +33,13 @@ def node_capacities(session: Session) -> list[NodeCapacity]:
             .group_by(Allocation.node_id)
         )
     }
+    devices: dict[int, set[int]] = {}
+    for node_id, taken in session.execute(
+        select(Allocation.node_id, Allocation.devices).where(
+            Allocation.state.in_(ACTIVE_ALLOCATIONS), Allocation.gpus > 0
+        )
+    ):
+        devices.setdefault(node_id, set()).update(int(i) for i in taken or ())
     return [
         NodeCapacity(
             name=node.name,
@@ -43,9 +50,26 @@ def node_capacities(session: Session) -> list[NodeCapacity]:
             gpus_used=used.get(node.id, (0, 0))[1],
             alive=node.state == NodeState.ALIVE,
             ps_unreachable=tuple(node.ps_unreachable or ()),
+            memory_mb=node.memory_mb or 0,
+            devices_used=frozenset(devices.get(node.id, ())),
         )
         for node in session.scalars(select(Node).order_by(Node.name))
     ]
+
+
+def largest_memory_share(capacities: list[NodeCapacity], slots: int) -> tuple[str, int] | None:
+    """The alive node that gives a worker of `slots` slots the most memory, and that memory
+    (MB: its share per slot times `slots`); None when no alive node with as many slots says
+    how much memory it has."""
+    shares = [
+        (node.memory_per_slot_mb * slots, node.name)
+        for node in capacities
+        if node.alive and node.memory_mb > 0 and node.slots >= slots
+    ]
+    if not shares:
+        return None
+    mb, name = max(shares)
+    return name, mb
 
 
 def job_topology(job: Job | Row[Any]) -> dict[str, Any]:

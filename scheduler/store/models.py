@@ -308,6 +308,8 @@ class Node(Base):
     # its registration says (scheduler/agent/ps_reach.py); null: none, or an agent that does not
     # check.
     ps_unreachable: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    # The memory (MB) its agent offers its worker processes together (0: not said).
+    memory_mb: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class Allocation(Base):
@@ -322,6 +324,8 @@ class Allocation(Base):
     rank: Mapped[int] = mapped_column(Integer, default=0)
     slots: Mapped[int] = mapped_column(Integer, default=1)
     gpus: Mapped[int] = mapped_column(Integer, default=0)
+    # The indices of its node's GPUs it alone uses (null: none).
+    devices: Mapped[list[int] | None] = mapped_column(JSON, nullable=True)
     state: Mapped[str] = mapped_column(String(16), default=AllocationState.PENDING, index=True)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

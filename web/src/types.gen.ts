@@ -457,6 +457,22 @@ export interface LayerOut {
   partition_dim: number;
 }
 
+/** One worker process's estimated peak memory, part by part (dsl/memory.py). */
+export interface MemoryOut {
+  /** the estimate, which its memory limit must hold */
+  total_mb: number;
+  parameters_mb: number;
+  gradients_mb: number;
+  /** the updater's moments or momentum */
+  updater_state_mb: number;
+  /** a training step's layer outputs, its batch share */
+  activations_mb: number;
+  /** every split of the data the worker holds */
+  data_mb: number;
+  /** the interpreter and torch */
+  runtime_mb: number;
+}
+
 export interface StageOut {
   /** the layers the stage runs, in topological order */
   layers: string[];
@@ -510,6 +526,8 @@ export interface ValidationOut {
   layers: LayerOut[];
   total_params: number;
   topology: Record<string, unknown>;
+  /** each worker's estimated peak memory */
+  memory: MemoryOut;
   placement: PlacementOut;
   /** the pipeline's stages as the planner cut them; null without a pipeline */
   pipeline: PipelinePlanOut | null;
