@@ -68,6 +68,12 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, description="port the API server listens on")
     max_job_bytes: int = Field(default=1_000_000, description="largest job document accepted")
     max_dataset_bytes: int = Field(default=50_000_000, description="largest dataset upload")
+    compile_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="the most time compiling one submitted document may take (a sweep's, with "
+        "every value of its space): past it, a located error",
+    )
     api_threads: int = Field(
         default=4,
         ge=1,
@@ -103,6 +109,21 @@ class Settings(BaseSettings):
     )
     quota_submissions_per_minute: int | None = Field(
         default=120, ge=1, description="jobs and sweeps one user may submit in any minute"
+    )
+    quota_validations_per_minute: int | None = Field(
+        default=120,
+        ge=1,
+        description="documents one user may check with POST /jobs/validate in any minute (an "
+        "allowance of its own: each compiles the document)",
+    )
+    quota_queued_jobs: int | None = Field(
+        default=1000,
+        ge=0,
+        description="jobs of one user waiting in the queue at once; past it, submissions are "
+        "refused until some start",
+    )
+    quota_sweep_trials: int | None = Field(
+        default=500, ge=1, description="the largest search.max_trials of one user's sweep"
     )
 
     # Clients (CLI, SDK)

@@ -287,10 +287,20 @@ class QuotaLimits(BaseModel):
     submissions_per_minute: int | None = Field(
         description="jobs and sweeps submitted in any minute (429 past it)"
     )
+    validations_per_minute: int | None = Field(
+        description="documents checked by POST /jobs/validate in any minute (429 past it)"
+    )
+    queued_jobs: int | None = Field(
+        description="jobs waiting in the queue at once (submissions get 403 past it)"
+    )
+    sweep_trials: int | None = Field(
+        description="the largest search.max_trials of a sweep (403 past it)"
+    )
 
 
 class QuotaUsage(BaseModel):
     running_jobs: int = Field(description="scheduled and running jobs")
+    queued_jobs: int = Field(description="jobs waiting in the queue")
     slots: int = Field(description="slots their live processes hold")
     gpus: int
     dataset_bytes: int

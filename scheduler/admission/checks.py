@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from sqlalchemy.orm import Session
 
+from dsl.budget import CompileBudget
 from dsl.compiler import CompiledJob, compile_job
 from dsl.data_config import CsvData, DatasetData, DataSourceConfig, NpzData, TextData
 from dsl.errors import DataSourceError, JobSpecError, SpecIssue
@@ -133,6 +134,7 @@ def check_job(
     cache_dir: Path,
     base_dir: Path,
     overrides: Mapping[str, Any] | None = None,
+    budget: CompileBudget | None = None,
 ) -> CheckedJob:
     """Validate and compile `job` as `owner` would run it: the service's one way in.
 
@@ -164,6 +166,7 @@ def check_job(
             describe_data,
             overrides=overrides,
             rules=functools.partial(_service_rules, owner),
+            budget=budget,
         )
     spec = compiled.spec
     plan = plan_pipeline(compiled) if spec.pipeline is not None else None
@@ -256,10 +259,12 @@ def check_sweep(
     cache_dir: Path,
     base_dir: Path,
     overrides: Mapping[str, Any] | None = None,
+    budget: CompileBudget | None = None,
 ) -> CheckedSweep:
     """`check_job` for a document with a `search:` section, then the base job compiled with the
     values each space entry can produce (dsl.search_checks.space_issues): a value that gives
-    an invalid job is a located error at its entry. A document without one is refused."""
+    an invalid job is a located error at its entry. A document without one is refused. The
+    probes count against the document's `budget`."""
     checked = check_job(
         document,
         session=session,
@@ -267,6 +272,7 @@ def check_sweep(
         cache_dir=cache_dir,
         base_dir=base_dir,
         overrides=overrides,
+        budget=budget,
     )
     # Its metric and mode filled in (the base job's objective by default), as the sweep stores it.
     search = resolve_search(checked.spec)
@@ -282,6 +288,7 @@ def check_sweep(
             cache_dir=cache_dir,
             base_dir=base_dir,
             overrides=values,
+            budget=budget,
         )
 
     issues = space_issues(search, checked.compiled.source, compile_trial)

@@ -1,5 +1,6 @@
-"""The per-user submission rate (quota `submissions_per_minute`), counted in Redis so that every
-API process shares one count: a sliding window of the user's submission times."""
+"""The per-user submission rate (quota `submissions_per_minute`) and dry-run rate (quota
+`validations_per_minute`, an allowance of its own), counted in Redis so that every API process
+shares one count: a sliding window of the user's request times."""
 
 from __future__ import annotations
 
@@ -39,14 +40,21 @@ class RateLimited(StoreError):
 
 
 def take_submission_slot(
-    client: redis.Redis, keys: Keys, user_id: int, per_minute: int, now: float | None = None
+    client: redis.Redis,
+    keys: Keys,
+    user_id: int,
+    per_minute: int,
+    now: float | None = None,
+    *,
+    window: str | None = None,
 ) -> float | None:
-    """Count one submission of the user; None if allowed, else the seconds until one is."""
+    """Count one submission of the user (or one request in the sliding-window key `window`);
+    None if allowed, else the seconds until one is."""
     now = time.time() if now is None else now
     oldest: Any = client.eval(
         _RATE_SCRIPT,
         1,
-        keys.submissions(user_id),
+        window or keys.submissions(user_id),
         repr(now),
         repr(RATE_WINDOW_SECONDS),
         str(per_minute),
@@ -67,5 +75,26 @@ def check_rate(client: redis.Redis, keys: Keys, user: User, limits: Limits) -> N
         raise RateLimited(
             f"too many submissions: your quota submissions_per_minute is "
             f"{limits.submissions_per_minute}; retry in {seconds} s",
+            retry_after=seconds,
+        )
+
+
+def check_validation_rate(client: redis.Redis, keys: Keys, user: User, limits: Limits) -> None:
+    """Count a dry run (POST /jobs/validate) of `user`, or refuse it with RateLimited past
+    their allowance: each compiles a document, as a submission does."""
+    if limits.validations_per_minute is None:
+        return
+    wait = take_submission_slot(
+        client,
+        keys,
+        user.id,
+        limits.validations_per_minute,
+        window=keys.validations(user.id),
+    )
+    if wait is not None:
+        seconds = max(1, math.ceil(wait))
+        raise RateLimited(
+            f"too many checks: your quota validations_per_minute is "
+            f"{limits.validations_per_minute}; retry in {seconds} s",
             retry_after=seconds,
         )

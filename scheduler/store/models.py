@@ -72,6 +72,9 @@ QUOTA_NAMES = (
     "dataset_bytes",
     "artifact_bytes",
     "submissions_per_minute",
+    "validations_per_minute",
+    "queued_jobs",
+    "sweep_trials",
 )
 
 
@@ -89,6 +92,9 @@ class UserQuota(Base):
     dataset_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     artifact_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     submissions_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    validations_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    queued_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    sweep_trials: Mapped[int | None] = mapped_column(Integer, nullable=True)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

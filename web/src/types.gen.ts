@@ -301,11 +301,19 @@ export interface QuotaLimits {
   artifact_bytes: number | null;
   /** jobs and sweeps submitted in any minute (429 past it) */
   submissions_per_minute: number | null;
+  /** documents checked by POST /jobs/validate in any minute (429 past it) */
+  validations_per_minute: number | null;
+  /** jobs waiting in the queue at once (submissions get 403 past it) */
+  queued_jobs: number | null;
+  /** the largest search.max_trials of a sweep (403 past it) */
+  sweep_trials: number | null;
 }
 
 export interface QuotaUsage {
   /** scheduled and running jobs */
   running_jobs: number;
+  /** jobs waiting in the queue */
+  queued_jobs: number;
   /** slots their live processes hold */
   slots: number;
   gpus: number;
