@@ -1,6 +1,7 @@
 """A memory cgroup per worker process, made by its node agent where the machine lets it.
 
-Each allocation gets a cgroup of its own below the agent's, `trainyard-<node>/alloc-<id>`, its
+Each allocation gets a cgroup of its own below the agent's, `trainyard-<node>-<agent pid>/
+alloc-<id>` (the agent's pid: two stacks on one machine may number their allocations alike), its
 limit the allocation's `memory_mb`: v1's `memory.limit_in_bytes` where the memory controller
 is mounted on its own (/sys/fs/cgroup/memory), else v2's `memory.max` where the agent's cgroup
 may give its children the memory controller. The worker process joins it before it does
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +40,7 @@ class MemoryCgroups:
     def find(cls, node: str, *, root: Path = CGROUP_ROOT) -> MemoryCgroups | None:
         """The agent's folder of cgroups, made now; None where the machine does not let it."""
         own = _own_cgroups()
-        name = "trainyard-" + re.sub(r"[^A-Za-z0-9_.-]", "_", node)
+        name = f"trainyard-{re.sub(r'[^A-Za-z0-9_.-]', '_', node)}-{os.getpid()}"
         if "memory" in own and (root / "memory").is_dir():
             found = cls(root / "memory" / own["memory"].lstrip("/") / name, 1)
         elif "" in own and (root / "cgroup.controllers").is_file():
@@ -46,6 +48,7 @@ class MemoryCgroups:
         else:
             return None
         try:
+            _remove_stale(found.base.parent)
             found.base.mkdir(exist_ok=True)
             if found.version == 2:
                 _enable_memory(found.base)
@@ -98,6 +101,19 @@ class MemoryCgroups:
         """Remove the cgroup once its processes are gone (a cgroup is a folder to rmdir)."""
         with contextlib.suppress(OSError):
             path.rmdir()
+
+
+def _remove_stale(parent: Path) -> None:
+    """The folders of agents that died without removing theirs (killed): empty by now."""
+    for folder in parent.glob("trainyard-*-*"):
+        pid = folder.name.rsplit("-", 1)[1]
+        if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+            continue
+        for child in folder.glob("alloc-*"):
+            with contextlib.suppress(OSError):
+                child.rmdir()
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def _own_cgroups() -> dict[str, str]:
