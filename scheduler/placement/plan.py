@@ -56,8 +56,11 @@ class NodeCapacity:
         return tuple(free[:count])
 
     def takes(self, request: PlacementRequest) -> bool:
-        """Whether any process of `request` may go here (room aside)."""
-        return self.alive and not (request.parameter_server and self.ps_unreachable)
+        """Whether any process of `request` may go here (room aside): not a node whose share of
+        memory for a worker's slots is less than the memory the job's workers asked for."""
+        share = self.memory_per_slot_mb * request.slots_per_worker
+        short = bool(request.memory_mb and self.memory_mb and share < request.memory_mb)
+        return self.alive and not short and not (request.parameter_server and self.ps_unreachable)
 
     @property
     def free_slots(self) -> int:
@@ -86,6 +89,7 @@ class PlacementRequest:
     gpus_per_worker: int = 0
     priority: int = 0
     owner_id: int = 0
+    memory_mb: int = 0  # each worker's cluster.resources.memory_mb (0: its slots' share)
 
     # Server shards exchange parameters over the network; they need a CPU slot, never a GPU.
     SLOTS_PER_SERVER: ClassVar[int] = 1
@@ -116,6 +120,7 @@ class PlacementRequest:
             gpus_per_worker=int(t["gpus_per_worker"]),
             priority=priority,
             owner_id=owner_id,
+            memory_mb=int(t.get("memory_mb") or 0),
         )
 
     @property

@@ -135,6 +135,16 @@ def test_each_process_gets_gpus_of_its_own_by_index() -> None:
     assert cpu is not None and cpu.assignments[0].devices == ()
 
 
+def test_a_worker_asking_more_memory_than_a_nodes_share_goes_elsewhere() -> None:
+    small = NodeCapacity("a-small", "q.a", slots=4, memory_mb=4096)  # 1024 MB a slot
+    large = NodeCapacity("b-large", "q.b", slots=4, memory_mb=16384)
+    request = replace(job(1, 1), memory_mb=2048)
+    plan = plan_placement(request, [small, large])
+    assert plan is not None and plan.nodes() == ["b-large"]
+    assert plan_placement(request, [small]) is None
+    assert plan_placement(replace(request, slots_per_worker=2), [small]) is not None
+
+
 def test_cpu_work_leaves_gpu_nodes_free() -> None:
     nodes = [NodeCapacity("gpu", "q.gpu", slots=8, gpus=4), node("cpu", 8)]
     plan = plan_placement(job(1, 2), nodes)
