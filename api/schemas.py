@@ -359,6 +359,7 @@ class NodeOut(BaseModel):
     gpus: int
     slots_used: int
     gpus_used: int
+    memory_mb: int = Field(description="MB its workers share, by slot (0: its agent does not say)")
     last_heartbeat: datetime
     ps_unreachable: list[str] = Field(
         description="parameter-server Redis its agent cannot reach, each 'host:port: error'"

@@ -61,6 +61,7 @@ def cluster(session: SessionDep, user: CurrentUser, services: ServicesDep) -> Cl
                 gpus=node.gpus,
                 slots_used=capacity.slots_used,
                 gpus_used=capacity.gpus_used,
+                memory_mb=node.memory_mb or 0,
                 last_heartbeat=aware(node.last_heartbeat),
                 ps_unreachable=node.ps_unreachable or [],
             )

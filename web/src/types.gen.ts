@@ -20,6 +20,8 @@ export interface NodeOut {
   gpus: number;
   slots_used: number;
   gpus_used: number;
+  /** MB its workers share, by slot (0: its agent does not say) */
+  memory_mb: number;
   last_heartbeat: string;
   /** parameter-server Redis its agent cannot reach, each 'host:port: error' */
   ps_unreachable: string[];
