@@ -6,11 +6,11 @@ node's memory its slots could get. The node agent enforces the limit on the work
 (scheduler/agent/confine.py), so an estimate that is too low ends in a clear out-of-memory
 failure of that worker, not in harm to its neighbours.
 
-The parts, for the whole net (an upper bound for a pipeline's stage, which holds a part):
-parameters and their gradients (float32), the updater's state per parameter (its moments), the
-activations of a training step for the worker's share of the batch (every layer's outputs,
-which the backward pass reads, plus the gradient of the largest), every split of the data the
-worker holds, and the interpreter and torch themselves.
+The parts, for the whole net (a pipeline's stage: for its own layers, the largest stage being
+the estimate): parameters and their gradients (float32), the updater's state per parameter
+(its moments), the activations of a training step for the worker's share of the batch (every
+layer's outputs, which the backward pass reads, plus the gradient of the largest), every split
+of the data the worker holds, and the interpreter and torch themselves.
 """
 
 from __future__ import annotations
@@ -87,15 +87,33 @@ def updater_slots(spec: JobSpec) -> int:
     return 1  # nesterov's buffer, adagrad's sum of squares
 
 
-def estimate_memory(job: CompiledJob, topology: Topology, data_bytes: int | None) -> MemoryEstimate:
-    """One worker's peak; `data_bytes`: what its data takes in memory (None: unknown, 0)."""
-    params = job.total_params * FLOAT_BYTES
+def estimate_memory(
+    job: CompiledJob,
+    topology: Topology,
+    data_bytes: int | None,
+    stages: list[list[str]] | None = None,
+) -> MemoryEstimate:
+    """One worker's peak; `data_bytes`: what its data takes in memory (None: unknown, 0);
+    `stages`: a pipeline's layers per stage, each on a worker of its own (the largest's)."""
+    if stages:
+        return max(
+            (_estimate(job, topology, data_bytes, set(layers)) for layers in stages),
+            key=lambda estimate: estimate.total,
+        )
+    return _estimate(job, topology, data_bytes, None)
+
+
+def _estimate(
+    job: CompiledJob, topology: Topology, data_bytes: int | None, layers: set[str] | None
+) -> MemoryEstimate:
+    held = [c for c in job.net.compiled if layers is None or c.config.name in layers]
+    params = sum(p.numel() for c in held for p in c.module.parameters()) * FLOAT_BYTES
     batch = job.spec.data.batch_size
     if topology.stages == 1 and topology.workers > 1:
         batch = math.ceil(batch / topology.nworkers_per_group)  # each reads its share
     outputs = [
         math.prod(shape) * batch * FLOAT_BYTES
-        for layer in job.net.compiled
+        for layer in held
         if "train" in phases_of(layer.config)
         for shape in (layer.out_shape if isinstance(layer.out_shape, list) else [layer.out_shape])
     ]

@@ -171,7 +171,8 @@ def check_job(
     spec = compiled.spec
     plan = plan_pipeline(compiled) if spec.pipeline is not None else None
     topology = resolve_topology(spec.cluster, spec.pipeline)
-    memory = estimate_memory(compiled, topology, described[0].nbytes)
+    stages = plan.layer_lists() if plan is not None else None
+    memory = estimate_memory(compiled, topology, described[0].nbytes, stages)
     if not isinstance(job, JobSpec):
         issues = memory_issues(memory, topology, node_capacities(session), compiled.source)
         if issues:

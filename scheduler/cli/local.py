@@ -154,7 +154,8 @@ def validate(
     )
     topology = resolve_topology(spec.cluster, spec.pipeline)
     console.print(describe_topology(topology.to_dict()))
-    memory = estimate_memory(compiled, topology, dataset.nbytes)
+    stages = plan.layer_lists() if plan is not None else None
+    memory = estimate_memory(compiled, topology, dataset.nbytes, stages)
     console.print(
         describe_memory(
             {"total_mb": memory.total_mb, **{f"{k}_mb": v for k, v in memory.parts().items()}}
