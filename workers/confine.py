@@ -38,6 +38,9 @@ def confine(info: AllocationInfo, cgroup: str) -> str:
         how.append(f"memory limit {info.memory_mb} MB (its memory cgroup)")
     else:
         limit = data_segment() + info.memory_mb * MB
+        _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)  # an operator's lower limit stays
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
         how.append(f"memory limit {info.memory_mb} MB (RLIMIT_DATA)")
     return "; ".join(how)
@@ -46,7 +49,11 @@ def confine(info: AllocationInfo, cgroup: str) -> str:
 def data_segment() -> int:
     """The bytes of this process's data segment now (VmData): a forked process's includes its
     fork server's imports, which the limit comes on top of."""
-    for line in Path("/proc/self/status").read_text().splitlines():
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:  # not Linux: no fork server's pages to add either
+        return 0
+    for line in status.splitlines():
         if line.startswith("VmData:"):
             return int(line.split()[1]) * 1024
     return 0
