@@ -71,8 +71,8 @@ class Settings(BaseSettings):
     compile_seconds: float = Field(
         default=10.0,
         gt=0,
-        description="the most time compiling one submitted document may take (a sweep's, with "
-        "every value of its space): past it, a located error",
+        description="the most CPU time compiling one submitted document may take (a sweep's, "
+        "with every value of its space): past it, a located error",
     )
     api_threads: int = Field(
         default=4,
