@@ -29,7 +29,7 @@ def confine(info: AllocationInfo, cgroup: str) -> str:
     """Apply the allocation's memory limit and GPUs to this process; how, in words."""
     how = []
     if info.devices or not info.gpus:  # (a record from before devices were assigned: as is)
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in info.devices)
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible_devices(info.devices))
         how.append(f"CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}")
     if info.memory_mb <= 0:
         return "; ".join([*how, "no memory limit (its node does not say its memory)"])
@@ -44,6 +44,16 @@ def confine(info: AllocationInfo, cgroup: str) -> str:
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
         how.append(f"memory limit {info.memory_mb} MB (RLIMIT_DATA)")
     return "; ".join(how)
+
+
+def visible_devices(indices: tuple[int, ...]) -> list[str]:
+    """The node's GPUs `indices` as CUDA names them for this process: indices among the GPUs
+    its agent saw, which an operator may have narrowed with CUDA_VISIBLE_DEVICES itself (the
+    agent's second GPU of "2,3" is "3")."""
+    seen = [name for name in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if name]
+    if seen and all(i < len(seen) for i in indices):
+        return [seen[i] for i in indices]
+    return [str(i) for i in indices]
 
 
 def data_segment() -> int:

@@ -57,7 +57,7 @@ def test_a_worker_sees_only_its_gpus_and_a_job_without_gpus_sees_none() -> None:
         """
         import os
         from workers.confine import confine
-        os.environ["CUDA_VISIBLE_DEVICES"] = "0,1,2,3"
+        os.environ["CUDA_VISIBLE_DEVICES"] = "4,5,6,7"  # the operator gave the agent these
         print(confine(info(gpus=2, devices=(1, 3)), ""))
         print(os.environ["CUDA_VISIBLE_DEVICES"])
         confine(info(), "")
@@ -67,8 +67,8 @@ def test_a_worker_sees_only_its_gpus_and_a_job_without_gpus_sees_none() -> None:
     )
     assert done.returncode == 0, done.stderr
     said, gpus, none = done.stdout.splitlines()
-    assert said.startswith("CUDA_VISIBLE_DEVICES=1,3; no memory limit")
-    assert (gpus, none) == ("1,3", "''")
+    assert said.startswith("CUDA_VISIBLE_DEVICES=5,7; no memory limit")
+    assert (gpus, none) == ("5,7", "''")
 
 
 def test_the_fork_server_never_starts_cuda() -> None:
