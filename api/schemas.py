@@ -223,11 +223,24 @@ class PipelinePlanOut(BaseModel):
     expected_speedup: float = Field(description="ideal_speedup x balance")
 
 
+class MemoryOut(BaseModel):
+    """One worker process's estimated peak memory, part by part (dsl/memory.py)."""
+
+    total_mb: int = Field(description="the estimate, which its memory limit must hold")
+    parameters_mb: int
+    gradients_mb: int
+    updater_state_mb: int = Field(description="the updater's moments or momentum")
+    activations_mb: int = Field(description="a training step's layer outputs, its batch share")
+    data_mb: int = Field(description="every split of the data the worker holds")
+    runtime_mb: int = Field(description="the interpreter and torch")
+
+
 class ValidationOut(BaseModel):
     name: str
     layers: list[LayerOut]
     total_params: int
     topology: dict[str, Any]
+    memory: MemoryOut = Field(description="each worker's estimated peak memory")
     placement: PlacementOut
     pipeline: PipelinePlanOut | None = Field(
         description="the pipeline's stages as the planner cut them; null without a pipeline"
@@ -347,6 +360,7 @@ class NodeOut(BaseModel):
     gpus: int
     slots_used: int
     gpus_used: int
+    memory_mb: int = Field(description="MB its workers share, by slot (0: its agent does not say)")
     last_heartbeat: datetime
     ps_unreachable: list[str] = Field(
         description="parameter-server Redis its agent cannot reach, each 'host:port: error'"

@@ -214,8 +214,23 @@ Precision = Literal["fp32", "bf16", "fp16"]
 
 
 class ResourcesConfig(StrictModel):
-    gpus_per_worker: int = Field(default=0, ge=0)
-    slots_per_worker: int = Field(default=1, ge=1, description="CPU slots each worker takes")
+    gpus_per_worker: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description="GPUs each worker takes, its own (more than 1 only for a framework that uses "
+        "several)",
+    )
+    slots_per_worker: int = Field(
+        default=1, ge=1, le=4096, description="CPU slots each worker takes"
+    )
+    memory_mb: int | None = Field(
+        default=None,
+        ge=64,
+        le=2**31 - 1,
+        description="the most memory (MB) each worker process may use, enforced where it runs; "
+        "at most its slots' share of a node's memory, which is the default",
+    )
 
 
 class ClusterConfig(StrictModel):

@@ -31,6 +31,7 @@ from api.schemas import (
     LayerOut,
     LogLineOut,
     LogsOut,
+    MemoryOut,
     MetricNames,
     MetricsOut,
     PipelinePlanOut,
@@ -137,7 +138,8 @@ def submit_job(
     response_model=ValidationOut,
     summary="Validate a job without submitting it",
     description="A dry run of POST /jobs: the layer table with output shapes and parameter "
-    "counts, the resolved topology, where the scheduler would place the job right now and, "
+    "counts, the resolved topology, each worker's estimated peak memory, where the scheduler "
+    "would place the job right now and, "
     "for a pipelined job, its stages as the planner cuts them (estimated costs). "
     "For a sweep, its base job's, with every value of its search space checked too.",
     openapi_extra=SUBMIT_BODY,
@@ -153,6 +155,10 @@ def validate_job(
         layers=[LayerOut(**row.__dict__) for row in compiled.table],
         total_params=compiled.total_params,
         topology=checked.topology.to_dict(),
+        memory=MemoryOut(
+            total_mb=checked.memory.total_mb,
+            **{f"{part}_mb": mb for part, mb in checked.memory.parts().items()},
+        ),
         placement=PlacementOut.model_validate(asdict(validated.preview)),
         pipeline=PipelinePlanOut.model_validate(checked.plan.to_dict()) if checked.plan else None,
     )

@@ -23,10 +23,12 @@ import torch
 from safetensors import SafetensorError, safe_open
 from sqlalchemy.orm import Session
 
+from dsl.budget import CompileBudget
 from dsl.compiler import CompiledJob, compile_job
 from dsl.data_config import CsvData, DatasetData, DataSourceConfig, NpzData, TextData
 from dsl.errors import DataSourceError, JobSpecError, SpecIssue
 from dsl.layers.base import BuildContext
+from dsl.memory import MemoryEstimate, estimate_memory
 from dsl.objective import resolve_objective, resolve_search, selection_warnings
 from dsl.planner import PipelinePlan, plan_pipeline
 from dsl.plugins import plugin_needs
@@ -35,6 +37,8 @@ from dsl.search import SearchConfig, base_document
 from dsl.search_checks import space_issues
 from dsl.source import ParsedDocument, SourceMap
 from dsl.topology import Topology, resolve_topology
+from scheduler.placement.cluster import largest_memory_share, node_capacities
+from scheduler.placement.plan import NodeCapacity
 from scheduler.store.artifacts import UnsafePath
 from scheduler.store.datasets import dataset_file, dataset_names, get_dataset
 from scheduler.store.errors import NotFound, StoreError
@@ -99,6 +103,7 @@ class CheckedJob:
     topology: Topology
     execution_spec: dict[str, Any]
     plan: PipelinePlan | None  # the stages of a job with a pipeline section
+    memory: MemoryEstimate  # one worker's peak
 
     @property
     def spec(self) -> JobSpec:
@@ -141,6 +146,7 @@ def check_job(
     base_dir: Path,
     artifacts: Path,
     overrides: Mapping[str, Any] | None = None,
+    budget: CompileBudget | None = None,
 ) -> CheckedJob:
     """Validate and compile `job` as `owner` would run it: the service's one way in.
 
@@ -151,13 +157,15 @@ def check_job(
     owner's jobs' checkpoints there, checked against the net.
     """
     resolved: list[DataSourceConfig] = []
+    described: list[DataInfo] = []
 
     def describe_data(spec: JobSpec) -> BuildContext:
         stored = isinstance(job, JobSpec)
         try:
             data = spec.data if stored else _data_to_run(session, owner, spec, base_dir, artifacts)
             resolved.append(data)
-            return _describe(data, spec.seed, cache_dir).build_context()
+            described.append(_describe(data, spec.seed, cache_dir))
+            return described[-1].build_context()
         except DataSourceError as exc:
             if isinstance(spec.data, DatasetData):
                 raise _as_dataset_error(exc) from None
@@ -172,17 +180,26 @@ def check_job(
             describe_data,
             overrides=overrides,
             rules=functools.partial(_service_rules, owner),
+            budget=budget,
         )
     spec = compiled.spec
     init_from = None
     if isinstance(spec.checkpoint.init_from, InitFrom):
         init_from = starting_checkpoint(session, owner, compiled, artifacts)
     plan = plan_pipeline(compiled) if spec.pipeline is not None else None
+    topology = resolve_topology(spec.cluster, spec.pipeline)
+    stages = plan.layer_lists() if plan is not None else None
+    memory = estimate_memory(compiled, topology, described[0].nbytes, stages)
+    if not isinstance(job, JobSpec):
+        issues = memory_issues(memory, topology, node_capacities(session), compiled.source)
+        if issues:
+            raise JobSpecError(issues)
     return CheckedJob(
         compiled,
-        resolve_topology(spec.cluster, spec.pipeline),
+        topology,
         _execution_spec(spec, resolved[0], base_dir, plan, init_from),
         plan,
+        memory,
     )
 
 
@@ -261,6 +278,49 @@ def starting_checkpoint(
     return path
 
 
+def memory_issues(
+    memory: MemoryEstimate, topology: Topology, nodes: list[NodeCapacity], source: SourceMap
+) -> list[SpecIssue]:
+    """A worker that would pass its memory limit, or need more than any node could give it:
+    refused now rather than killed (or queued forever) later."""
+    need = memory.total_mb
+    slots = topology.slots_per_worker
+    largest = largest_memory_share(nodes, slots)
+    where = ("cluster", "resources", "memory_mb")
+    if topology.memory_mb and largest is not None and topology.memory_mb > largest[1]:
+        node, most = largest
+        return [
+            source.issue(
+                where,
+                f"memory_mb {topology.memory_mb} is more than a worker of {slots} slot(s) can "
+                f"get on any node (at most {most} MB, on {node})",
+                f"ask for at most {most}, or more slots_per_worker (each brings a slot's share "
+                "of its node's memory)",
+            )
+        ]
+    if topology.memory_mb and need > topology.memory_mb:
+        return [
+            source.issue(
+                where,
+                f"each worker needs about {memory.describe()}, more than its memory_mb "
+                f"{topology.memory_mb}",
+                f"raise memory_mb to at least {need}, or use a smaller batch_size or net",
+            )
+        ]
+    if not topology.memory_mb and largest is not None and need > largest[1]:
+        node, most = largest
+        return [
+            source.issue(
+                ("cluster", "resources"),
+                f"each worker needs about {memory.describe()}, more than a worker of {slots} "
+                f"slot(s) gets on any node (at most {most} MB, on {node})",
+                "ask for more slots_per_worker (each brings a slot's share of its node's "
+                "memory), or use a smaller batch_size, net or dataset",
+            )
+        ]
+    return []
+
+
 @dataclass(frozen=True)
 class CheckedSweep:
     """A sweep document checked: its base job compiled, every value of its space too."""
@@ -297,10 +357,12 @@ def check_sweep(
     base_dir: Path,
     artifacts: Path,
     overrides: Mapping[str, Any] | None = None,
+    budget: CompileBudget | None = None,
 ) -> CheckedSweep:
     """`check_job` for a document with a `search:` section, then the base job compiled with the
     values each space entry can produce (dsl.search_checks.space_issues): a value that gives
-    an invalid job is a located error at its entry. A document without one is refused."""
+    an invalid job is a located error at its entry. A document without one is refused. The
+    probes count against the document's `budget`."""
     checked = check_job(
         document,
         session=session,
@@ -309,6 +371,7 @@ def check_sweep(
         base_dir=base_dir,
         artifacts=artifacts,
         overrides=overrides,
+        budget=budget,
     )
     # Its metric and mode filled in (the base job's objective by default), as the sweep stores it.
     search = resolve_search(checked.spec)
@@ -325,6 +388,7 @@ def check_sweep(
             base_dir=base_dir,
             artifacts=artifacts,
             overrides=values,
+            budget=budget,
         )
 
     issues = space_issues(search, checked.compiled.source, compile_trial)

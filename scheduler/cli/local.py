@@ -18,6 +18,7 @@ from rich.console import Console
 from contract.rundir import CHECKPOINTS, METRICS, SUMMARY, TRAIN_LOG
 from dsl.errors import JobSpecError
 from trainyard.console import (
+    describe_memory,
     describe_pipeline,
     describe_topology,
     format_stats,
@@ -130,6 +131,7 @@ def validate(
         return
     import torch
 
+    from dsl.memory import estimate_memory
     from dsl.topology import resolve_topology
 
     torch.set_num_threads(1)
@@ -150,7 +152,15 @@ def validate(
         f"algorithm: {spec.train_one_batch.alg}   updater: {spec.updater.type}"
         f"   framework: {spec.cluster.framework}"
     )
-    console.print(describe_topology(resolve_topology(spec.cluster, spec.pipeline).to_dict()))
+    topology = resolve_topology(spec.cluster, spec.pipeline)
+    console.print(describe_topology(topology.to_dict()))
+    stages = plan.layer_lists() if plan is not None else None
+    memory = estimate_memory(compiled, topology, dataset.nbytes, stages)
+    console.print(
+        describe_memory(
+            {"total_mb": memory.total_mb, **{f"{k}_mb": v for k, v in memory.parts().items()}}
+        )
+    )
     if plan is not None:
         console.print(pipeline_table(plan.to_dict()))
         console.print(describe_pipeline(plan.to_dict()))

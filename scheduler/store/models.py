@@ -76,6 +76,9 @@ QUOTA_NAMES = (
     "dataset_bytes",
     "artifact_bytes",
     "submissions_per_minute",
+    "validations_per_minute",
+    "queued_jobs",
+    "sweep_trials",
 )
 
 
@@ -93,6 +96,9 @@ class UserQuota(Base):
     dataset_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     artifact_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     submissions_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    validations_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    queued_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    sweep_trials: Mapped[int | None] = mapped_column(Integer, nullable=True)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
@@ -317,6 +323,8 @@ class Node(Base):
     ps_unreachable: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     # The plugins its agent's processes load, name -> version (dsl/plugins.py); null: none.
     plugins: Mapped[dict[str, str] | None] = mapped_column(JSON, nullable=True)
+    # The memory (MB) its agent offers its worker processes together (0: not said).
+    memory_mb: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class Allocation(Base):
@@ -331,6 +339,8 @@ class Allocation(Base):
     rank: Mapped[int] = mapped_column(Integer, default=0)
     slots: Mapped[int] = mapped_column(Integer, default=1)
     gpus: Mapped[int] = mapped_column(Integer, default=0)
+    # The indices of its node's GPUs it alone uses (null: none).
+    devices: Mapped[list[int] | None] = mapped_column(JSON, nullable=True)
     state: Mapped[str] = mapped_column(String(16), default=AllocationState.PENDING, index=True)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
