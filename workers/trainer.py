@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -274,7 +274,16 @@ class Trainer:
         self.checkpoint_dir = options.run_dir / CHECKPOINTS
         self.compiled_net = CompiledNet(self.net, enabled=self.spec.compile, log=self.log)
         # Every checkpoint describes its model, so that the file alone rebuilds the net.
-        self.model_card = ModelCard(self.spec, DataFacts(**asdict(dataset.info))).to_json()
+        info = dataset.info
+        facts = DataFacts(
+            sample_shape=info.sample_shape,
+            x_dtype=info.x_dtype,
+            num_classes=info.num_classes,
+            label_shape=info.label_shape,
+            label_is_index=info.label_is_index,
+            vocabulary=info.vocabulary,
+        )
+        self.model_card = ModelCard(self.spec, facts).to_json()
 
     # -- a run -----------------------------------------------------------------------------
     def run(self, on_step: Callable[[int], None] | None = None) -> Summary:
