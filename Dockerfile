@@ -13,7 +13,7 @@ WORKDIR /app
 # Dependencies first so code changes reuse the cached layer.
 COPY pyproject.toml constraints.txt README.md ./
 RUN mkdir contract dsl workers scheduler api trainyard \
-    && pip install --extra-index-url "${TORCH_INDEX_URL}" -c constraints.txt . \
+    && pip install --extra-index-url "${TORCH_INDEX_URL}" -c constraints.txt ".[export]" \
     && pip uninstall -y trainyard
 COPY contract contract
 COPY dsl dsl

@@ -20,9 +20,11 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/trainyard up --submit examples/mnist1d_cnn.yaml
 
-# The browser tests (tests/web) need Debian's Chromium: installed here when missing and allowed.
+# The browser tests (tests/web) need Debian's Chromium, the Spark tests a Java runtime: installed
+# here when missing and allowed.
 test: $(STAMP)
 	bash scripts/ensure-chromium.sh
+	bash scripts/ensure-java.sh
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

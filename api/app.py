@@ -29,6 +29,7 @@ from api.routes import (
     datasets,
     examples,
     jobs,
+    models,
     pipeline,
     quotas,
     sweeps,
@@ -126,6 +127,7 @@ def create_app(settings: Settings | None = None, *, web_dist: Path | None = WEB_
         examples.router,
         tokens.router,
         quotas.router,
+        models.router,
     ):
         app.include_router(router, prefix=API_PREFIX)
     app.add_api_route("/healthz", system.healthz, include_in_schema=False)

@@ -19,6 +19,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from redis.asyncio import Redis as AsyncRedis
 from sqlalchemy.orm import Session
 
+from api.exports import Exporter
 from contract.keys import Keys
 from contract.settings import Settings
 from dsl.compiler import CompiledJob
@@ -165,9 +166,11 @@ class Services:
     streams_open: int = 0
     sessions_open: asyncio.Semaphore = field(init=False)
     backends: Backends = field(init=False)  # what the submission pipeline reaches
+    exporter: Exporter = field(init=False)  # the bounded exports of trained models
 
     def __post_init__(self) -> None:
         self.backends = Backends(self.settings, self.redis, self.keys)
+        self.exporter = Exporter(self.settings)
         # A request's session keeps its connection between the threads that its dependencies
         # and handler run in, and waits for each thread. Were every pooled connection held by
         # requests waiting for a thread while the threads wait for a connection, nothing would

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError, OperationalError
 from starlette.exceptions import HTTPException
 
+from api.exports import ExportUnavailable
 from dsl.errors import JobSpecError
 from scheduler.admission.policy import NotAllowed
 from scheduler.admission.quotas import QuotaExceeded
@@ -52,6 +53,8 @@ def status_of(error: StoreError) -> int:
         return 415
     if isinstance(error, InvalidRequest):
         return 422
+    if isinstance(error, ExportUnavailable):
+        return 503
     return 400
 
 

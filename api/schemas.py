@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from contract.allocation import AllocationState
+from dsl.data_config import DATASET_NAME_PATTERN
 from scheduler.store.models import JobOut
 from scheduler.store.states import JobState, NodeState, SweepState
 
@@ -222,11 +223,24 @@ class PipelinePlanOut(BaseModel):
     expected_speedup: float = Field(description="ideal_speedup x balance")
 
 
+class MemoryOut(BaseModel):
+    """One worker process's estimated peak memory, part by part (dsl/memory.py)."""
+
+    total_mb: int = Field(description="the estimate, which its memory limit must hold")
+    parameters_mb: int
+    gradients_mb: int
+    updater_state_mb: int = Field(description="the updater's moments or momentum")
+    activations_mb: int = Field(description="a training step's layer outputs, its batch share")
+    data_mb: int = Field(description="every split of the data the worker holds")
+    runtime_mb: int = Field(description="the interpreter and torch")
+
+
 class ValidationOut(BaseModel):
     name: str
     layers: list[LayerOut]
     total_params: int
     topology: dict[str, Any]
+    memory: MemoryOut = Field(description="each worker's estimated peak memory")
     placement: PlacementOut
     pipeline: PipelinePlanOut | None = Field(
         description="the pipeline's stages as the planner cut them; null without a pipeline"
@@ -346,6 +360,7 @@ class NodeOut(BaseModel):
     gpus: int
     slots_used: int
     gpus_used: int
+    memory_mb: int = Field(description="MB its workers share, by slot (0: its agent does not say)")
     last_heartbeat: datetime
     ps_unreachable: list[str] = Field(
         description="parameter-server Redis its agent cannot reach, each 'host:port: error'"
@@ -443,3 +458,43 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
         code: {"model": ErrorBody, "description": ERROR_DESCRIPTIONS[code]}
         for code in (*codes, 503)
     }
+
+
+class ModelRegister(BaseModel):
+    name: str = Field(
+        pattern=DATASET_NAME_PATTERN,
+        description="the model's name: letters, digits, '_', '.', '-'; a new version each time",
+    )
+    job_id: int = Field(ge=1, le=2**31 - 1, description="one of your jobs")
+    checkpoint: str | None = Field(
+        default=None,
+        pattern=r"^(best|latest|[0-9]{1,10})$",
+        description="best, latest or a step; default the job's best where it kept one, else "
+        "its latest",
+    )
+
+
+class ModelVersionOut(BaseModel):
+    name: str
+    version: int
+    ref: str = Field(description="name@version, as jobs and commands take it (model:name@3)")
+    tags: list[str] = Field(description="e.g. production; a tag is on one version of a name")
+    job_id: int | None = Field(description="the job it came from (null once deleted)")
+    job_name: str
+    step: int = Field(description="the checkpoint's training step")
+    size: int = Field(description="bytes")
+    objective: str = Field(description="the job's objective metric, e.g. val/accuracy")
+    objective_mode: str = Field(description="max or min")
+    objective_value: float | None = Field(description="the objective's value at that step")
+    metrics: dict[str, Any] = Field(description="the job's summary: its final figures")
+    input: dict[str, Any] = Field(
+        description="the samples it takes: sample_shape, x_dtype, num_classes, vocabulary"
+    )
+    spec: dict[str, Any] = Field(description="the job's execution spec")
+    created_at: datetime
+
+
+class ModelTag(BaseModel):
+    tag: str = Field(
+        pattern=r"^[A-Za-z][A-Za-z0-9_.\-]{0,49}$", description="a letter, then letters, digits"
+    )

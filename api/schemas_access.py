@@ -60,6 +60,10 @@ QUOTA_FIELDS_DOC = {
     "dataset_bytes": "bytes of uploaded datasets kept (403 past it)",
     "artifact_bytes": "bytes of checkpoints kept; submissions get 403 while past it",
     "submissions_per_minute": "jobs and sweeps submitted in any minute (429 past it)",
+    "validations_per_minute": "documents checked by POST /jobs/validate in any minute (429 past "
+    "it)",
+    "queued_jobs": "jobs waiting in the queue at once (submissions get 403 past it)",
+    "sweep_trials": "the largest search.max_trials of a sweep (403 past it)",
 }
 
 
@@ -75,10 +79,16 @@ class QuotaLimits(BaseModel):
     submissions_per_minute: int | None = Field(
         description=QUOTA_FIELDS_DOC["submissions_per_minute"]
     )
+    validations_per_minute: int | None = Field(
+        description=QUOTA_FIELDS_DOC["validations_per_minute"]
+    )
+    queued_jobs: int | None = Field(description=QUOTA_FIELDS_DOC["queued_jobs"])
+    sweep_trials: int | None = Field(description=QUOTA_FIELDS_DOC["sweep_trials"])
 
 
 class QuotaUsage(BaseModel):
     running_jobs: int = Field(description="scheduled and running jobs")
+    queued_jobs: int = Field(description="jobs waiting in the queue")
     slots: int = Field(description="slots their live processes hold")
     gpus: int
     dataset_bytes: int
@@ -105,3 +115,6 @@ class QuotaUpdate(BaseModel):
     dataset_bytes: int | None = Field(default=None, ge=0, le=2**63 - 1)
     artifact_bytes: int | None = Field(default=None, ge=0, le=2**63 - 1)
     submissions_per_minute: int | None = Field(default=None, ge=1, le=2**31 - 1)
+    validations_per_minute: int | None = Field(default=None, ge=1, le=2**31 - 1)
+    queued_jobs: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    sweep_trials: int | None = Field(default=None, ge=1, le=2**31 - 1)

@@ -25,6 +25,9 @@ STOP = "stop"  # the scheduler wants this one process stopped (its node was lost
 DISPATCHED = "dispatched"  # when the Celery task was sent (unix time)
 SEEN = "seen"  # when the agent last saw its process alive (every heartbeat)
 PID = "pid"  # the process's id on its node
+# The memory cgroup the agent made for the process (its folder; absent: none could be made),
+# which the process joins before it does anything else (workers/confine.py).
+CGROUP = "cgroup"
 
 
 class ExitCode(enum.IntEnum):
@@ -37,6 +40,9 @@ class ExitCode(enum.IntEnum):
     # Stopped to leave its node (the agent's SIGTERM); it saved a restart point if it could.
     DRAINED = 4
     DIVERGED = 5  # the loss became NaN or infinite: a restart would diverge again
+    # Past its memory limit (memory_mb): killed by its memory cgroup (the agent reports this
+    # code for it) or refused an allocation under RLIMIT_DATA. A restart would do the same.
+    OUT_OF_MEMORY = 6
 
 
 class AllocationState(enum.StrEnum):
@@ -77,6 +83,12 @@ class AllocationInfo:
     # An asynchronous framework's worker restarted alone continues from this step, with the
     # parameters the server shards hold.
     start_step: int = 0
+    # The most memory (MB) the process may use: the job's cluster.resources.memory_mb, else
+    # its slots' share of its node's memory (0: no limit, a node that does not say).
+    memory_mb: int = 0
+    # The node's GPUs this process alone uses, by index (its CUDA_VISIBLE_DEVICES): placement
+    # never gives one to two processes at once.
+    devices: tuple[int, ...] = ()
 
     def to_hash(self) -> dict[str, str]:
         return to_fields(self)

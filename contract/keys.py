@@ -65,6 +65,12 @@ class Keys:
         return f"{self.prefix}:scheduler:lease"
 
     @property
+    def queue_plan(self) -> str:
+        """The scheduler's last plan of the queue (JSON: order, reasons), which GET /cluster
+        shows rather than planning again."""
+        return f"{self.prefix}:scheduler:queue_plan"
+
+    @property
     def liveness(self) -> str:
         """The scheduler's loops -> their last pass (/healthz)."""
         return f"{self.prefix}:scheduler:liveness"
@@ -93,6 +99,10 @@ class Keys:
     def token_creations(self, user_id: int) -> str:
         """Sorted set of the times a user created tokens (the rate limit's window)."""
         return f"{self.prefix}:user:{user_id}:token-creations"
+
+    def validations(self, user_id: int) -> str:
+        """Sorted set of a user's recent dry runs (POST /jobs/validate), apart from the above."""
+        return f"{self.prefix}:user:{user_id}:validations"
 
     @property
     def tokens_revoked(self) -> str:

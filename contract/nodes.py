@@ -33,6 +33,14 @@ class NodeRegistration:
     def plugin_versions(self) -> dict[str, str]:
         return {name: version for name, _, version in (p.partition("=") for p in self.plugins)}
 
+    # The memory (MB) its worker processes may use together (0: an agent that does not say);
+    # each slot's share is a worker's default limit (contract/allocation.py: memory_mb).
+    memory_mb: int = 0
+
+    @property
+    def memory_per_slot_mb(self) -> int:
+        return self.memory_mb // self.slots if self.slots else 0
+
     def to_hash(self) -> dict[str, str]:
         return to_fields(self)
 

@@ -11,6 +11,7 @@ every file name of a run directory is here.
                                          the newest two kept)
         restart/attempt-K.safetensors    the point attempt K of the job resumes from
     <artifacts>/datasets/<user id>/<name>.<kind>   uploaded datasets
+    <artifacts>/models/<user id>/<name>-v<version>.safetensors   registered models' checkpoints
 
 Restart points are kept apart from the user's checkpoints: they are not listed as the job's
 checkpoints and are deleted when the job ends.
@@ -23,6 +24,7 @@ from pathlib import Path
 
 RUNS = "jobs"
 DATASETS = "datasets"
+MODELS = "models"
 METRICS = "metrics.jsonl"
 TIMELINE = "timeline.jsonl"
 TRAIN_LOG = "train.log"
@@ -40,6 +42,11 @@ def job_run_dir(artifacts: Path, job_id: int) -> Path:
 def dataset_dir(artifacts: Path, owner_id: int) -> Path:
     """Where a user's uploaded datasets are kept."""
     return artifacts / DATASETS / str(owner_id)
+
+
+def model_dir(artifacts: Path, owner_id: int) -> Path:
+    """Where a user's registered models' checkpoints are kept."""
+    return artifacts / MODELS / str(owner_id)
 
 
 def checkpoint_path(directory: Path, step: int) -> Path:

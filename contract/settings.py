@@ -84,6 +84,23 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, description="port the API server listens on")
     max_job_bytes: int = Field(default=1_000_000, description="largest job document accepted")
     max_dataset_bytes: int = Field(default=50_000_000, description="largest dataset upload")
+    max_export_bytes: int = Field(
+        default=512_000_000,
+        gt=0,
+        description="largest checkpoint the API exports (GET /jobs/{id}/export), and export",
+    )
+    export_timeout_seconds: float = Field(
+        default=120.0, gt=0, description="an export running longer is stopped (503)"
+    )
+    exports_at_once: int = Field(
+        default=1, ge=1, description="exports one API process runs at a time; more answer 429"
+    )
+    compile_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="the most CPU time compiling one submitted document may take (a sweep's, "
+        "with every value of its space): past it, a located error",
+    )
     api_threads: int = Field(
         default=4,
         ge=1,
@@ -138,6 +155,21 @@ class Settings(BaseSettings):
     quota_submissions_per_minute: int | None = Field(
         default=120, ge=1, description="jobs and sweeps one user may submit in any minute"
     )
+    quota_validations_per_minute: int | None = Field(
+        default=120,
+        ge=1,
+        description="documents one user may check with POST /jobs/validate in any minute (an "
+        "allowance of its own: each compiles the document)",
+    )
+    quota_queued_jobs: int | None = Field(
+        default=1000,
+        ge=0,
+        description="jobs of one user waiting in the queue at once; past it, submissions are "
+        "refused until some start",
+    )
+    quota_sweep_trials: int | None = Field(
+        default=500, ge=1, description="the largest search.max_trials of one user's sweep"
+    )
 
     # Clients (CLI, SDK)
     url: str | None = Field(default=None, description="API address for the CLI and SDK")
@@ -154,6 +186,13 @@ class Settings(BaseSettings):
         description="CPU slots this node offers to jobs; default its CPU count",
     )
     node_gpus: int | None = Field(default=None, ge=0, description="default: the GPUs torch sees")
+    node_memory_mb: int | None = Field(
+        default=None,
+        ge=64,
+        description="memory (MB) this node's worker processes may use together, shared "
+        "between its slots: a worker's default limit is its slots' share; default the "
+        "machine's memory",
+    )
     fork_workers: bool = Field(
         default=True,
         description="a node agent forks each worker process from one process of its own that "
@@ -185,6 +224,12 @@ class Settings(BaseSettings):
 
     def resolved_data_dir(self) -> Path:
         return self.data_dir.expanduser()
+
+    def node_memory(self) -> int:
+        """The memory (MB) this node offers its workers: node_memory_mb, or the machine's."""
+        if self.node_memory_mb is not None:
+            return self.node_memory_mb
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
 
     def cache_dir(self) -> Path:
         """Generated datasets (mnist1d) are cached here."""

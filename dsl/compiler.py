@@ -10,6 +10,7 @@ message and a hint. Several problems are reported together where the stage allow
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,8 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
+from dsl.blocks import expanded_count
+from dsl.budget import CompileBudget
 from dsl.errors import DataSourceError, JobSpecError, Path, SpecIssue
 from dsl.graph import SourceRef, resolve_dag
 from dsl.init import initialise
@@ -73,6 +76,7 @@ def compile_job(
     overrides: Mapping[str, Any] | None = None,
     filename: str = "<job>",
     rules: Rules | None = None,
+    budget: CompileBudget | None = None,
 ) -> CompiledJob:
     """The one way from a job to its checked, compiled net.
 
@@ -81,8 +85,10 @@ def compile_job(
     that was validated before (a stored execution spec): that one is trusted and goes straight
     to the build. `data` describes the samples, or is called with the spec to describe them
     (and may load them); its `DataSourceError`s are reported at `data.<field>`. `rules` adds
-    the caller's own checks (a service's limits) to the cross-field ones.
+    the caller's own checks (a service's limits) to the cross-field ones. Every document is
+    held to `budget`'s layers and elements (dsl/budget.py), and to its time where it has one.
     """
+    budget = budget or CompileBudget()
     if isinstance(job, JobSpec):
         if overrides:
             raise ValueError("overrides apply to a job document, not to a validated JobSpec")
@@ -90,12 +96,16 @@ def compile_job(
         source = source.aliased(written_paths(spec))
     else:
         spec, source = _validate(job, overrides, filename)
+        # Counted before the layer graph is resolved, which costs more than linearly.
+        budget.check_layers(expanded_count(spec.neuralnet.layers), source)
+        budget.check_time(source, ("neuralnet", "layers"), "reading and validating it")
         source = source.aliased(written_paths(spec))
         issues = cross_field_issues(spec, source) + (rules(spec, source) if rules else [])
         if issues:
             raise JobSpecError(issues)
+    budget.check_time(source, ("neuralnet", "layers"), "checking its layer graph")
     ctx = _describe(data, spec, source)
-    net, table = _build_net(spec, source, ctx)
+    net, table = _build_net(spec, source, ctx, budget)
     return CompiledJob(spec, net, table, source)
 
 
@@ -180,7 +190,7 @@ def cross_field_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
         )
     topology = resolve_topology(spec.cluster, spec.pipeline)
     for key, message, hint in topology_problems(topology):
-        issues.append(source.issue(("cluster", key), message, hint))
+        issues.append(source.issue(("cluster", *key.split(".")), message, hint))
     issues.extend(pipeline_issues(spec, source))
     issues.extend(_batch_issues(spec, topology, source))
     issues.extend(_precision_issues(spec, topology, source))
@@ -260,7 +270,7 @@ def _is_loss_type(layer_type: str) -> bool:
 
 
 def _build_net(
-    spec: JobSpec, source: SourceMap, ctx: BuildContext
+    spec: JobSpec, source: SourceMap, ctx: BuildContext, budget: CompileBudget
 ) -> tuple[NeuralNet, list[LayerRow]]:
     """Infer every layer's output shape from the data's sample shape and build the modules."""
     layers = spec.neuralnet.expanded().layers
@@ -271,8 +281,10 @@ def _build_net(
     shapes: dict[str, Shape | list[Shape]] = {}
     compiled: list[CompiledLayer] = []
     total = 0  # parameters so far
+    elements = 0  # parameters and outputs for one sample so far
     for layer in order:
         path = ("neuralnet", "layers", position[layer.name])
+        budget.check_time(source, path, f"building layer '{layer.name}'")
         refs = [SourceRef.parse(text) for text in layer.srclayers]
         if any(ref.layer not in shapes for ref in refs):
             continue  # a source failed to build; its own issue is already reported
@@ -302,11 +314,16 @@ def _build_net(
             )
             continue
         issues.extend(_param_key_issues(layer, module, path, source))
-        total += sum(p.numel() for p in module.parameters())
+        params = sum(p.numel() for p in module.parameters())
+        total += params
+        elements += params + sum(math.prod(part) for part in _parts(out_shape))
+        budget.check_elements(elements, source, path, layer.name)
         shapes[layer.name] = out_shape
         compiled.append(CompiledLayer(layer, module, out_shape, refs))
     if issues:
         raise JobSpecError(issues)
+    # Whatever a layer expanded to where it was built, the net's layers are counted too.
+    budget.check_layers(len(compiled), source)
 
     net = NeuralNet(compiled)
     _initialise(net, spec.seed)
@@ -376,6 +393,10 @@ def _shape_of(shape: Shape | list[Shape], ref: SourceRef) -> Shape:
     if isinstance(shape, list):
         return shape[ref.output or 0]
     return shape
+
+
+def _parts(shape: Shape | list[Shape]) -> list[Shape]:
+    return shape if isinstance(shape, list) else [shape]
 
 
 def _listify(shape: Shape | list[Shape]) -> list[int] | list[list[int]]:

@@ -12,6 +12,10 @@ from pydantic import Field, model_validator
 
 from dsl.config import StrictModel
 
+# The most numbers a generated dataset may hold (4 GB as float32): the worker holds all of its
+# splits in memory, and the service checks this bound at submission, before anything runs.
+MAX_GENERATED_ELEMENTS = 2**30
+
 
 class DataSourceConfig(StrictModel):
     """Keys every data source has. Subclasses narrow `source` to a Literal."""
@@ -75,6 +79,7 @@ class Mnist1dData(DataSourceConfig):
     num_samples: int = Field(
         default=5000,
         ge=10,
+        le=10_000_000,
         description="samples generated in all, rounded down to a multiple of the 10 classes "
         "(the paper's 5000 give 4000 train / 1000 test)",
     )
@@ -103,10 +108,14 @@ class SyntheticData(DataSourceConfig):
         "bars plus noise, x (channels, image_size, image_size); sequence: the adding problem, "
         "x (seq_len, 2), regression target y (1,)",
     )
-    num_samples: int = Field(default=2000, ge=2, description="samples generated in all")
-    num_features: int = Field(default=20, gt=0, description="features per sample (classification)")
+    num_samples: int = Field(
+        default=2000, ge=2, le=100_000_000, description="samples generated in all"
+    )
+    num_features: int = Field(
+        default=20, gt=0, le=1_000_000, description="features per sample (classification)"
+    )
     num_classes: int = Field(
-        default=4, ge=2, description="number of classes (classification, images)"
+        default=4, ge=2, le=100_000, description="number of classes (classification, images)"
     )
     noise: float = Field(
         default=1.0,
@@ -115,9 +124,9 @@ class SyntheticData(DataSourceConfig):
         "(classification, images)",
     )
     image_size: int = Field(default=8, ge=4, le=256, description="height and width (images)")
-    channels: int = Field(default=1, gt=0, description="image channels (images)")
+    channels: int = Field(default=1, gt=0, le=64, description="image channels (images)")
     seq_len: int = Field(
-        default=20, ge=2, description="time steps of the adding problem (sequence)"
+        default=20, ge=2, le=100_000, description="time steps of the adding problem (sequence)"
     )
 
     # The keys each task reads; setting another task's key is a mistake worth reporting.
@@ -136,12 +145,27 @@ class SyntheticData(DataSourceConfig):
                 f"{', '.join(foreign)} do(es) not apply to task '{self.task}' "
                 f"(it reads: {', '.join(self.task_keys[self.task])})"
             )
+        if self.num_samples * self.sample_elements > MAX_GENERATED_ELEMENTS:
+            raise ValueError(
+                f"num_samples {self.num_samples} x {self.sample_elements} numbers per sample "
+                f"is more than the {MAX_GENERATED_ELEMENTS:,} numbers a generated dataset may "
+                "hold (each worker holds them all in memory)"
+            )
         if self.task == "images" and self.num_classes > 4 * (self.image_size // 2):
             raise ValueError(
                 f"image_size {self.image_size} fits at most {4 * (self.image_size // 2)} "
                 f"distinct bar patterns, got num_classes {self.num_classes}"
             )
         return self
+
+    @property
+    def sample_elements(self) -> int:
+        """The numbers of one sample's x."""
+        if self.task == "classification":
+            return self.num_features
+        if self.task == "images":
+            return self.channels * self.image_size**2
+        return self.seq_len * 2
 
 
 class NpzData(DataSourceConfig):
@@ -217,7 +241,7 @@ class TextData(DataSourceConfig):
         "corpus (docstrings of Python's standard library, about 160 KB of English)",
     )
     seq_len: int = Field(
-        default=64, gt=0, description="characters per sample; windows do not overlap"
+        default=64, gt=0, le=1_000_000, description="characters per sample; windows do not overlap"
     )
     val_path: str | None = Field(
         default=None,

@@ -47,6 +47,9 @@ class FrameworkSpec:
     # What the service restarts after a worker fails: the whole job from a restart point
     # ("gang"), or that worker alone from its last step ("alone").
     restart: Literal["gang", "alone"] = "gang"
+    # GPUs one worker process drives (each worker sees its own as cuda:0, cuda:1, ...): a job
+    # asking more of a framework is refused, as the rest would sit idle.
+    devices_per_worker: int = 1
 
     def __post_init__(self) -> None:
         # A worker restarted alone takes the current parameters from the shards, and only

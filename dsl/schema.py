@@ -139,6 +139,32 @@ class EarlyStopConfig(StrictModel):
     )
 
 
+class InitFrom(StrictModel):
+    """A checkpoint on the service to start from (fine-tuning): one of your jobs', or one of
+    your registered models."""
+
+    job: int | None = Field(default=None, ge=1, le=2**31 - 1, description="one of your jobs")
+    checkpoint: str | None = Field(
+        default=None,
+        pattern=r"^(best|latest|[0-9]{1,10})$",
+        description="the job's checkpoint: best, latest or a step; default its best where it "
+        "kept one, else its latest",
+    )
+    model: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}(@([0-9]{1,10}|[A-Za-z][A-Za-z0-9_.\-]{0,49}))?$",
+        description="one of your registered models: name@3, name@production or name (its newest)",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> InitFrom:
+        if (self.job is None) == (self.model is None):
+            raise ValueError("give one of job (one of your jobs) and model (a registered model)")
+        if self.model is not None and self.checkpoint is not None:
+            raise ValueError("checkpoint chooses among a job's checkpoints; a model version is one")
+        return self
+
+
 class CheckpointConfig(StrictModel):
     freq: int = Field(default=0, ge=0, description="save every N steps; 0 = only at the end")
     keep: int = Field(default=3, ge=1, description="how many recent checkpoints to keep")
@@ -147,10 +173,11 @@ class CheckpointConfig(StrictModel):
         description="also keep the checkpoint of the objective's best step, whatever `keep` "
         "deletes (saved at the validation that finds it)",
     )
-    init_from: str | None = Field(
+    init_from: str | InitFrom | None = Field(
         default=None,
-        description="a checkpoint file (or run directory) whose parameters initialise this net, "
-        "matched by name <layer>/<param>",
+        description="the checkpoint whose parameters initialise this net, matched by name "
+        "<layer>/<param> and shape: {job: ID, checkpoint: best} (one of your jobs), or a "
+        "checkpoint file or run directory (admins on the service)",
     )
 
 
@@ -187,8 +214,23 @@ Precision = Literal["fp32", "bf16", "fp16"]
 
 
 class ResourcesConfig(StrictModel):
-    gpus_per_worker: int = Field(default=0, ge=0)
-    slots_per_worker: int = Field(default=1, ge=1, description="CPU slots each worker takes")
+    gpus_per_worker: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description="GPUs each worker takes, its own (more than 1 only for a framework that uses "
+        "several)",
+    )
+    slots_per_worker: int = Field(
+        default=1, ge=1, le=4096, description="CPU slots each worker takes"
+    )
+    memory_mb: int | None = Field(
+        default=None,
+        ge=64,
+        le=2**31 - 1,
+        description="the most memory (MB) each worker process may use, enforced where it runs; "
+        "at most its slots' share of a node's memory, which is the default",
+    )
 
 
 class ClusterConfig(StrictModel):

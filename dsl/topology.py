@@ -27,6 +27,8 @@ class Topology:
     # Pipeline stages per worker group: a pipelined job's groups are its pipelines (replicas)
     # and the workers of a group its stages; 1 when the job has no pipeline.
     stages: int = 1
+    # cluster.resources.memory_mb: each worker's memory limit (0: its slots' share of a node's).
+    memory_mb: int = 0
 
     @property
     def workers(self) -> int:
@@ -77,17 +79,36 @@ def resolve_topology(cluster: ClusterConfig, pipeline: PipelineConfig | None = N
         slots_per_worker=cluster.resources.slots_per_worker,
         gpus_per_worker=cluster.resources.gpus_per_worker,
         stages=stages,
+        memory_mb=cluster.resources.memory_mb or 0,
     )
 
 
+def _device_problems(t: Topology) -> list[tuple[str, str, str]]:
+    """A worker gets GPUs of its own, as many as its framework drives."""
+    most = FRAMEWORK_SPECS.get(t.framework).devices_per_worker
+    if t.gpus_per_worker <= most:
+        return []
+    return [
+        (
+            "resources.gpus_per_worker",
+            f"cluster.resources.gpus_per_worker is {t.gpus_per_worker}, and a worker of "
+            f"framework {t.framework} uses {most} GPU: the others would sit idle, held from "
+            "other jobs",
+            f"use gpus_per_worker: {most} with more workers (nworkers_per_group) instead",
+        )
+    ]
+
+
 def topology_problems(topology: Topology) -> list[tuple[str, str, str]]:
-    """Why a resolved topology cannot run, as (cluster key, message, hint): checked when a job
-    is validated, so that a job that could never run is refused at submission."""
+    """Why a resolved topology cannot run, as (key below `cluster`, dotted; message; hint):
+    checked when a job is validated, so that a job that could never run is refused at
+    submission."""
     t = topology
     sync = FRAMEWORK_SPECS.get(t.framework).sync
+    devices = _device_problems(t)
     if t.stages > 1:
-        return _pipeline_problems(t, sync)
-    problems: list[tuple[str, str, str]] = []
+        return devices + _pipeline_problems(t, sync)
+    problems: list[tuple[str, str, str]] = devices
     if sync is Sync.NONE and (t.workers != 1 or t.servers):
         problems.append(
             (

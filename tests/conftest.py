@@ -259,3 +259,50 @@ def stack_factory(
 def stack(stack_factory: Callable[..., RunningStack]) -> RunningStack:
     """One stack shared by the SDK and CLI tests of the session."""
     return stack_factory()
+
+
+@dataclass
+class TrainedRun:
+    """A few steps of an example trained in this process: its run directory, its test split,
+    and the scores its net gave the test split at the end (the latest checkpoint's)."""
+
+    name: str
+    run_dir: Path
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    scores: torch.Tensor  # what fed the loss layer
+
+
+# Examples trained once a session for the tests of models leaving the platform: the steps, and
+# checkpoints every half of them (keep_best on, so a run has a best and a latest checkpoint).
+TRAINED_EXAMPLES = {"digits_mlp": 40, "mnist1d_cnn": 30}
+
+
+@pytest.fixture(scope="session")
+def trained_runs(
+    tmp_path_factory: pytest.TempPathFactory, cache_dir: Path
+) -> dict[str, TrainedRun]:
+    from workers.trainer import Trainer, TrainOptions
+
+    runs = {}
+    for name, steps in TRAINED_EXAMPLES.items():
+        overrides = {
+            "train_steps": steps,
+            "test.freq": steps // 2,
+            "checkpoint.freq": steps // 2,
+            "checkpoint.keep": 3,
+            "checkpoint.keep_best": True,
+        }
+        path = EXAMPLES / f"{name}.yaml"
+        compiled, dataset = compile_with_data(
+            path.read_text(), cache_dir=cache_dir, overrides=overrides
+        )
+        run_dir = tmp_path_factory.mktemp("runs") / name
+        Trainer(compiled, dataset, TrainOptions(run_dir=run_dir)).run()
+        net = compiled.net.eval()
+        loss = next(s for s in net.steps("test") if s.module.is_loss)
+        with torch.no_grad():
+            out = net(dataset.x_test, dataset.y_test, "test").outputs[loss.sources[0].layer]
+        assert isinstance(out, torch.Tensor)
+        runs[name] = TrainedRun(name, run_dir, dataset.x_test, dataset.y_test, out)
+    return runs

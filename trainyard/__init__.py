@@ -4,6 +4,7 @@
     client = Client()                 # TRAINYARD_URL/TOKEN, `trainyard login`, or `trainyard up`
     job = client.submit("job.yaml")
     job.wait(progress=True)
+    model = trainyard.load_model(job)  # its best checkpoint as a torch module; job.predict(x)
 
 Importing it loads neither torch nor the server's packages (tests/test_structure.py).
 """
@@ -24,6 +25,7 @@ from trainyard.errors import (
     Unreachable,
     WaitTimeout,
 )
+from trainyard.loading import ModelError, load_model
 from trainyard.sweeps import Sweep
 
 try:
@@ -37,6 +39,7 @@ __all__ = [
     "Conflict",
     "Job",
     "JobSpecRejected",
+    "ModelError",
     "NotFound",
     "RequestRejected",
     "ServerError",
@@ -45,4 +48,5 @@ __all__ = [
     "Unreachable",
     "WaitTimeout",
     "__version__",
+    "load_model",
 ]

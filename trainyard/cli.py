@@ -16,7 +16,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from trainyard import cli_client, cli_sweeps
+from trainyard import cli_client, cli_models, cli_registry, cli_sweeps
 
 err_console = Console(stderr=True)
 
@@ -65,6 +65,8 @@ def register(app: typer.Typer) -> None:
     app.command()(schema)
     cli_client.register(app)
     cli_sweeps.register(app)
+    cli_models.register(app)
+    cli_registry.register_commands(app)
 
 
 def run(app: typer.Typer) -> None:

@@ -23,6 +23,7 @@ from contract.settings import Settings
 from trainyard.client import Client, Job
 from trainyard.connection import client_file, write_private_json
 from trainyard.console import (
+    describe_memory,
     describe_pipeline,
     describe_topology,
     layer_table,
@@ -162,6 +163,8 @@ def validate_on_server(job_file: Path, set_: list[str] | None) -> None:
     console.print(layer_table(layers, f"{result['name']}: {len(layers)} layers"))
     console.print(f"total parameters: [bold]{result['total_params']:,}[/]")
     console.print(describe_topology(result["topology"]))
+    if result.get("memory"):
+        console.print(describe_memory(result["memory"]))
     if result.get("pipeline"):
         console.print(pipeline_table(result["pipeline"]))
         console.print(describe_pipeline(result["pipeline"]))

@@ -13,11 +13,12 @@ errors (`JobSpecRejected.errors`, the same `SpecIssue`s the local CLI prints).
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import yaml
@@ -33,10 +34,16 @@ from trainyard.models import (
     JobDetail,
     JobOut,
     LogLineOut,
+    ModelVersionOut,
     SweepDetail,
     SweepOut,
 )
 from trainyard.sweeps import Sweep
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from dsl.inference import InferenceNet
 
 API_PREFIX = "/api/v1"
 MAX_POINTS = 100_000  # the most points per series the server returns in one answer
@@ -174,6 +181,98 @@ class Client:
     def datasets(self) -> list[DatasetOut]:
         return [DatasetOut.model_validate(d) for d in self.get_json("/datasets")]
 
+    # -- the model registry ----------------------------------------------------------------------
+    def register_model(
+        self, name: str, job: Job | int, checkpoint: str | int | None = None
+    ) -> ModelVersionOut:
+        """A new version (name@1, @2, ...) of your model `name`: the checkpoint of one of your
+        jobs (best, latest or a step; default the best where it kept one, else the latest)."""
+        body: dict[str, Any] = {"name": name, "job_id": job.id if isinstance(job, Job) else job}
+        if checkpoint is not None:
+            body["checkpoint"] = str(checkpoint)
+        return ModelVersionOut.model_validate(self.request("POST", "/models", json=body).json())
+
+    def models(self) -> list[ModelVersionOut]:
+        """Every version of your models, by name, then version."""
+        return [ModelVersionOut.model_validate(m) for m in self.get_json("/models")]
+
+    def model(self, ref: str) -> ModelVersionOut:
+        """One version: `name@3`, `name@production` (the version a tag is on) or `name` (the
+        newest); a `model:` prefix is allowed."""
+        name, which = _model_ref(ref)
+        if which is None:
+            mine = [m for m in self.models() if m.name == name]
+            if not mine:
+                raise NotFound(f"you have no model {name}", 404)
+            return mine[-1]
+        return ModelVersionOut.model_validate(self.get_json(f"/models/{name}/{which}"))
+
+    def tag_model(self, name: str, version: int, tag: str) -> ModelVersionOut:
+        """Put `tag` on name@version (taking it off the version of `name` that had it)."""
+        data = self.request("POST", f"/models/{name}/{version}/tags", json={"tag": tag}).json()
+        return ModelVersionOut.model_validate(data)
+
+    def untag_model(self, name: str, version: int, tag: str) -> ModelVersionOut:
+        data = self.request("DELETE", f"/models/{name}/{version}/tags/{tag}").json()
+        return ModelVersionOut.model_validate(data)
+
+    def delete_model(self, name: str, version: int) -> None:
+        self.request("DELETE", f"/models/{name}/{version}")
+
+    def download_model(self, ref: str, directory: str | Path) -> Path:
+        """A model version's checkpoint, saved as <dir>/<name>-v<version>.safetensors."""
+        found = self.model(ref)
+        target = Path(directory).expanduser() / f"{found.name}-v{found.version}.safetensors"
+        url = f"/models/{found.name}/{found.version}/checkpoint"
+        return self.download(url, target)
+
+    def export_model(
+        self, ref: str, path: str | Path, format: str = "onnx", *, probabilities: bool = False
+    ) -> Path:
+        """A model version exported by the server (as Job.export)."""
+        found = self.model(ref)
+        url = f"/models/{found.name}/{found.version}/export"
+        params = {"format": format, "probabilities": probabilities}
+        return self.download(url, Path(path).expanduser(), params=params, metadata=True)
+
+    def download(
+        self,
+        url: str,
+        target: Path,
+        *,
+        params: dict[str, Any] | None = None,
+        metadata: bool = False,
+    ) -> Path:
+        """GET `url` streamed into `target` (whole or not at all); with `metadata`, the
+        answer's X-Trainyard-Model header also into `<target>.json`."""
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".part")
+        try:
+            with self.http.stream("GET", url, params=params, timeout=None) as response:
+                if not response.is_success:
+                    response.read()
+                    raise_for_response(response)
+                header = response.headers.get("x-trainyard-model", "{}")
+                with partial.open("wb") as handle:
+                    for chunk in response.iter_bytes():
+                        handle.write(chunk)
+        except httpx.TransportError as exc:
+            partial.unlink(missing_ok=True)
+            raise Unreachable(f"cannot reach {self.url} ({exc})") from None
+        partial.replace(target)
+        if metadata:
+            text = json.dumps(json.loads(header), indent=2, sort_keys=True) + "\n"
+            target.with_name(target.name + ".json").write_text(text)
+        return target
+
+
+def _model_ref(ref: str) -> tuple[str, str | None]:
+    """`model:name@which` -> (name, which or None)."""
+    name, _, which = ref.removeprefix("model:").partition("@")
+    if not name:
+        raise TrainyardError(f"model reference {ref!r}: say name, name@3 or name@tag")
+    return name, which or None
+
 
 def _value(raw: float | None) -> float:
     """The API sends NaN and infinities as null."""
@@ -212,6 +311,7 @@ class Job:
     def __init__(self, client: Client, info: JobOut) -> None:
         self.client = client
         self.info = info
+        self._models: dict[tuple[str | int | None, bool], InferenceNet] = {}
 
     def __repr__(self) -> str:
         return f"Job(id={self.id}, name={self.name!r}, state={self.state}, step={self.step})"
@@ -341,6 +441,22 @@ class Job:
         data = self.client.get_json(f"/jobs/{self.id}/checkpoints")
         return [CheckpointOut.model_validate(c) for c in data]
 
+    def export(
+        self,
+        path: str | Path,
+        format: str = "onnx",
+        checkpoint: str | int | None = None,
+        *,
+        probabilities: bool = False,
+    ) -> Path:
+        """The job's net exported by the server (`onnx` or `torch-export`) to `path`, with its
+        metadata (input name, shape and dtype; a text job's vocabulary) in `<path>.json`."""
+        params: dict[str, Any] = {"format": format, "probabilities": probabilities}
+        if checkpoint is not None:
+            params["checkpoint"] = str(checkpoint)
+        target = Path(path).expanduser()
+        return self.client.download(f"/jobs/{self.id}/export", target, params=params, metadata=True)
+
     def download_checkpoint(
         self, directory: str | Path, step: int | None = None, *, best: bool = False
     ) -> Path:
@@ -377,3 +493,25 @@ class Job:
             raise Unreachable(f"cannot reach {self.client.url} ({exc})") from None
         partial.replace(target)
         return target
+
+    # -- the trained model ------------------------------------------------------------------------
+    def load_model(
+        self, checkpoint: str | int | None = None, *, probabilities: bool = False
+    ) -> InferenceNet:
+        """The job's net for prediction (trainyard.load_model): its `best` checkpoint where one
+        was kept, else its `latest`, or the one of a step; downloaded once."""
+        from trainyard.loading import load_model
+
+        key = (checkpoint, probabilities)
+        if key not in self._models:
+            self._models[key] = load_model(self, checkpoint, probabilities=probabilities)
+        return self._models[key]
+
+    def predict(
+        self, x: Any, checkpoint: str | int | None = None, *, probabilities: bool = False
+    ) -> np.ndarray:
+        """The scores of the samples `x` (an array or tensor (N, *sample_shape)) that fed the
+        job's loss layer, or their softmax with `probabilities`, as a float32 array."""
+        from trainyard.predicting import predict_array
+
+        return predict_array(self.load_model(checkpoint, probabilities=probabilities), x)

@@ -60,6 +60,13 @@ def layer_table(rows: Iterable[Mapping[str, Any]], title: str) -> Table:
     return table
 
 
+def describe_memory(memory: Mapping[str, Any]) -> str:
+    """One line for a worker's estimated peak memory (the API's MemoryOut form)."""
+    parts = ("parameters", "gradients", "updater_state", "activations", "data", "runtime")
+    shown = ", ".join(f"{part.replace('_', ' ')} {memory[f'{part}_mb']}" for part in parts)
+    return f"memory per worker: about [bold]{memory['total_mb']:,} MB[/] ({shown})"
+
+
 def describe_topology(topology: Mapping[str, Any]) -> str:
     """One line for a resolved topology (Topology.to_dict() form, as the API returns it)."""
     groups, per_group = topology["nworker_groups"], topology["nworkers_per_group"]

@@ -27,6 +27,7 @@ class NodeOut(BaseModel):
     gpus: int
     slots_used: int
     gpus_used: int
+    memory_mb: int = Field(description="MB its workers share, by slot (0: its agent does not say)")
     last_heartbeat: datetime
     ps_unreachable: list[str] = Field(
         description="parameter-server Redis its agent cannot reach, each 'host:port: error'"
@@ -249,6 +250,26 @@ class MetricsOut(BaseModel):
     series: list[SeriesOut]
 
 
+class ModelVersionOut(BaseModel):
+    name: str
+    version: int
+    ref: str = Field(description="name@version, as jobs and commands take it (model:name@3)")
+    tags: list[str] = Field(description="e.g. production; a tag is on one version of a name")
+    job_id: int | None = Field(description="the job it came from (null once deleted)")
+    job_name: str
+    step: int = Field(description="the checkpoint's training step")
+    size: int = Field(description="bytes")
+    objective: str = Field(description="the job's objective metric, e.g. val/accuracy")
+    objective_mode: str = Field(description="max or min")
+    objective_value: float | None = Field(description="the objective's value at that step")
+    metrics: dict[str, Any] = Field(description="the job's summary: its final figures")
+    input: dict[str, Any] = Field(
+        description="the samples it takes: sample_shape, x_dtype, num_classes, vocabulary"
+    )
+    spec: dict[str, Any] = Field(description="the job's execution spec")
+    created_at: datetime
+
+
 class TimelineEventOut(BaseModel):
     kind: Literal["F", "B"] = Field(description="F: a micro-batch's forward, B: its backward")
     microbatch: int
@@ -294,10 +315,20 @@ class QuotaLimits(BaseModel):
     submissions_per_minute: int | None = Field(
         description="jobs and sweeps submitted in any minute (429 past it)"
     )
+    validations_per_minute: int | None = Field(
+        description="documents checked by POST /jobs/validate in any minute (429 past it)"
+    )
+    queued_jobs: int | None = Field(
+        description="jobs waiting in the queue at once (submissions get 403 past it)"
+    )
+    sweep_trials: int | None = Field(
+        description="the largest search.max_trials of a sweep (403 past it)"
+    )
 
 
 class QuotaUsage(BaseModel):
     running_jobs: int = Field(description="scheduled and running jobs")
+    queued_jobs: int = Field(description="jobs waiting in the queue")
     slots: int = Field(description="slots their live processes hold")
     gpus: int
     dataset_bytes: int
@@ -423,6 +454,18 @@ class LayerOut(BaseModel):
     partition_dim: int
 
 
+class MemoryOut(BaseModel):
+    """One worker process's estimated peak memory, part by part (dsl/memory.py)."""
+
+    total_mb: int = Field(description="the estimate, which its memory limit must hold")
+    parameters_mb: int
+    gradients_mb: int
+    updater_state_mb: int = Field(description="the updater's moments or momentum")
+    activations_mb: int = Field(description="a training step's layer outputs, its batch share")
+    data_mb: int = Field(description="every split of the data the worker holds")
+    runtime_mb: int = Field(description="the interpreter and torch")
+
+
 class StageOut(BaseModel):
     layers: list[str] = Field(description="the layers the stage runs, in topological order")
     params: int
@@ -472,6 +515,7 @@ class ValidationOut(BaseModel):
     layers: list[LayerOut]
     total_params: int
     topology: dict[str, Any]
+    memory: MemoryOut = Field(description="each worker's estimated peak memory")
     placement: PlacementOut
     pipeline: PipelinePlanOut | None = Field(
         description="the pipeline's stages as the planner cut them; null without a pipeline"

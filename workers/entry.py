@@ -6,7 +6,8 @@ asks for over the socket FD (workers/fork_server.py), so a job starts without pa
 imports (seconds on a small machine).
 
 Exit codes: 0 trained to the end, 1 failed, 2 the job cannot run here, 3 cancelled, 4 drained
-(SIGTERM: it stopped, saving a restart point when it could, to continue elsewhere). What the
+(SIGTERM: it stopped, saving a restart point when it could, to continue elsewhere), 5 the loss
+diverged, 6 past its memory limit (contract/allocation.py's ExitCode). What the
 process prints (stderr) is the agent's reason when it fails.
 """
 
@@ -25,12 +26,13 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from contract.allocation import AllocationInfo, ExitCode, stop_requested
+from contract.allocation import CGROUP, AllocationInfo, ExitCode, stop_requested
 from contract.codec import decode
 from contract.keys import Keys
 from contract.settings import Settings
 from contract.stream import JobStream
 from dsl.plugins import PluginError, load_plugins
+from workers.confine import confine, out_of_memory
 from workers.fork_server import serve
 from workers.metrics import RedisSink
 
@@ -111,6 +113,14 @@ def warm_up() -> None:
     optimizer.step()
 
 
+def _no_cuda_yet() -> None:
+    """A CUDA context does not survive a fork: the fork server must never start one."""
+    import torch
+
+    if torch.cuda.is_initialized():
+        raise RuntimeError("the fork server started CUDA: its forked workers could not use it")
+
+
 def train(
     info: AllocationInfo,
     client: redis.Redis,
@@ -119,6 +129,7 @@ def train(
     *,
     redis_url: str,
     ps_urls: list[str],
+    confined: str = "",
 ) -> int:
     import torch
 
@@ -158,7 +169,8 @@ def train(
         job=job,
         dataset=data.dataset,
         run_dir=info.run_dir,
-        device="cuda" if info.gpus and torch.cuda.is_available() else "cpu",
+        # Its own GPUs only are visible (workers/confine.py): the first is cuda:0.
+        device="cuda:0" if info.gpus and torch.cuda.is_available() else "cpu",
         drain=lambda: should_stop.draining,
         resume_from=Path(info.resume_from) if info.resume_from else None,
         restart_seconds=info.restart_seconds,
@@ -166,7 +178,7 @@ def train(
         attempt=info.attempt,
     )
     try:
-        summary = _train(context, JobStream(client, keys, info.job_id, info.attempt))
+        summary = _train(context, JobStream(client, keys, info.job_id, info.attempt), confined)
     except CheckpointWriteError as exc:  # disk full, no permission: the reason, no traceback
         print(str(exc), file=sys.stderr)
         return ExitCode.FAILED
@@ -180,7 +192,7 @@ def train(
     return ExitCode.DIVERGED if summary.status == "diverged" else ExitCode.FAILED
 
 
-def _train(context: RunContext, stream: JobStream) -> Summary:
+def _train(context: RunContext, stream: JobStream, confined: str = "") -> Summary:
     """Train this allocation's worker: rank 0 of group 0 writes the job's run directory, the
     other workers of a distributed topology their own."""
     from contract.rundir import CHECKPOINTS, list_checkpoints
@@ -203,6 +215,9 @@ def _train(context: RunContext, stream: JobStream) -> Summary:
         jsonl,
         StderrLog(),
     ]
+    if confined:  # the job's log says what this process was given
+        for sink in sinks:
+            sink.log(f"worker {context.group}/{context.rank}: {confined}")
     try:
         return train(replace(context, run_dir=run_dir, sinks=sinks, resume=resume))
     finally:
@@ -261,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.fork_server is None:
         return run_allocation(args, args.allocation)
     warm_up()
+    _no_cuda_yet()
     with socket.socket(fileno=args.fork_server) as channel:
         serve(channel, lambda allocation_id: run_allocation(args, allocation_id))
     return ExitCode.OK
@@ -274,8 +290,27 @@ def run_allocation(args: argparse.Namespace, allocation_id: int) -> int:
         print(f"allocation {allocation_id} is not in Redis", file=sys.stderr)
         return ExitCode.INVALID
     info = AllocationInfo.from_hash(allocation_id, fields)
+    try:
+        confined = confine(info, fields.get(CGROUP, ""))
+    except OSError as exc:  # never run past the limits it was given
+        print(f"cannot apply its memory limit or GPUs: {exc}", file=sys.stderr)
+        return ExitCode.FAILED
     ps_urls = [url for url in args.ps_urls.split(",") if url] or [args.redis_url]
-    return train(info, client, keys, args.cache_dir, redis_url=args.redis_url, ps_urls=ps_urls)
+    try:
+        return train(
+            info,
+            client,
+            keys,
+            args.cache_dir,
+            redis_url=args.redis_url,
+            ps_urls=ps_urls,
+            confined=confined,
+        )
+    except (MemoryError, RuntimeError) as exc:
+        if not out_of_memory(exc):
+            raise
+        print(f"exceeded its {info.memory_mb} MB limit: {exc}", file=sys.stderr)
+        return ExitCode.OUT_OF_MEMORY
 
 
 def exit_now(code: int) -> None:

@@ -27,6 +27,7 @@ import torch
 from contract.rundir import CHECKPOINTS, RESTART, SUMMARY, checkpoint_path
 from contract.stream import EventRecord, MetricRecord
 from dsl.compiler import CompiledJob
+from dsl.model_card import MODEL_KEY, DataFacts, ModelCard
 from dsl.objective import resolve_objective
 from dsl.schema import JobSpec
 from workers.algorithms import ALGORITHMS, BatchResult
@@ -272,6 +273,17 @@ class Trainer:
         self.stopped_early: str | None = None
         self.checkpoint_dir = options.run_dir / CHECKPOINTS
         self.compiled_net = CompiledNet(self.net, enabled=self.spec.compile, log=self.log)
+        # Every checkpoint describes its model, so that the file alone rebuilds the net.
+        info = dataset.info
+        facts = DataFacts(
+            sample_shape=info.sample_shape,
+            x_dtype=info.x_dtype,
+            num_classes=info.num_classes,
+            label_shape=info.label_shape,
+            label_is_index=info.label_is_index,
+            vocabulary=info.vocabulary,
+        )
+        self.model_card = ModelCard(self.spec, facts).to_json()
 
     # -- a run -----------------------------------------------------------------------------
     def run(self, on_step: Callable[[int], None] | None = None) -> Summary:
@@ -487,6 +499,7 @@ class Trainer:
                 "epoch": str(self.batches.state()["epoch"]),
                 "position": str(self.batches.state()["position"]),
                 META_KEY: self.selection.to_meta(),
+                MODEL_KEY: self.model_card,
                 **self.precision.state(),
             },
         )
@@ -533,8 +546,15 @@ class Trainer:
             )
             self.log(f"restarted alone at step {self.step}; parameters from the server shards")
             return
-        if self.spec.checkpoint.init_from:
-            where = Path(self.spec.checkpoint.init_from)
+        init_from = self.spec.checkpoint.init_from
+        if init_from is not None and not isinstance(init_from, str):
+            what = f"job {init_from.job}" if init_from.job else f"model {init_from.model}"
+            raise CheckpointError(
+                f"checkpoint.init_from: {what} is on the service; the service finds its "
+                "checkpoint (trainyard submit), or `trainyard train` downloads it"
+            )
+        if init_from:
+            where = Path(init_from)
             if not where.is_absolute():
                 where = self.options.base_dir / where
             try:

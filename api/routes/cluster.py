@@ -17,7 +17,7 @@ from api.schemas import (
     errors,
 )
 from contract.allocation import AllocationState
-from scheduler.placement.cluster import cluster_view
+from scheduler.placement.cluster import cluster_view, last_plan
 from scheduler.store.models import Allocation, aware
 from scheduler.store.quotas import Limits
 from scheduler.store.states import JobState, NodeState
@@ -56,13 +56,15 @@ def visible_reason(reason: str, own: bool, shown: Callable[[int], bool]) -> str:
     response_model=ClusterOut,
     summary="Nodes, running jobs and the queue",
     description="Every node agent with its capacity and use, the processes of scheduled and "
-    "running jobs, and the queue in placement order with why each job waits. Other users' "
-    "jobs show without id and name, and their waiting reasons without other jobs' ids or "
-    "their owners' quota use, unless the caller is an admin.",
+    "running jobs, and the queue in placement order with why each job waits, as the "
+    "scheduler planned it last. Other users' jobs show without id and name, and their waiting "
+    "reasons without other jobs' ids or their owners' quota use, unless the caller is an admin.",
     responses=errors(401),
 )
 def cluster(session: SessionDep, user: CurrentUser, services: ServicesDep) -> ClusterOut:
-    view = cluster_view(session, quotas=Limits.defaults(services.settings))
+    # The scheduler's last plan of the queue, not planned again for every request.
+    plan = last_plan(services.redis, services.keys)
+    view = cluster_view(session, quotas=Limits.defaults(services.settings), plan=plan)
     owners = {entry.job_id: entry.owner_id for entry in view.queue}
     owners.update({placed.job.id: placed.job.owner_id for placed in view.placed})
 
@@ -78,6 +80,7 @@ def cluster(session: SessionDep, user: CurrentUser, services: ServicesDep) -> Cl
                 gpus=node.gpus,
                 slots_used=capacity.slots_used,
                 gpus_used=capacity.gpus_used,
+                memory_mb=node.memory_mb or 0,
                 last_heartbeat=aware(node.last_heartbeat),
                 ps_unreachable=node.ps_unreachable or [],
                 plugins=node.plugins or {},

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import asdict
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Response
 from fastapi.responses import FileResponse
+from starlette.background import BackgroundTask
 
 from api.deps import (
     MAX_INT,
@@ -29,6 +31,7 @@ from api.schemas import (
     LayerOut,
     LogLineOut,
     LogsOut,
+    MemoryOut,
     MetricNames,
     MetricsOut,
     PipelinePlanOut,
@@ -135,7 +138,8 @@ def submit_job(
     response_model=ValidationOut,
     summary="Validate a job without submitting it",
     description="A dry run of POST /jobs: the layer table with output shapes and parameter "
-    "counts, the resolved topology, where the scheduler would place the job right now and, "
+    "counts, the resolved topology, each worker's estimated peak memory, where the scheduler "
+    "would place the job right now and, "
     "for a pipelined job, its stages as the planner cuts them (estimated costs). "
     "For a sweep, its base job's, with every value of its search space checked too.",
     openapi_extra=SUBMIT_BODY,
@@ -151,6 +155,10 @@ def validate_job(
         layers=[LayerOut(**row.__dict__) for row in compiled.table],
         total_params=compiled.total_params,
         topology=checked.topology.to_dict(),
+        memory=MemoryOut(
+            total_mb=checked.memory.total_mb,
+            **{f"{part}_mb": mb for part, mb in checked.memory.parts().items()},
+        ),
         placement=PlacementOut.model_validate(asdict(validated.preview)),
         pipeline=PipelinePlanOut.model_validate(checked.plan.to_dict()) if checked.plan else None,
     )
@@ -388,4 +396,52 @@ def download_checkpoint(
         path,
         media_type="application/octet-stream",
         filename=f"{job.name}-job{job.id}-step{step}.safetensors",
+    )
+
+
+ExportFormat = Literal["onnx", "torch-export"]
+CheckpointChoice = Annotated[
+    str | None,
+    Query(
+        pattern=r"^(best|latest|[0-9]{1,10})$",
+        description="best, latest or a step; default the best where one was kept, else the latest",
+    ),
+]
+
+
+@router.get(
+    "/{job_id}/export",
+    response_class=FileResponse,
+    summary="Export a trained model (ONNX or torch.export)",
+    description="The job's net for prediction, as an ONNX file with a dynamic batch axis or a "
+    "torch.export program (.pt2); its metadata (input name, shape and dtype, output, a text "
+    "job's vocabulary) in the `X-Trainyard-Model` header (JSON) and inside the file. Your own "
+    "jobs only. Bounded: one export at a time per API process (429), max_export_bytes (413), "
+    "export_timeout_seconds (503).",
+    responses={
+        200: {"content": {"application/octet-stream": {}}, "description": "the exported model"},
+        **errors(401, 404, 413, 422, 429, 503),
+    },
+)
+def export_model(
+    job: VisibleJob,
+    user: CurrentUser,
+    session: SessionDep,
+    services: ServicesDep,
+    format: Annotated[ExportFormat, Query(description="onnx or torch-export")],
+    checkpoint: CheckpointChoice = None,
+    probabilities: Annotated[
+        bool, Query(description="the output is the softmax of the class scores")
+    ] = False,
+) -> FileResponse:
+    choice = int(checkpoint) if checkpoint and checkpoint.isdigit() else checkpoint
+    done = services.exporter.export_job(
+        session, user, job, fmt=format, choice=choice, probabilities=probabilities
+    )
+    return FileResponse(
+        done.file,
+        media_type="application/octet-stream",
+        filename=done.file.name,
+        headers={"X-Trainyard-Model": json.dumps(done.metadata, sort_keys=True)},
+        background=BackgroundTask(shutil.rmtree, done.folder, ignore_errors=True),
     )

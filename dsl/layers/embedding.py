@@ -24,7 +24,10 @@ from dsl.layers.base import (
 def check_indices(x: torch.Tensor, size: int, layer: str, key: str) -> torch.Tensor:
     """`x` as int64 indices, raising a clear error instead of torch's bare index failure."""
     x = x.long()
-    if x.numel():
+    # Traced (torch.compile, torch.export), the values are not known: the check would stop the
+    # trace; an exported net's inputs are checked by whoever feeds it (dsl/inference.py).
+    tracing = torch.compiler.is_compiling() or torch.compiler.is_exporting()
+    if x.numel() and not tracing:
         low, high = int(x.min()), int(x.max())
         if low < 0 or high >= size:
             raise IndexError(

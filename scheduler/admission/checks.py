@@ -20,23 +20,32 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 from sqlalchemy.orm import Session
 
+from dsl.budget import CompileBudget
 from dsl.compiler import CompiledJob, compile_job
 from dsl.data_config import CsvData, DatasetData, DataSourceConfig, NpzData, TextData
 from dsl.errors import DataSourceError, JobSpecError, SpecIssue
 from dsl.layers.base import BuildContext
+from dsl.memory import MemoryEstimate, estimate_memory
 from dsl.objective import resolve_objective, resolve_search, selection_warnings
 from dsl.planner import PipelinePlan, plan_pipeline
 from dsl.plugins import plugin_needs
-from dsl.schema import JobSpec
+from dsl.schema import InitFrom, JobSpec
 from dsl.search import SearchConfig, base_document
 from dsl.search_checks import space_issues
 from dsl.source import ParsedDocument, SourceMap
 from dsl.topology import Topology, resolve_topology
+from scheduler.placement.cluster import largest_memory_share, node_capacities
+from scheduler.placement.plan import NodeCapacity
+from scheduler.store.artifacts import UnsafePath
 from scheduler.store.datasets import dataset_file, dataset_names, get_dataset
-from scheduler.store.jobs import NewJob
+from scheduler.store.errors import NotFound, StoreError
+from scheduler.store.jobs import NewJob, own_job
 from scheduler.store.models import User
+from scheduler.store.registry import get_model, model_file, parse_ref
+from scheduler.store.reports import model_checkpoint
 from scheduler.store.sweeps import NewSweep
 from scheduler.sweeps.warm_start import warm_start_issues
 from workers.data import DataInfo, describe
@@ -94,6 +103,7 @@ class CheckedJob:
     topology: Topology
     execution_spec: dict[str, Any]
     plan: PipelinePlan | None  # the stages of a job with a pipeline section
+    memory: MemoryEstimate  # one worker's peak
 
     @property
     def spec(self) -> JobSpec:
@@ -136,22 +146,26 @@ def check_job(
     base_dir: Path,
     artifacts: Path,
     overrides: Mapping[str, Any] | None = None,
+    budget: CompileBudget | None = None,
 ) -> CheckedJob:
     """Validate and compile `job` as `owner` would run it: the service's one way in.
 
     A document (text, mapping or parsed) gets the service's rules; a `JobSpec` is a stored execution
     spec, checked when it was submitted, and is compiled as it is (its files are absolute).
     Relative file paths (admins only) resolve against `base_dir`; a named dataset's file
-    must lie in its owner's folder under `artifacts`.
+    must lie in its owner's folder under `artifacts`; `init_from: {job: ID}` is one of the
+    owner's jobs' checkpoints there, checked against the net.
     """
     resolved: list[DataSourceConfig] = []
+    described: list[DataInfo] = []
 
     def describe_data(spec: JobSpec) -> BuildContext:
         stored = isinstance(job, JobSpec)
         try:
             data = spec.data if stored else _data_to_run(session, owner, spec, base_dir, artifacts)
             resolved.append(data)
-            return _describe(data, spec.seed, cache_dir).build_context()
+            described.append(_describe(data, spec.seed, cache_dir))
+            return described[-1].build_context()
         except DataSourceError as exc:
             if isinstance(spec.data, DatasetData):
                 raise _as_dataset_error(exc) from None
@@ -166,15 +180,145 @@ def check_job(
             describe_data,
             overrides=overrides,
             rules=functools.partial(_service_rules, owner),
+            budget=budget,
         )
     spec = compiled.spec
+    init_from = None
+    if isinstance(spec.checkpoint.init_from, InitFrom):
+        init_from = starting_checkpoint(session, owner, compiled, artifacts)
     plan = plan_pipeline(compiled) if spec.pipeline is not None else None
+    topology = resolve_topology(spec.cluster, spec.pipeline)
+    stages = plan.layer_lists() if plan is not None else None
+    memory = estimate_memory(compiled, topology, described[0].nbytes, stages)
+    if not isinstance(job, JobSpec):
+        issues = memory_issues(memory, topology, node_capacities(session), compiled.source)
+        if issues:
+            raise JobSpecError(issues)
     return CheckedJob(
         compiled,
-        resolve_topology(spec.cluster, spec.pipeline),
-        _execution_spec(spec, resolved[0], base_dir, plan),
+        topology,
+        _execution_spec(spec, resolved[0], base_dir, plan, init_from),
         plan,
+        memory,
     )
+
+
+def starting_checkpoint(
+    session: Session, owner: User, compiled: CompiledJob, artifacts: Path
+) -> Path:
+    """The checkpoint file `init_from: {job: ID}` or `{model: name@3}` names, the owner's own
+    (another user's job or model is as absent), whose parameters of the net's names have the
+    net's shapes (and at least one does); else a JobSpecError located at checkpoint.init_from."""
+    init = compiled.spec.checkpoint.init_from
+    assert isinstance(init, InitFrom)
+    source, where = compiled.source, ("checkpoint", "init_from")
+    try:
+        if init.model is not None:
+            what = f"model {init.model}"
+            name, which = parse_ref(init.model)
+            path = model_file(get_model(session, owner, name, which))
+        else:
+            assert init.job is not None  # one of the two, as the schema checks
+            job = own_job(session, owner.id, init.job)
+            if job is None:
+                raise JobSpecError(
+                    source.issue(
+                        (*where, "job"),
+                        f"you have no job {init.job}",
+                        "trainyard jobs lists yours",
+                    )
+                )
+            choice = init.checkpoint
+            step, path = model_checkpoint(
+                session,
+                job.id,
+                int(choice) if choice and choice.isdigit() else choice,
+                artifacts=artifacts,
+            )
+            what = f"job {job.id}'s checkpoint at step {step}"
+        with safe_open(str(path), framework="numpy") as handle:
+            saved = {
+                key.removeprefix("param/"): list(handle.get_slice(key).get_shape())
+                for key in handle.keys()  # noqa: SIM118  (a safetensors handle, not a dict)
+                if key.startswith("param/")
+            }
+    except NotFound as exc:
+        if init.model is None:
+            raise JobSpecError(source.issue(where, str(exc))) from None
+        hint = "trainyard models list shows yours"
+        raise JobSpecError(source.issue((*where, "model"), str(exc), hint)) from None
+    except (StoreError, UnsafePath) as exc:
+        raise JobSpecError(source.issue(where, str(exc))) from None
+    except (OSError, SafetensorError) as exc:
+        raise JobSpecError(source.issue(where, f"{what} cannot be read: {exc}")) from None
+    net = {name: list(p.shape) for name, p in compiled.net.named_params().items()}
+    wrong = [
+        f"{name} (the checkpoint's {saved[name]}, this net's {shape})"
+        for name, shape in net.items()
+        if name in saved and saved[name] != shape
+    ]
+    if wrong:
+        raise JobSpecError(
+            source.issue(
+                where,
+                f"{len(wrong)} parameter(s) of {what} have other shapes than this net's: "
+                f"{', '.join(wrong)}",
+                "rename the layers that differ, so that they start from their initialisers",
+            )
+        )
+    if not saved.keys() & net.keys():
+        raise JobSpecError(
+            source.issue(
+                where,
+                f"no parameter of {what} has a name of this net's "
+                f"(it has {', '.join(sorted(saved)[:8])})",
+                "layers are matched by name: <layer>/<param>",
+            )
+        )
+    return path
+
+
+def memory_issues(
+    memory: MemoryEstimate, topology: Topology, nodes: list[NodeCapacity], source: SourceMap
+) -> list[SpecIssue]:
+    """A worker that would pass its memory limit, or need more than any node could give it:
+    refused now rather than killed (or queued forever) later."""
+    need = memory.total_mb
+    slots = topology.slots_per_worker
+    largest = largest_memory_share(nodes, slots)
+    where = ("cluster", "resources", "memory_mb")
+    if topology.memory_mb and largest is not None and topology.memory_mb > largest[1]:
+        node, most = largest
+        return [
+            source.issue(
+                where,
+                f"memory_mb {topology.memory_mb} is more than a worker of {slots} slot(s) can "
+                f"get on any node (at most {most} MB, on {node})",
+                f"ask for at most {most}, or more slots_per_worker (each brings a slot's share "
+                "of its node's memory)",
+            )
+        ]
+    if topology.memory_mb and need > topology.memory_mb:
+        return [
+            source.issue(
+                where,
+                f"each worker needs about {memory.describe()}, more than its memory_mb "
+                f"{topology.memory_mb}",
+                f"raise memory_mb to at least {need}, or use a smaller batch_size or net",
+            )
+        ]
+    if not topology.memory_mb and largest is not None and need > largest[1]:
+        node, most = largest
+        return [
+            source.issue(
+                ("cluster", "resources"),
+                f"each worker needs about {memory.describe()}, more than a worker of {slots} "
+                f"slot(s) gets on any node (at most {most} MB, on {node})",
+                "ask for more slots_per_worker (each brings a slot's share of its node's "
+                "memory), or use a smaller batch_size, net or dataset",
+            )
+        ]
+    return []
 
 
 @dataclass(frozen=True)
@@ -213,10 +357,12 @@ def check_sweep(
     base_dir: Path,
     artifacts: Path,
     overrides: Mapping[str, Any] | None = None,
+    budget: CompileBudget | None = None,
 ) -> CheckedSweep:
     """`check_job` for a document with a `search:` section, then the base job compiled with the
     values each space entry can produce (dsl.search_checks.space_issues): a value that gives
-    an invalid job is a located error at its entry. A document without one is refused."""
+    an invalid job is a located error at its entry. A document without one is refused. The
+    probes count against the document's `budget`."""
     checked = check_job(
         document,
         session=session,
@@ -225,6 +371,7 @@ def check_sweep(
         base_dir=base_dir,
         artifacts=artifacts,
         overrides=overrides,
+        budget=budget,
     )
     # Its metric and mode filled in (the base job's objective by default), as the sweep stores it.
     search = resolve_search(checked.spec)
@@ -241,6 +388,7 @@ def check_sweep(
             base_dir=base_dir,
             artifacts=artifacts,
             overrides=values,
+            budget=budget,
         )
 
     issues = space_issues(search, checked.compiled.source, compile_trial)
@@ -288,12 +436,12 @@ def _server_file_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
                 "(x_val_key, y_val_key of an .npz dataset)",
             )
         )
-    if spec.checkpoint.init_from is not None:
+    if isinstance(spec.checkpoint.init_from, str):
         issues.append(
             source.issue(
                 ("checkpoint", "init_from"),
                 "init_from reads a file on the server, which only admins may do",
-                "start from scratch, or ask an admin to submit the job",
+                "start from one of your jobs: init_from: {job: ID, checkpoint: best}",
             )
         )
     return issues
@@ -337,7 +485,11 @@ def _as_dataset_error(exc: DataSourceError) -> DataSourceError:
 
 
 def _execution_spec(
-    spec: JobSpec, data: DataSourceConfig, base_dir: Path, plan: PipelinePlan | None
+    spec: JobSpec,
+    data: DataSourceConfig,
+    base_dir: Path,
+    plan: PipelinePlan | None,
+    init_from: Path | None = None,
 ) -> dict[str, Any]:
     # exclude_unset: validators that look at which keys were written (synthetic's task keys,
     # npz's optional test keys) must see the same document when a worker loads it again.
@@ -345,9 +497,11 @@ def _execution_spec(
     out["data"] = data.model_dump(mode="json", exclude_unset=True)
     # Resolved once, here: the service reads a job's objective from its stored spec.
     out["objective"] = resolve_objective(spec).model_dump(mode="json")
-    init_from = spec.checkpoint.init_from
-    if init_from is not None:
-        out["checkpoint"]["init_from"] = str((base_dir / init_from).expanduser().resolve())
+    if init_from is not None:  # a job's checkpoint, found when the job was checked
+        out["checkpoint"]["init_from"] = str(init_from)
+    elif isinstance(spec.checkpoint.init_from, str):
+        path = base_dir / spec.checkpoint.init_from
+        out["checkpoint"]["init_from"] = str(path.expanduser().resolve())
     if plan is not None:
         # The planned cut, written out: every stage's worker runs the same one, whatever the
         # costs it would estimate or measure where it runs.

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from scheduler.store.errors import StoreError
 from scheduler.store.models import DatasetRecord, User
-from scheduler.store.quotas import Limits, artifact_bytes, dataset_bytes
+from scheduler.store.quotas import Limits, artifact_bytes, dataset_bytes, queued_jobs
 
 
 class QuotaExceeded(StoreError):
@@ -17,10 +17,32 @@ class QuotaExceeded(StoreError):
 
 
 def check_new_job(
-    session: Session, user: User, limits: Limits, *, train_steps: int, slots: int, gpus: int
+    session: Session,
+    user: User,
+    limits: Limits,
+    *,
+    train_steps: int,
+    slots: int,
+    gpus: int,
+    max_trials: int | None = None,
 ) -> None:
-    """Refuse a job the user's quotas can never let run, or one submitted while the user's
-    checkpoints fill their storage. Raises QuotaExceeded naming the quota."""
+    """Refuse a job the user's quotas can never let run, one submitted while the user's
+    checkpoints fill their storage or their queue, or a sweep of more trials than they may
+    run (`max_trials`: a sweep's). Raises QuotaExceeded naming the quota."""
+    over = limits.sweep_trials is not None and (max_trials or 0) > limits.sweep_trials
+    if over:
+        raise QuotaExceeded(
+            f"the sweep runs {max_trials} trials (search.max_trials, a grid's size or pbt's "
+            "members x generations), over your quota "
+            f"sweep_trials of {limits.sweep_trials}"
+        )
+    if max_trials is None and limits.queued_jobs is not None:
+        waiting = queued_jobs(session, user.id)
+        if waiting >= limits.queued_jobs:
+            raise QuotaExceeded(
+                f"you have {waiting} job(s) waiting in the queue, your quota queued_jobs of "
+                f"{limits.queued_jobs}; submit more once some have started, or cancel some"
+            )
     if limits.train_steps is not None and train_steps > limits.train_steps:
         raise QuotaExceeded(
             f"train_steps {train_steps} is over your quota train_steps of {limits.train_steps}"

@@ -1,5 +1,6 @@
-"""The per-user submission rate (quota `submissions_per_minute`), counted in Redis so that every
-API process shares one count: a sliding window of the user's submission times."""
+"""The per-user submission rate (quota `submissions_per_minute`) and dry-run rate (quota
+`validations_per_minute`, an allowance of its own), counted in Redis so that every API process
+shares one count: a sliding window of the user's request times."""
 
 from __future__ import annotations
 
@@ -39,7 +40,11 @@ class RateLimited(StoreError):
 
 
 def take_submission_slot(
-    client: redis.Redis, keys: Keys, user_id: int, per_minute: int, now: float | None = None
+    client: redis.Redis,
+    keys: Keys,
+    user_id: int,
+    per_minute: int,
+    now: float | None = None,
 ) -> float | None:
     """Count one submission of the user; None if allowed, else the seconds until one is."""
     return take_slot(client, keys.submissions(user_id), per_minute, now)
@@ -74,5 +79,20 @@ def check_rate(client: redis.Redis, keys: Keys, user: User, limits: Limits) -> N
         raise RateLimited(
             f"too many submissions: your quota submissions_per_minute is "
             f"{limits.submissions_per_minute}; retry in {seconds} s",
+            retry_after=seconds,
+        )
+
+
+def check_validation_rate(client: redis.Redis, keys: Keys, user: User, limits: Limits) -> None:
+    """Count a dry run (POST /jobs/validate) of `user`, or refuse it with RateLimited past
+    their allowance: each compiles a document, as a submission does."""
+    if limits.validations_per_minute is None:
+        return
+    wait = take_slot(client, keys.validations(user.id), limits.validations_per_minute)
+    if wait is not None:
+        seconds = max(1, math.ceil(wait))
+        raise RateLimited(
+            f"too many checks: your quota validations_per_minute is "
+            f"{limits.validations_per_minute}; retry in {seconds} s",
             retry_after=seconds,
         )

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 from contract.announcements import JOB, SWEEP, announce
 from contract.keys import Keys
 from contract.settings import Settings
+from dsl.budget import CompileBudget
 from dsl.errors import JobSpecError, SpecIssue
 from dsl.source import read_document
 from scheduler.admission.checks import (
@@ -40,11 +41,12 @@ from scheduler.admission.checks import (
 )
 from scheduler.admission.policy import admins_only, check_priority
 from scheduler.admission.quotas import check_new_job
-from scheduler.admission.rate_limit import check_rate
+from scheduler.admission.rate_limit import check_rate, check_validation_rate
 from scheduler.placement.plan import PlacementRequest
 from scheduler.placement.preview import Preview, placement_preview
 from scheduler.store import jobs as job_store
 from scheduler.store.errors import InvalidRequest
+from scheduler.store.jobs import NewJob
 from scheduler.store.models import Job, Sweep, User
 from scheduler.store.quotas import Limits, limits_for
 from scheduler.store.sweeps import create_sweep
@@ -141,6 +143,8 @@ def check(
     overrides = submission.overrides
     base_dir = _base_dir(submission, owner, backends.settings)
     cache_dir = backends.settings.cache_dir()
+    # One budget for the document, a sweep's probes included (dsl/budget.py).
+    budget = CompileBudget(seconds=backends.settings.compile_seconds)
     sweep: CheckedSweep | None = None
     try:
         document = read_document(submission.document)  # parsed once, for every reader below
@@ -153,6 +157,7 @@ def check(
                 cache_dir=cache_dir,
                 base_dir=base_dir,
                 artifacts=backends.settings.artifacts(),
+                budget=budget,
             )
             job = sweep.checked
         else:
@@ -164,6 +169,7 @@ def check(
                 cache_dir=cache_dir,
                 base_dir=base_dir,
                 artifacts=backends.settings.artifacts(),
+                budget=budget,
             )
     except RecursionError:
         raise JobSpecError(
@@ -174,13 +180,19 @@ def check(
             )
         ) from None
     if limits is not None:
-        _check_quotas(session, owner, limits, job)
+        _check_quotas(session, owner, limits, job, sweep)
     return Checked(submission, job, sweep, base_dir)
 
 
 def queue_job(session: Session, owner: User, checked: Checked) -> Job:
     """The checked job's row, queued (a trial's named and numbered in its sweep); flushed, not
     committed."""
+    return job_store.create_job(session, owner, new_job(checked))
+
+
+def new_job(checked: Checked) -> NewJob:
+    """The row a checked job becomes (a trial's named and numbered in its sweep): plain data,
+    which a process that checked a trial hands to the one that queues it."""
     submission, trial = checked.submission, checked.submission.trial
     new = checked.job.to_new_job(
         spec_yaml=submission.spec_yaml,
@@ -191,16 +203,17 @@ def queue_job(session: Session, owner: User, checked: Checked) -> Job:
         new = dataclasses.replace(
             new, name=trial.name, sweep_id=trial.sweep_id, trial_number=trial.number
         )
-    return job_store.create_job(session, owner, new)
+    return new
 
 
 def submit_job(session: Session, owner: User, submission: Submission, backends: Backends) -> Job:
     """Check a job, queue it with where it would be placed now, commit, announce it."""
     checked = check(session, owner, submission, backends, expect=Kind.JOB)
-    job = queue_job(session, owner, checked)
-    # Said at once when the cluster cannot hold the job now, or ever (then a warning to act
-    # on); the scheduler keeps the reason up to date from its next pass.
+    # Said at once when the cluster cannot hold the job now; refused when it never could;
+    # the scheduler keeps the reason up to date from its next pass.
     preview = placement_preview(session, checked.job.topology, submission.priority)
+    refuse_never_fit(checked.job, preview)
+    job = queue_job(session, owner, checked)
     if not preview.feasible:
         job.pending_reason = preview.reason
     session.commit()
@@ -214,6 +227,9 @@ def submit_sweep(
     """Check a sweep (its base job held to the owner's quotas), start it, commit, announce it."""
     checked = check(session, owner, submission, backends, expect=Kind.SWEEP)
     assert checked.sweep is not None  # expect=SWEEP refused a job
+    refuse_never_fit(
+        checked.job, placement_preview(session, checked.job.topology, submission.priority)
+    )
     sweep = create_sweep(
         session,
         owner,
@@ -229,6 +245,19 @@ def submit_sweep(
     return sweep
 
 
+def refuse_never_fit(job: CheckedJob, preview: Preview) -> None:
+    """A job no alive node could ever hold, even idle, is refused rather than queued for
+    ever (a cluster with no alive node yet refuses nothing: its nodes are still to come)."""
+    if preview.never:
+        raise JobSpecError(
+            job.compiled.source.issue(
+                ("cluster",),
+                preview.reason,
+                "ask for fewer workers, slots or GPUs per worker, or wait for larger nodes",
+            )
+        )
+
+
 @dataclass(frozen=True)
 class Validated:
     job: CheckedJob  # the job, or a sweep's base job
@@ -239,7 +268,11 @@ def validate(
     session: Session, owner: User, submission: Submission, backends: Backends
 ) -> Validated:
     """A dry run of a submission, job or sweep: its checks (a sweep's space too), without the
-    owner's priority, rate and quotas, and where it would be placed now. Nothing is written."""
+    owner's priority, submission rate and quotas, and where it would be placed now. Nothing is
+    written but the count of the owner's dry runs, held to its own allowance
+    (validations_per_minute) before anything is compiled."""
+    limits = limits_for(session, owner, backends.settings)
+    check_validation_rate(backends.redis, backends.keys, owner, limits)
     checked = check(session, owner, submission, backends, admit=False)
     preview = placement_preview(session, checked.job.topology, submission.priority)
     return Validated(checked.job, preview)
@@ -253,8 +286,11 @@ def _admit(session: Session, owner: User, submission: Submission, backends: Back
     return limits
 
 
-def _check_quotas(session: Session, owner: User, limits: Limits, checked: CheckedJob) -> None:
-    """After compiling: train_steps, what the job would hold, and the owner's storage."""
+def _check_quotas(
+    session: Session, owner: User, limits: Limits, checked: CheckedJob, sweep: CheckedSweep | None
+) -> None:
+    """After compiling: train_steps, what the job would hold, the owner's storage and queue,
+    and a sweep's trials."""
     request = PlacementRequest.from_topology(0, checked.topology)
     check_new_job(
         session,
@@ -263,6 +299,7 @@ def _check_quotas(session: Session, owner: User, limits: Limits, checked: Checke
         train_steps=checked.spec.train_steps,
         slots=request.slots,
         gpus=request.gpus,
+        max_trials=sweep.search.trial_count(checked.spec.train_steps) if sweep else None,
     )
 
 

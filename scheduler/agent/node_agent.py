@@ -33,6 +33,7 @@ from celery import Celery
 from celery.signals import worker_shutting_down
 
 from contract.allocation import (
+    CGROUP,
     CLAIMED,
     FINISHED,
     PID,
@@ -49,6 +50,7 @@ from contract.settings import Settings
 from contract.stream import JobStream, StateRecord
 from dsl.plugins import PluginError, load_plugins
 from dsl.plugins import versions as plugin_versions
+from scheduler.agent.confine import MemoryCgroups
 from scheduler.agent.processes import ForkServer, FreshProcesses, Launcher, WorkerProcess
 from scheduler.agent.ps_reach import PS_CHECK_SECONDS, unreachable_ps
 from scheduler.celery_app import RUN_ALLOCATION, create_celery, node_queue
@@ -140,6 +142,9 @@ class Agent:
     ps_unreachable: list[str] = field(default_factory=list)
     # Why a plugin failed to load here ("" when all loaded): the node takes no jobs.
     plugin_error: str = ""
+    # Where its processes' memory cgroups go (None: the machine lets it make none; each
+    # worker then limits itself, workers/confine.py).
+    cgroups: MemoryCgroups | None = None
 
     @property
     def keys(self) -> Keys:
@@ -167,6 +172,7 @@ class Agent:
             ps_unreachable=tuple(self.ps_unreachable),
             plugins=tuple(f"{name}={version}" for name, version in plugin_versions().items()),
             plugin_error=self.plugin_error,
+            memory_mb=self.settings.node_memory(),
         )
         pipe.hset(self.keys.node(self.name), mapping=registration.to_hash())  # type: ignore[arg-type]
         # A node that dies unannounced drops out of Redis too, so a scheduler started later
@@ -270,22 +276,44 @@ class Agent:
         return reported
 
     def _run(self, info: AllocationInfo) -> Outcome:
+        key = self.keys.allocation(info.allocation_id)
+        cgroup = None
+        if self.cgroups is not None and info.memory_mb > 0:
+            try:
+                cgroup = self.cgroups.make(f"alloc-{info.allocation_id}", info.memory_mb)
+            except OSError as exc:
+                why = f"its memory cgroup could not be made: {exc}"
+                return Outcome(AllocationState.FAILED, why, None)
+            self.client.hset(key, CGROUP, str(cgroup))  # the process joins it first thing
         try:
-            process = self.launcher.run(info.allocation_id)
-        except OSError as exc:
-            return Outcome(AllocationState.FAILED, f"the worker process did not start: {exc}", None)
-        self.client.hset(self.keys.allocation(info.allocation_id), PID, str(process.pid))
-        try:
-            return self._supervise(info, process)
+            try:
+                process = self.launcher.run(info.allocation_id)
+            except OSError as exc:
+                why = f"the worker process did not start: {exc}"
+                return Outcome(AllocationState.FAILED, why, None)
+            self.client.hset(key, PID, str(process.pid))
+            if cgroup is not None and self.cgroups is not None:
+                # It joins by itself too; whichever is first, nothing of it runs unconfined long.
+                with contextlib.suppress(OSError):
+                    self.cgroups.add(cgroup, process.pid)
+            try:
+                return self._supervise(info, process, cgroup)
+            finally:
+                if process.alive():
+                    process.kill_group()
         finally:
-            if process.alive():
-                process.kill_group()
+            if cgroup is not None and self.cgroups is not None:
+                self.cgroups.remove(cgroup)
 
-    def _supervise(self, info: AllocationInfo, process: WorkerProcess) -> Outcome:
+    def _supervise(
+        self, info: AllocationInfo, process: WorkerProcess, cgroup: Path | None
+    ) -> Outcome:
         seen = -float("inf")
         while True:
             code = process.wait(SUPERVISE_SECONDS)
             if code is not None:
+                if cgroup is not None and self.cgroups and self.cgroups.oom_kills(cgroup):
+                    code = ExitCode.OUT_OF_MEMORY  # the kernel's SIGKILL, for its limit
                 return self._outcome(info, process, code)
             process.sample_memory()
             now = time.monotonic()
@@ -313,6 +341,13 @@ class Agent:
         if code == ExitCode.CANCELLED:
             return Outcome(AllocationState.CANCELLED, self._stop_reason(info), code)
         output = process.output_tail()
+        if code == ExitCode.OUT_OF_MEMORY:
+            # The recovery policy reads this first line: the job fails, not restarted.
+            how = (
+                f"exceeded its {info.memory_mb} MB limit\n"
+                f"(peak memory {process.peak_memory()}; exit code {code})"
+            )
+            return Outcome(AllocationState.FAILED, f"{how}\n{output}" if output else how, code)
         how = f"exited {code} ({exit_cause(code)}; peak memory {process.peak_memory()})"
         return Outcome(AllocationState.FAILED, f"{how}\n{output}" if output else how, code)
 
@@ -349,6 +384,7 @@ def create_agent(settings: Settings, plugin_error: str = "") -> Agent:
         gpus=detect_gpus(settings),
         launcher=create_launcher(settings),
         plugin_error=plugin_error,
+        cgroups=MemoryCgroups.find(settings.node_name),
     )
 
 
@@ -397,10 +433,12 @@ def run_agent(settings: Settings) -> None:
     for loop in (agent.heartbeat_loop, agent.ps_check_loop):
         threading.Thread(target=loop, args=(stop,), daemon=True).start()
     log.info(
-        "node %s: %d slot(s), %d GPU(s), queue %s",
+        "node %s: %d slot(s), %d GPU(s), %d MB for workers (%s), queue %s",
         agent.name,
         settings.node_slots,
         agent.gpus,
+        settings.node_memory(),
+        f"memory cgroups v{agent.cgroups.version}" if agent.cgroups else "RLIMIT_DATA",
         agent.queue,
     )
     try:
@@ -421,3 +459,5 @@ def run_agent(settings: Settings) -> None:
         stop.set()
         agent.launcher.close()
         agent.deregister()
+        if agent.cgroups is not None:
+            agent.cgroups.close()

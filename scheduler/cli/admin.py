@@ -213,7 +213,13 @@ def _quota_value(name: str, text: str | None) -> tuple[str, int | None] | None:
         value = int(text)
     except ValueError:
         raise typer.BadParameter(f"{text!r}: {QUOTA_HELP}", param_hint=f"--{name}") from None
-    if value < (1 if name in ("train_steps", "submissions_per_minute") else 0):
+    at_least_one = (
+        "train_steps",
+        "submissions_per_minute",
+        "validations_per_minute",
+        "sweep_trials",
+    )
+    if value < (1 if name in at_least_one else 0):
         raise typer.BadParameter(f"{value} is too small", param_hint=f"--{name.replace('_', '-')}")
     return name, value
 
@@ -231,6 +237,9 @@ def set_quota(
     dataset_bytes: Value = None,
     artifact_bytes: Value = None,
     submissions_per_minute: Value = None,
+    validations_per_minute: Value = None,
+    queued_jobs: Value = None,
+    sweep_trials: Value = None,
 ) -> None:
     """Set the user's own quotas (the ones given; 'default' returns one to the default)."""
     from scheduler.store.quotas import set_quotas
@@ -243,6 +252,9 @@ def set_quota(
         "dataset_bytes": dataset_bytes,
         "artifact_bytes": artifact_bytes,
         "submissions_per_minute": submissions_per_minute,
+        "validations_per_minute": validations_per_minute,
+        "queued_jobs": queued_jobs,
+        "sweep_trials": sweep_trials,
     }
     changes = dict(item for name, text in given.items() if (item := _quota_value(name, text)))
     if not changes:

@@ -18,6 +18,7 @@ from rich.console import Console
 from contract.rundir import CHECKPOINTS, METRICS, SUMMARY, TRAIN_LOG
 from dsl.errors import JobSpecError
 from trainyard.console import (
+    describe_memory,
     describe_pipeline,
     describe_topology,
     format_stats,
@@ -130,6 +131,7 @@ def validate(
         return
     import torch
 
+    from dsl.memory import estimate_memory
     from dsl.topology import resolve_topology
 
     torch.set_num_threads(1)
@@ -150,7 +152,15 @@ def validate(
         f"algorithm: {spec.train_one_batch.alg}   updater: {spec.updater.type}"
         f"   framework: {spec.cluster.framework}"
     )
-    console.print(describe_topology(resolve_topology(spec.cluster, spec.pipeline).to_dict()))
+    topology = resolve_topology(spec.cluster, spec.pipeline)
+    console.print(describe_topology(topology.to_dict()))
+    stages = plan.layer_lists() if plan is not None else None
+    memory = estimate_memory(compiled, topology, dataset.nbytes, stages)
+    console.print(
+        describe_memory(
+            {"total_mb": memory.total_mb, **{f"{k}_mb": v for k, v in memory.parts().items()}}
+        )
+    )
     if plan is not None:
         console.print(pipeline_table(plan.to_dict()))
         console.print(describe_pipeline(plan.to_dict()))
@@ -233,6 +243,7 @@ def train(
             "(`trainyard train` runs one process)"
         )
         raise typer.Exit(2)
+    _download_init_from(compiled)
     out_dir = run_dir or Path("runs") / spec.name
     if not resume and out_dir.exists():
         for stale in (METRICS, TRAIN_LOG, SUMMARY, CHECKPOINTS):
@@ -295,6 +306,26 @@ def train(
         )
     if summary.status != "succeeded":
         raise typer.Exit(1)
+
+
+def _download_init_from(compiled: CompiledJob) -> None:
+    """`init_from: {job: ID}` or `{model: name@3}` names a job or a registered model of the
+    server's: its checkpoint, downloaded once, is the file this run starts from."""
+    from dsl.schema import InitFrom
+    from trainyard.errors import TrainyardError
+    from trainyard.loading import checkpoint_file
+
+    init = compiled.spec.checkpoint.init_from
+    if not isinstance(init, InitFrom):
+        return
+    target = f"model:{init.model}" if init.model is not None else init.job
+    assert target is not None  # one of the two, as the schema checks
+    try:
+        path = checkpoint_file(target, init.checkpoint)
+    except TrainyardError as exc:
+        err_console.print(f"[bold red]error[/] checkpoint.init_from: {exc.message}")
+        raise typer.Exit(2) from None
+    compiled.spec.checkpoint.init_from = str(path)
 
 
 def register(app: typer.Typer) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -50,8 +50,9 @@ from scheduler.placement.cluster import (
     owner_shares,
     placement_request,
     queued_jobs,
+    save_plan,
 )
-from scheduler.placement.plan import plan_queue
+from scheduler.placement.plan import QueueDecision, plan_queue
 from scheduler.recovery.actions import job_facts, prune_restart_points, worker_step
 from scheduler.recovery.policy import PlaceAgain, Vacant, decide
 from scheduler.store.database import Database
@@ -98,10 +99,34 @@ def allocation_info(
         resume_from=job.restart_from or "",
         restart_seconds=settings.restart_point_seconds,
         start_step=start_step,
+        memory_mb=memory_limit(topology, alloc.slots, node),
+        devices=tuple(int(i) for i in alloc.devices or ()),
     )
 
 
-def schedule_once(session: Session, settings: Settings) -> list[Dispatch]:
+def memory_limit(topology: dict[str, Any], slots: int, node: Node) -> int:
+    """A process's memory limit (MB): the job's cluster.resources.memory_mb, else its slots'
+    share of its node's memory (0: neither is known, no limit)."""
+    asked = int(topology.get("memory_mb") or 0)
+    if asked:
+        return asked
+    return (node.memory_mb or 0) // node.slots * slots if node.slots else 0
+
+
+@dataclass
+class PlanMemo:
+    """The queue as the last pass planned it: a pass whose queue, nodes and owners' shares are
+    the same plans nothing (it would place nothing new), and GET /cluster reads the plan saved
+    last (`fresh`: this pass planned anew, to be saved) instead of planning again."""
+
+    seen: object = None
+    decision: QueueDecision | None = None
+    fresh: bool = False
+
+
+def schedule_once(
+    session: Session, settings: Settings, memo: PlanMemo | None = None
+) -> list[Dispatch]:
     """One placement pass; returns what to dispatch once the session is committed."""
     jobs = {}
     for job in queued_jobs(session, for_update=True):
@@ -109,14 +134,23 @@ def schedule_once(session: Session, settings: Settings) -> list[Dispatch]:
             transition(session, job, JobState.CANCELLED, "cancelled by the user before it ran")
         else:
             jobs[job.id] = job
-    if not jobs:
-        return []
+    memo = memo if memo is not None else PlanMemo()
+    memo.fresh = False
     shares = owner_shares(
         session, Limits.defaults(settings), {job.owner_id for job in jobs.values()}
     )
-    decision = plan_queue(
-        [placement_request(job) for job in jobs.values()], node_capacities(session), shares
+    capacities = node_capacities(session)
+    seen = (
+        tuple((job.id, job.priority, job.owner_id) for job in jobs.values()),
+        tuple(capacities),
+        tuple(sorted(shares.items())),
     )
+    if seen == memo.seen:
+        return []  # nothing changed since the last plan, which placed what it could
+    decision = plan_queue([placement_request(job) for job in jobs.values()], capacities, shares)
+    memo.seen, memo.decision, memo.fresh = seen, decision, True
+    if not jobs:
+        return []
     for job_id, reason in decision.waiting.items():
         if jobs[job_id].pending_reason != reason:  # written when it changes, not every pass
             jobs[job_id].pending_reason = reason
@@ -136,6 +170,7 @@ def schedule_once(session: Session, settings: Settings) -> list[Dispatch]:
                 rank=a.rank,
                 slots=a.slots,
                 gpus=a.gpus,
+                devices=list(a.devices) or None,
                 state=AllocationState.PENDING,
             )
             for a in plan.assignments
@@ -173,10 +208,14 @@ def replace_processes(session: Session, settings: Settings) -> list[Dispatch]:
             dead.append((alloc, job))
     if not dead:
         return []
-    free = {
-        node.name: [node.slots - node.slots_used, node.gpus - node.gpus_used]
+    capacities = {
+        node.name: node
         for node in node_capacities(session)
         if node.alive and not node.ps_unreachable
+    }
+    free = {
+        name: [node.slots - node.slots_used, node.gpus - node.gpus_used]
+        for name, node in capacities.items()
     }
     alive = {
         node.id: node
@@ -195,6 +234,11 @@ def replace_processes(session: Session, settings: Settings) -> list[Dispatch]:
         node = same if same is not None and fits(same) else next(filter(fits, others), None)
         if node is None:
             continue
+        devices = capacities[node.name].free_devices(old.gpus)
+        capacities[node.name] = replace(
+            capacities[node.name],
+            devices_used=capacities[node.name].devices_used | set(devices),
+        )
         alloc = Allocation(
             job_id=old.job_id,
             node_id=node.id,
@@ -203,6 +247,7 @@ def replace_processes(session: Session, settings: Settings) -> list[Dispatch]:
             rank=old.rank,
             slots=old.slots,
             gpus=old.gpus,
+            devices=list(devices) or None,
             state=AllocationState.PENDING,
         )
         session.add(alloc)
@@ -370,6 +415,7 @@ def act(
         redis.Redis.from_url(url) for url in settings.ps_urls() if url != settings.redis_url
     ]
     sweeper = KeySweeper([client, *ps_clients], keys, artifacts=settings.artifacts())
+    memo = PlanMemo()
     try:
         while not stop.is_set():
             started = time.monotonic()
@@ -377,7 +423,7 @@ def act(
                 if not lease.hold():
                     log.error("lost the scheduler lease to %s; waiting again", lease.holder_now())
                     return
-                scheduling_pass(db, client, keys, celery, settings, tracker, sweeper)
+                scheduling_pass(db, client, keys, celery, settings, tracker, sweeper, memo)
                 record_pass(client, keys, "schedule")
             except Exception:
                 log.exception("scheduling pass failed; retrying")
@@ -402,8 +448,12 @@ def scheduling_pass(
     settings: Settings,
     tracker: NodeTracker,
     sweeper: KeySweeper | None = None,
+    memo: PlanMemo | None = None,
 ) -> list[int]:
-    """Node sync, then placement and dispatch; returns the ids of the allocations sent."""
+    """Node sync, then placement and dispatch; returns the ids of the allocations sent. With
+    `memo`, the queue is planned again only when it, the nodes or the owners' shares changed,
+    and each new plan is saved for GET /cluster."""
+    memo = memo if memo is not None else PlanMemo()
     reported = read_nodes(client, keys)
     with db.session() as session:
         stops = sync_nodes(
@@ -414,8 +464,14 @@ def scheduling_pass(
             artifacts=settings.artifacts(),
         )
     stop_allocations(client, keys, stops)
-    with db.session() as session:
-        items = replace_processes(session, settings) + schedule_once(session, settings)
+    try:
+        with db.session() as session:
+            items = replace_processes(session, settings) + schedule_once(session, settings, memo)
+    except Exception:
+        memo.seen = None  # not committed: the next pass plans again
+        raise
+    if memo.fresh and memo.decision is not None:
+        save_plan(client, keys, memo.decision)
     dispatch(celery, client, keys, items)
     if sweeper is not None and sweeper.due(time.monotonic()):
         sweeper.last = time.monotonic()

@@ -90,6 +90,7 @@ def sync_nodes(
             session.add(row)
             log.info("node %s joined", name)
         row.queue, row.slots, row.gpus = info.queue, info.slots, info.gpus
+        row.memory_mb = info.memory_mb
         row.last_heartbeat = datetime.fromtimestamp(info.heartbeat, UTC)
         sync_reach(row, list(info.ps_unreachable))
         row.plugins = info.plugin_versions() or None

@@ -17,7 +17,7 @@ import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 from optuna.trial import FrozenTrial, TrialState
@@ -26,10 +26,11 @@ from sqlalchemy.orm import Session
 
 from contract.keys import Keys
 from contract.settings import Settings
-from dsl.errors import JobSpecError
 from dsl.search import SearchConfig
+from scheduler.daemon.trial_checks import check_trial
 from scheduler.ingest.batch import Pruned
 from scheduler.store.database import Database
+from scheduler.store.jobs import NewJob, create_job
 from scheduler.store.models import Job, Sweep, User
 from scheduler.store.states import JobState, SweepState
 from scheduler.store.sweeps import cancel_live_trials, end_sweep, search_of, trial_values
@@ -42,9 +43,6 @@ from scheduler.sweeps.pbt import (
 )
 from scheduler.sweeps.study import Asked, StudyUnavailable, SweepStudy, open_storage
 from scheduler.sweeps.warm_start import seed_sweep
-
-if TYPE_CHECKING:
-    from scheduler.admission.submit import Checked
 
 log = logging.getLogger("trainyard.sweeps")
 
@@ -109,6 +107,7 @@ class SweepRunner:
     def __init__(self, db: Database, settings: Settings, client: redis.Redis, keys: Keys) -> None:
         self.db, self.settings, self.client, self.keys = db, settings, client, keys
         self.studies = Studies(settings.sql_url())
+        self.checked_in = 0  # the process that checked the last trial
 
     def run_once(self) -> int:
         """A pass over every running sweep; the number of trial jobs it created."""
@@ -228,33 +227,27 @@ class SweepRunner:
 
     def _check_trial(
         self, session: Session, sweep: Sweep, owner: User, study: SweepStudy, trial: Asked
-    ) -> Checked:
+    ) -> NewJob:
         """The trial's job, through a submission's checks (not its owner's rate and quotas:
-        the sweep was held to them when it was submitted); an invalid one fails the sweep."""
-        # The job language imports torch: on first use.
-        from scheduler.admission.checks import Kind
-        from scheduler.admission.submit import Backends, check, trial_submission
-
-        submission = trial_submission(
-            sweep,
+        the sweep was held to them when it was submitted), in the checking process
+        (scheduler/daemon/trial_checks.py); an invalid one fails the sweep."""
+        done = check_trial(
+            self.settings,
+            sweep.id,
             trial.number,
             trial.params,
-            extra=segment_overrides(study.search, trial),
-            settings=self.settings,
+            segment_overrides(study.search, trial),
         )
-        backends = Backends(self.settings, self.client, self.keys)
-        try:
-            return check(session, owner, submission, backends, expect=Kind.JOB, admit=False)
-        except JobSpecError as exc:
+        self.checked_in = done.pid
+        if done.new is None:
             study.tell(trial.number, None, TrialState.FAIL)
             raise SweepFailed(
-                f"trial {trial.number} with {trial.params} is not a valid job: {exc}"
-            ) from None
+                f"trial {trial.number} with {trial.params} is not a valid job: {done.error}"
+            )
+        return done.new
 
-    def _create_trial(self, session: Session, sweep: Sweep, owner: User, checked: Checked) -> Job:
-        from scheduler.admission.submit import queue_job
-
-        job = queue_job(session, owner, checked)
+    def _create_trial(self, session: Session, sweep: Sweep, owner: User, new: NewJob) -> Job:
+        job = create_job(session, owner, new)
         log.info(
             "sweep %s: trial %s is job %s with %s",
             sweep.id,

@@ -221,6 +221,7 @@ def apply_state(
         reason=record.reason,
         shard_failures=_shard_failures(session, job),
         workers=_current_workers(session, job),
+        step=job.step,
     )
     match decide(event):
         case Finish(state=state, reason=reason):

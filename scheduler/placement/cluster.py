@@ -7,14 +7,23 @@ by (-priority, id); placement orders them fairly between users (scheduler/placem
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session, load_only
 
 from contract.allocation import AllocationState
-from scheduler.placement.plan import NodeCapacity, OwnerShare, PlacementRequest, plan_queue
+from contract.keys import Keys
+from scheduler.placement.plan import (
+    NodeCapacity,
+    OwnerShare,
+    PlacementRequest,
+    QueueDecision,
+    plan_queue,
+)
 from scheduler.store.models import QUEUE_ORDER, Allocation, Job, Node, UserQuota
 from scheduler.store.quotas import Limits
 from scheduler.store.states import JobState, NodeState
@@ -33,6 +42,13 @@ def node_capacities(session: Session) -> list[NodeCapacity]:
             .group_by(Allocation.node_id)
         )
     }
+    devices: dict[int, set[int]] = {}
+    for node_id, taken in session.execute(
+        select(Allocation.node_id, Allocation.devices).where(
+            Allocation.state.in_(ACTIVE_ALLOCATIONS), Allocation.gpus > 0
+        )
+    ):
+        devices.setdefault(node_id, set()).update(int(i) for i in taken or ())
     return [
         NodeCapacity(
             name=node.name,
@@ -45,9 +61,26 @@ def node_capacities(session: Session) -> list[NodeCapacity]:
             ps_unreachable=tuple(node.ps_unreachable or ()),
             plugins=dict(node.plugins or {}),
             plugin_error=node.plugin_error or "",
+            memory_mb=node.memory_mb or 0,
+            devices_used=frozenset(devices.get(node.id, ())),
         )
         for node in session.scalars(select(Node).order_by(Node.name))
     ]
+
+
+def largest_memory_share(capacities: list[NodeCapacity], slots: int) -> tuple[str, int] | None:
+    """The alive node that gives a worker of `slots` slots the most memory, and that memory
+    (MB: its share per slot times `slots`); None when no alive node with as many slots says
+    how much memory it has."""
+    shares = [
+        (node.memory_per_slot_mb * slots, node.name)
+        for node in capacities
+        if node.alive and node.memory_mb > 0 and node.slots >= slots
+    ]
+    if not shares:
+        return None
+    mb, name = max(shares)
+    return name, mb
 
 
 def job_topology(job: Job | Row[Any]) -> dict[str, Any]:
@@ -162,25 +195,68 @@ _QUEUED_ROWS = (
 )
 
 
+@dataclass(frozen=True)
+class QueuePlan:
+    """The scheduler's last plan of the queue: job ids in placement order, why each waits."""
+
+    order: list[int]
+    waiting: dict[int, str]
+
+
+# Said of a job submitted since the scheduler's last plan.
+NOT_PLANNED = "submitted since the scheduler's last pass; placed or given a reason at its next"
+
+
+def save_plan(client: redis.Redis, keys: Keys, decision: QueueDecision) -> None:
+    """The scheduler's plan, kept for GET /cluster."""
+    waiting = {str(job_id): reason for job_id, reason in decision.waiting.items()}
+    client.set(keys.queue_plan, json.dumps({"order": decision.order, "waiting": waiting}))
+
+
+def last_plan(client: redis.Redis, keys: Keys) -> QueuePlan | None:
+    """The plan the scheduler saved last; None before it saved one."""
+    raw = client.get(keys.queue_plan)
+    if raw is None:
+        return None
+    data = json.loads(raw)
+    return QueuePlan(
+        order=[int(i) for i in data["order"]],
+        waiting={int(k): str(v) for k, v in data["waiting"].items()},
+    )
+
+
 def queue_view(
     session: Session,
     capacities: list[NodeCapacity] | None = None,
     *,
     quotas: Limits | None = None,
+    plan: QueuePlan | None = None,
 ) -> list[QueueEntry]:
     """The queue in placement order, each job with why it is waiting (`capacities`: the nodes'
     as node_capacities gives them, when the caller has them already; `quotas`: the default
-    quotas, Limits.defaults(settings), none if not given)."""
+    quotas, Limits.defaults(settings), none if not given). With the scheduler's last `plan`,
+    its order and reasons, not planned again (jobs it has not seen yet come last)."""
     jobs = {row.id: row for row in session.connection().execute(_QUEUED_ROWS)}
     requests = {
         # an old row without a topology: the whole job, to resolve it from its spec
         job_id: placement_request(row if row.topology else session.get_one(Job, job_id))
         for job_id, row in jobs.items()
     }
-    if capacities is None:
-        capacities = node_capacities(session)
-    shares = owner_shares(session, quotas or Limits(), {row.owner_id for row in jobs.values()})
-    decision = plan_queue(requests.values(), capacities, shares)
+    if plan is not None:
+        order = [job_id for job_id in plan.order if job_id in jobs]
+        order += sorted(set(jobs) - set(order))
+        seen = set(plan.order)
+        waiting = {
+            job_id: plan.waiting[job_id] if job_id in seen else NOT_PLANNED
+            for job_id in jobs
+            if job_id in plan.waiting or job_id not in seen
+        }
+        decision = QueueDecision([], waiting, order)
+    else:
+        if capacities is None:
+            capacities = node_capacities(session)
+        shares = owner_shares(session, quotas or Limits(), {row.owner_id for row in jobs.values()})
+        decision = plan_queue(requests.values(), capacities, shares)
     return [
         QueueEntry(
             job_id=job_id,
@@ -216,9 +292,10 @@ class ClusterView:
     queue: list[QueueEntry]
 
 
-def cluster_view(session: Session, *, quotas: Limits) -> ClusterView:
+def cluster_view(session: Session, *, quotas: Limits, plan: QueuePlan | None = None) -> ClusterView:
     """Every node with its capacity and use, the processes of scheduled and running jobs, and
-    the queue in placement order (`quotas`: the default quotas, Limits.defaults(settings))."""
+    the queue in placement order (`quotas`: the default quotas, Limits.defaults(settings);
+    `plan`: the scheduler's last, shown as it is; planned here only before there is one)."""
     capacities = node_capacities(session)
     capacity = {node.name: node for node in capacities}
     nodes = list(session.scalars(select(Node).order_by(Node.name)))
@@ -240,5 +317,5 @@ def cluster_view(session: Session, *, quotas: Limits) -> ClusterView:
     return ClusterView(
         nodes=[(node, capacity[node.name]) for node in nodes],
         placed=[PlacedJob(job, allocations[job.id]) for job in jobs],
-        queue=queue_view(session, capacities, quotas=quotas),
+        queue=queue_view(session, capacities, quotas=quotas, plan=plan),
     )

@@ -46,12 +46,29 @@ class NodeCapacity:
     plugins: Mapping[str, str] = field(default_factory=dict)
     # Why a plugin failed to load in its agent: it takes no jobs. "": every plugin loaded.
     plugin_error: str = ""
+    memory_mb: int = 0  # what its worker processes may use together (0: its agent does not say)
+    # The indices of its GPUs that live processes use: each GPU is one process's alone.
+    devices_used: frozenset[int] = frozenset()
+
+    @property
+    def memory_per_slot_mb(self) -> int:
+        return self.memory_mb // self.slots if self.slots else 0
+
+    def free_devices(self, count: int) -> tuple[int, ...]:
+        """The `count` lowest GPU indices no live process uses (fewer if there are not)."""
+        free = [i for i in range(self.gpus) if i not in self.devices_used]
+        return tuple(free[:count])
 
     def takes(self, request: PlacementRequest) -> bool:
-        """Whether any process of `request` may go here (room aside)."""
+        """Whether any process of `request` may go here (room aside): not a node whose share of
+        memory for a worker's slots is less than the memory the job's workers asked for, nor
+        one without a plugin the job uses, nor one whose own plugin failed to load."""
         if not self.alive or self.plugin_error:
             return False
         if request.parameter_server and self.ps_unreachable:
+            return False
+        share = self.memory_per_slot_mb * request.slots_per_worker
+        if request.memory_mb and self.memory_mb and share < request.memory_mb:
             return False
         return all(self.has(need) for need in request.plugins)
 
@@ -101,6 +118,7 @@ class PlacementRequest:
     priority: int = 0
     owner_id: int = 0
     plugins: tuple[PluginNeed, ...] = ()
+    memory_mb: int = 0  # each worker's cluster.resources.memory_mb (0: its slots' share)
 
     # Server shards exchange parameters over the network; they need a CPU slot, never a GPU.
     SLOTS_PER_SERVER: ClassVar[int] = 1
@@ -134,6 +152,7 @@ class PlacementRequest:
             priority=priority,
             owner_id=owner_id,
             plugins=tuple(PluginNeed(**need) for need in plugins),
+            memory_mb=int(t.get("memory_mb") or 0),
         )
 
     @property
@@ -165,6 +184,7 @@ class Assignment:
     node: str
     slots: int
     gpus: int
+    devices: tuple[int, ...] = ()  # the node's GPUs it alone uses, by index
 
 
 @dataclass(frozen=True)
@@ -181,16 +201,24 @@ class PlacementPlan:
         return ", ".join(f"{node} ({n})" for node, n in sorted(counts.items()))
 
 
-def _take(nodes: dict[str, NodeCapacity], name: str, slots: int, gpus: int) -> None:
+def _take(nodes: dict[str, NodeCapacity], name: str, slots: int, gpus: int) -> tuple[int, ...]:
+    """Take room on node `name`; the GPU indices taken (its lowest free ones)."""
     node = nodes[name]
-    nodes[name] = replace(node, slots_used=node.slots_used + slots, gpus_used=node.gpus_used + gpus)
+    devices = node.free_devices(gpus)
+    nodes[name] = replace(
+        node,
+        slots_used=node.slots_used + slots,
+        gpus_used=node.gpus_used + gpus,
+        devices_used=node.devices_used | set(devices),
+    )
+    return devices
 
 
 def _place_group(
     nodes: dict[str, NodeCapacity], ranks: list[int], slots: int, gpus: int
-) -> list[tuple[int, str]] | None:
-    """Put one worker group on as few nodes as possible: (rank, node) or None."""
-    placed: list[tuple[int, str]] = []
+) -> list[tuple[int, str, tuple[int, ...]]] | None:
+    """Put one worker group on as few nodes as possible: (rank, node, GPU indices) or None."""
+    placed: list[tuple[int, str, tuple[int, ...]]] = []
     remaining = list(ranks)
     while remaining:
         room = {name: node.fits(slots, gpus) for name, node in nodes.items()}
@@ -206,8 +234,7 @@ def _place_group(
             name = min(candidates, key=lambda n: (-room[n], 0 if gpus else nodes[n].free_gpus, n))
         count = min(room[name], len(remaining))
         for rank in remaining[:count]:
-            placed.append((rank, name))
-            _take(nodes, name, slots, gpus)
+            placed.append((rank, name, _take(nodes, name, slots, gpus)))
         remaining = remaining[count:]
     return placed
 
@@ -235,9 +262,15 @@ def plan_placement(
             return None
         assignments += [
             Assignment(
-                "worker", group, rank, node, request.slots_per_worker, request.gpus_per_worker
+                "worker",
+                group,
+                rank,
+                node,
+                request.slots_per_worker,
+                request.gpus_per_worker,
+                devices,
             )
-            for rank, node in placed
+            for rank, node, devices in placed
         ]
     for group, rank in request.servers:
         # Spread shards: each goes to the node with the most free slots (least GPUs on ties).
@@ -420,5 +453,11 @@ def plan_queue(
 def _apply(nodes: list[NodeCapacity], plan: PlacementPlan) -> list[NodeCapacity]:
     by_name = {node.name: node for node in nodes}
     for a in plan.assignments:
-        _take(by_name, a.node, a.slots, a.gpus)
+        node = by_name[a.node]
+        by_name[a.node] = replace(
+            node,
+            slots_used=node.slots_used + a.slots,
+            gpus_used=node.gpus_used + a.gpus,
+            devices_used=node.devices_used | set(a.devices),
+        )
     return [by_name[node.name] for node in nodes]

@@ -30,6 +30,9 @@ class Preview:
     feasible: bool  # whether the job would be placed right now
     reason: str
     assignments: list[Assignment]  # where each process would run; empty when not feasible
+    # Not even on the idle cluster of the alive nodes (all of them reaching what it needs):
+    # submission refuses such a job instead of queueing it for ever.
+    never: bool = False
 
 
 def placement_preview(session: Session, topology: Topology, priority: int) -> Preview:
@@ -49,20 +52,20 @@ def placement_preview(session: Session, topology: Topology, priority: int) -> Pr
         # Nodes that cannot reach the parameter-server Redis may reach it later, and a node
         # whose plugin failed may load it once its agent restarts: not "never".
         note = unreachable_note(request, alive) + plugin_error_note(alive)
-        if fits_empty_cluster(request, usable):
-            free_slots = sum(node.free_slots for node in usable)
-            free_gpus = sum(node.free_gpus for node in usable)
-            reason = (
-                f"would wait for free resources: needs {request.describe()}; free now: "
-                f"{free_slots} slot(s), {free_gpus} GPU(s){note}"
-            )
-        else:
+        if not fits_empty_cluster(request, usable):
             reason = (
                 f"{'cannot run on this cluster now' if note else 'can never run on this cluster'}"
                 f": needs {request.describe()}; it has {len(usable)} node(s), "
                 f"{sum(n.slots for n in usable)} slot(s), {sum(n.gpus for n in usable)} GPU(s)"
                 f"{note}"
             )
+            return Preview(feasible=False, reason=reason, assignments=[], never=not note)
+        free_slots = sum(node.free_slots for node in usable)
+        free_gpus = sum(node.free_gpus for node in usable)
+        reason = (
+            f"would wait for free resources: needs {request.describe()}; free now: "
+            f"{free_slots} slot(s), {free_gpus} GPU(s){note}"
+        )
         return Preview(feasible=False, reason=reason, assignments=[])
     ahead = session.scalar(
         select(func.count()).where(Job.state == JobState.QUEUED, Job.priority >= priority)

@@ -24,7 +24,12 @@ from scheduler.store.states import JobState, can_transition
 # scheduler) and continues where it stopped, this many times per placement of the job.
 MAX_SHARD_REPLACEMENTS = 3
 # How a worker process ends when a restart would end the same way: the job fails at once.
-FINAL_EXITS = (ExitCode.INVALID, ExitCode.DIVERGED)
+FINAL_EXITS = (ExitCode.INVALID, ExitCode.DIVERGED, ExitCode.OUT_OF_MEMORY)
+MEMORY_HINT = (
+    "not restarted, as it would pass its limit again: raise cluster.resources.memory_mb (up "
+    "to its slots' share of a node's memory; more slots_per_worker bring more), or use a "
+    "smaller batch_size or net"
+)
 
 # What a framework restarts after a worker fails (dsl.frameworks.FrameworkSpec.restart): the
 # whole job from a restart point, or that worker alone from its last step.
@@ -58,6 +63,7 @@ class Ended:
     shard_failures: int
     # The state of the newest process of each of the job's workers, this one's included.
     workers: tuple[AllocationState, ...]
+    step: int = 0  # the last training step the job reported
 
 
 @dataclass(frozen=True)
@@ -188,6 +194,11 @@ def _ended(event: Ended) -> Continue | Finish | Fail | Requeue | RestartAlone | 
 def _failed(event: Ended) -> Fail | Requeue | RestartAlone | ReplaceShard:
     job, who = event.job, event.who
     reason = event.reason or f"{who} failed"
+    if event.exit_code == ExitCode.OUT_OF_MEMORY and not job.cancel_requested:
+        # Deterministic: the same job passes the same limit at about the same step again.
+        # Not a lost machine: the limit did its work, and only this process died.
+        error = f"{who} {headline(event.reason, None)} at step {event.step}; {MEMORY_HINT}"
+        return Fail(error=error, reason=error)
     placed = job.state in (JobState.SCHEDULED, JobState.RUNNING)
     if (
         event.role == "server"

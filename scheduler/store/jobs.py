@@ -97,6 +97,11 @@ def get_job(session: Session, user: User, job_id: int, *, for_update: bool = Fal
     return job
 
 
+def own_job(session: Session, owner_id: int, job_id: int) -> Job | None:
+    """The job if it is `owner_id`'s own (an admin's included: not another user's)."""
+    return session.scalar(select(Job).where(Job.id == job_id, Job.owner_id == owner_id))
+
+
 def owner_names(session: Session, owner_ids: set[int]) -> dict[int, str]:
     if not owner_ids:
         return {}

@@ -76,6 +76,9 @@ QUOTA_NAMES = (
     "dataset_bytes",
     "artifact_bytes",
     "submissions_per_minute",
+    "validations_per_minute",
+    "queued_jobs",
+    "sweep_trials",
 )
 
 
@@ -93,6 +96,9 @@ class UserQuota(Base):
     dataset_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     artifact_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     submissions_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    validations_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    queued_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    sweep_trials: Mapped[int | None] = mapped_column(Integer, nullable=True)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
@@ -320,6 +326,8 @@ class Node(Base):
     # Why a plugin failed to load in its agent, as its registration says: it takes no jobs.
     # Null: every plugin loaded.
     plugin_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The memory (MB) its agent offers its worker processes together (0: not said).
+    memory_mb: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class Allocation(Base):
@@ -334,10 +342,39 @@ class Allocation(Base):
     rank: Mapped[int] = mapped_column(Integer, default=0)
     slots: Mapped[int] = mapped_column(Integer, default=1)
     gpus: Mapped[int] = mapped_column(Integer, default=0)
+    # The indices of its node's GPUs it alone uses (null: none).
+    devices: Mapped[list[int] | None] = mapped_column(JSON, nullable=True)
     state: Mapped[str] = mapped_column(String(16), default=AllocationState.PENDING, index=True)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class ModelVersion(Base):
+    """One version of a user's registered model (scheduler/store/registry.py): a copy of a
+    job's checkpoint, kept when the job goes, with what it was chosen by."""
+
+    __tablename__ = "model_versions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    name: Mapped[str] = mapped_column(String(100))
+    version: Mapped[int] = mapped_column(Integer)  # 1, 2, ... per (owner, name)
+    job_id: Mapped[int | None] = mapped_column(
+        ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True
+    )
+    job_name: Mapped[str] = mapped_column(String(100))
+    step: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(Text)
+    size: Mapped[int] = mapped_column(BigInteger)
+    objective: Mapped[str] = mapped_column(String(64))
+    objective_mode: Mapped[str] = mapped_column(String(3))
+    objective_value: Mapped[float | None] = mapped_column(Float, nullable=True)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # the job's summary
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # the job's execution spec
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)  # the model card's data facts
+    tags: Mapped[list[str]] = mapped_column(JSON, default=list)  # a tag is on one version
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    __table_args__ = (UniqueConstraint("owner_id", "name", "version"),)
 
 
 class DatasetRecord(Base):

@@ -8,7 +8,10 @@ Two kinds, enforced in two places:
 - at placement (scheduler/placement/plan.py): `running_jobs`, `slots` and `gpus` held at once.
   A job past them waits in the queue, with the quota as its reason, and starts when the user's
   other jobs end: users of a training service expect to queue work, not to resubmit it.
-`submissions_per_minute` is the submission rate (scheduler/admission/rate_limit.py).
+`submissions_per_minute` is the submission rate, `validations_per_minute` that of dry runs
+(POST /jobs/validate), each with its own allowance (scheduler/admission/rate_limit.py);
+`queued_jobs` bounds the jobs a user has waiting at once and `sweep_trials` a sweep's
+`max_trials`, both at submission.
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ class Limits:
     dataset_bytes: int | None = None
     artifact_bytes: int | None = None
     submissions_per_minute: int | None = None
+    validations_per_minute: int | None = None
+    queued_jobs: int | None = None
+    sweep_trials: int | None = None
 
     @classmethod
     def defaults(cls, settings: Settings) -> Limits:
@@ -70,6 +76,7 @@ class Usage:
     running_jobs: int = 0
     slots: int = 0
     gpus: int = 0
+    queued_jobs: int = 0
     dataset_bytes: int = 0
     artifact_bytes: int = 0
 
@@ -140,11 +147,20 @@ def usage_of(session: Session, user: User) -> Usage:
     ).one()
     return Usage(
         running_jobs=int(running or 0),
+        queued_jobs=queued_jobs(session, user.id),
         slots=int(slots),
         gpus=int(gpus),
         dataset_bytes=dataset_bytes(session, user.id),
         artifact_bytes=artifact_bytes(session, user.id),
     )
+
+
+def queued_jobs(session: Session, user_id: int) -> int:
+    """The user's jobs waiting in the queue (a sweep's trials included)."""
+    count = session.scalar(
+        select(func.count()).where(Job.owner_id == user_id, Job.state == JobState.QUEUED)
+    )
+    return int(count or 0)
 
 
 def dataset_bytes(session: Session, user_id: int) -> int:

@@ -66,6 +66,29 @@ def checkpoint_file(
     return record, path
 
 
+def model_checkpoint(
+    session: Session, job_id: int, choice: str | int | None, *, artifacts: Path
+) -> tuple[int, Path]:
+    """The step and file of the job's checkpoint that `choice` names: `best` (the objective's,
+    kept by checkpoint.keep_best), `latest`, a step, or None: the best where one was kept, else
+    the latest."""
+    kept = checkpoints(session, job_id, artifacts=artifacts)
+    if not kept:
+        raise NotFound(f"job {job_id} has no checkpoints (yet)")
+    if isinstance(choice, int):
+        step = choice
+    else:
+        best = [c.step for c in kept if c.best]
+        if choice == "best" and not best:
+            raise NotFound(
+                f"job {job_id} has no best checkpoint: a job keeps one with "
+                "checkpoint.keep_best: true"
+            )
+        step = best[-1] if best and choice != "latest" else kept[-1].step
+    _, path = checkpoint_file(session, job_id, step, artifacts=artifacts)
+    return step, path
+
+
 def pipeline_timelines(session: Session, job_id: int) -> list[PipelineTimeline]:
     """The latest timeline of each stage of each pipeline replica, by replica and stage."""
     return list(

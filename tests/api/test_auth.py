@@ -22,6 +22,7 @@ JOB_READS = [
     "/checkpoints",
     "/checkpoints/1",
     "/stream",
+    "/export?format=onnx",
 ]
 
 
@@ -44,6 +45,14 @@ def every_route(job_id: int) -> list[tuple[str, str]]:
         ("GET", "/api/v1/users/alice/quota"),
         ("PATCH", "/api/v1/users/alice/quota"),
         ("POST", f"/api/v1/jobs/{job_id}/stream-ticket"),
+        ("POST", "/api/v1/models"),
+        ("GET", "/api/v1/models"),
+        ("GET", "/api/v1/models/digits/1"),
+        ("GET", "/api/v1/models/digits/1/checkpoint"),
+        ("GET", "/api/v1/models/digits/1/export?format=onnx"),
+        ("POST", "/api/v1/models/digits/1/tags"),
+        ("DELETE", "/api/v1/models/digits/1/tags/production"),
+        ("DELETE", "/api/v1/models/digits/1"),
         *(("GET", f"/api/v1/jobs/{job_id}{path}") for path in JOB_READS),
     ]
 

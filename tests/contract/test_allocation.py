@@ -16,6 +16,7 @@ def test_exit_codes_keep_their_numbers() -> None:
         ("CANCELLED", 3),
         ("DRAINED", 4),
         ("DIVERGED", 5),
+        ("OUT_OF_MEMORY", 6),
     ]
 
 
@@ -38,10 +39,13 @@ def test_an_allocation_reads_back_as_the_scheduler_wrote_it() -> None:
         resume_from="/runs/3/restart/attempt-2.safetensors",
         restart_seconds=0.25,
         start_step=40,
+        memory_mb=2048,
+        devices=(1, 3),
     )
     fields = info.to_hash()
     assert "allocation_id" not in fields  # the hash's key holds it
     assert fields["topology"] == '{"workers": 2}' and fields["restart_seconds"] == "0.25"
+    assert fields["memory_mb"] == "2048" and fields["devices"] == "[1, 3]"
     assert AllocationInfo.from_hash(7, fields) == info
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from dsl.compiler import compile_job
+from dsl.errors import JobSpecError
 from dsl.frameworks import (
     FRAMEWORK_SPECS,
     FrameworkSpec,
@@ -12,6 +14,7 @@ from dsl.frameworks import (
     register_framework,
     restarting_alone,
 )
+from dsl.layers.base import BuildContext
 from dsl.registry import UnknownNameError
 from dsl.schema import ClusterConfig, PipelineConfig, json_schema
 from dsl.topology import resolve_topology, topology_problems
@@ -119,3 +122,24 @@ def test_a_descriptor_is_frozen() -> None:
     spec = FRAMEWORK_SPECS.get("local")
     with pytest.raises(AttributeError):
         spec.restart = "alone"  # type: ignore[misc]
+
+
+def test_a_worker_gets_no_more_gpus_than_its_framework_drives() -> None:
+    text = """
+name: two-gpus
+data: {source: digits}
+neuralnet:
+  layers:
+    - {name: data, type: input}
+    - {name: fc, type: innerproduct, srclayers: [data], units: 10}
+    - {name: loss, type: softmax_loss, srclayers: [fc]}
+updater: {type: sgd, lr: {base: 0.1}}
+train_steps: 10
+cluster:
+  resources: {gpus_per_worker: 2}
+"""
+    with pytest.raises(JobSpecError) as caught:
+        compile_job(text, BuildContext(sample_shape=(1, 8, 8), num_classes=10))
+    [issue] = caught.value.issues
+    assert issue.path == "cluster.resources.gpus_per_worker" and issue.line == 12
+    assert "uses 1 GPU" in issue.message

@@ -211,6 +211,7 @@ def test_validate_on_the_server_shows_topology_and_placement(
     assert result.exit_code == 0, result.output
     assert "mnist1d-allreduce: 13 layers" in result.stdout
     assert "total parameters: 102,090" in result.stdout
+    assert "memory per worker: about" in result.stdout
     assert (
         "topology: allreduce: 1 worker group(s) x 2 worker(s); 2 process(es), 2 slot(s), 0 GPU(s)"
         in result.stdout

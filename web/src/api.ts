@@ -14,6 +14,7 @@ import type {
   JobState,
   LogsOut,
   MetricsOut,
+  ModelVersionOut,
   PipelineOut,
   SeriesOut,
   StageTimelineOut,
@@ -24,7 +25,7 @@ import type {
   ValidationOut,
 } from "./types.gen";
 
-export type { JobPage, JobState, SweepDetail, SweepOut, SweepPage } from "./types.gen";
+export type { JobPage, JobState, ModelVersionOut, SweepDetail, SweepOut, SweepPage } from "./types.gen";
 
 export const API = "/api/v1";
 const TOKEN_KEY = "trainyard.token";
@@ -211,6 +212,22 @@ export const api = {
   importance: (id: number, signal?: AbortSignal) =>
     json<SweepImportance>(`/sweeps/${id}/importance`, { signal }),
   cluster: (signal?: AbortSignal) => json<Cluster>("/cluster", { signal }),
+  models: (signal?: AbortSignal) => json<ModelVersionOut[]>("/models", { signal }),
+  registerModel: (name: string, jobId: number, checkpoint: string | null) =>
+    json<ModelVersionOut>("/models", {
+      method: "POST",
+      body: JSON.stringify({ name, job_id: jobId, ...(checkpoint ? { checkpoint } : {}) }),
+      contentType: "application/json",
+    }),
+  tagModel: (name: string, version: number, tag: string) =>
+    json<ModelVersionOut>(`/models/${encodeURIComponent(name)}/${version}/tags`, {
+      method: "POST",
+      body: JSON.stringify({ tag }),
+      contentType: "application/json",
+    }),
+  deleteModel: async (name: string, version: number): Promise<void> => {
+    await send(`/models/${encodeURIComponent(name)}/${version}`, { method: "DELETE" });
+  },
   examples: () => json<Example[]>("/examples"),
 };
 

@@ -31,6 +31,7 @@ const ROUTES: Route[] = [
   route("/sweeps", "sweeps", async () => (await import("./pages/sweeps")).renderSweeps),
   route("/sweeps/:id", "sweeps", async () => (await import("./pages/sweep")).renderSweep),
   route("/cluster", "cluster", async () => (await import("./pages/cluster")).renderCluster),
+  route("/models", "models", async () => (await import("./pages/models")).renderModels),
 ];
 
 const app = document.getElementById("app") as HTMLElement;
@@ -40,6 +41,7 @@ const navLinks = {
   sweeps: h("a", { href: "#/sweeps" }, "Sweeps"),
   new: h("a", { href: "#/new" }, "New job"),
   cluster: h("a", { href: "#/cluster" }, "Cluster"),
+  models: h("a", { href: "#/models" }, "Models"),
 };
 const signOut = h(
   "button",
@@ -56,7 +58,7 @@ const topbar = h(
   "header",
   { class: "topbar" },
   h("a", { class: "brand", href: "#/jobs" }, h("span", { class: "logo" }), "Trainyard"),
-  h("nav", {}, navLinks.jobs, navLinks.sweeps, navLinks.new, navLinks.cluster),
+  h("nav", {}, navLinks.jobs, navLinks.sweeps, navLinks.new, navLinks.cluster, navLinks.models),
   h("div", { class: "spacer" }),
   signOut,
 );

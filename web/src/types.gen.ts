@@ -20,6 +20,8 @@ export interface NodeOut {
   gpus: number;
   slots_used: number;
   gpus_used: number;
+  /** MB its workers share, by slot (0: its agent does not say) */
+  memory_mb: number;
   last_heartbeat: string;
   /** parameter-server Redis its agent cannot reach, each 'host:port: error' */
   ps_unreachable: string[];
@@ -256,6 +258,35 @@ export interface MetricsOut {
   series: SeriesOut[];
 }
 
+export interface ModelVersionOut {
+  name: string;
+  version: number;
+  /** name@version, as jobs and commands take it (model:name@3) */
+  ref: string;
+  /** e.g. production; a tag is on one version of a name */
+  tags: string[];
+  /** the job it came from (null once deleted) */
+  job_id: number | null;
+  job_name: string;
+  /** the checkpoint's training step */
+  step: number;
+  /** bytes */
+  size: number;
+  /** the job's objective metric, e.g. val/accuracy */
+  objective: string;
+  /** max or min */
+  objective_mode: string;
+  /** the objective's value at that step */
+  objective_value: number | null;
+  /** the job's summary: its final figures */
+  metrics: Record<string, unknown>;
+  /** the samples it takes: sample_shape, x_dtype, num_classes, vocabulary */
+  input: Record<string, unknown>;
+  /** the job's execution spec */
+  spec: Record<string, unknown>;
+  created_at: string;
+}
+
 export interface TimelineEventOut {
   /** F: a micro-batch's forward, B: its backward */
   kind: "F" | "B";
@@ -305,11 +336,19 @@ export interface QuotaLimits {
   artifact_bytes: number | null;
   /** jobs and sweeps submitted in any minute (429 past it) */
   submissions_per_minute: number | null;
+  /** documents checked by POST /jobs/validate in any minute (429 past it) */
+  validations_per_minute: number | null;
+  /** jobs waiting in the queue at once (submissions get 403 past it) */
+  queued_jobs: number | null;
+  /** the largest search.max_trials of a sweep (403 past it) */
+  sweep_trials: number | null;
 }
 
 export interface QuotaUsage {
   /** scheduled and running jobs */
   running_jobs: number;
+  /** jobs waiting in the queue */
+  queued_jobs: number;
   /** slots their live processes hold */
   slots: number;
   gpus: number;
@@ -461,6 +500,22 @@ export interface LayerOut {
   partition_dim: number;
 }
 
+/** One worker process's estimated peak memory, part by part (dsl/memory.py). */
+export interface MemoryOut {
+  /** the estimate, which its memory limit must hold */
+  total_mb: number;
+  parameters_mb: number;
+  gradients_mb: number;
+  /** the updater's moments or momentum */
+  updater_state_mb: number;
+  /** a training step's layer outputs, its batch share */
+  activations_mb: number;
+  /** every split of the data the worker holds */
+  data_mb: number;
+  /** the interpreter and torch */
+  runtime_mb: number;
+}
+
 export interface StageOut {
   /** the layers the stage runs, in topological order */
   layers: string[];
@@ -514,6 +569,8 @@ export interface ValidationOut {
   layers: LayerOut[];
   total_params: number;
   topology: Record<string, unknown>;
+  /** each worker's estimated peak memory */
+  memory: MemoryOut;
   placement: PlacementOut;
   /** the pipeline's stages as the planner cut them; null without a pipeline */
   pipeline: PipelinePlanOut | null;

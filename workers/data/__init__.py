@@ -18,6 +18,7 @@ from workers.data.base import (
     DataInfo,
     Dataset,
     DataSource,
+    counted,
     hold_out_validation,
 )
 from workers.data.batches import TrainBatches, eval_batches
@@ -48,7 +49,7 @@ def load_dataset(
     )
     if config.validation_fraction > 0:
         dataset = hold_out_validation(dataset, config.validation_fraction, seed)
-    return dataset
+    return counted(dataset)
 
 
 def describe(

@@ -10,6 +10,7 @@ training split (`validation_fraction`) is every source's: `hold_out_validation`,
 
 from __future__ import annotations
 
+import math
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -40,6 +41,18 @@ class DataInfo:
     x_dtype: XDtype
     # The characters behind token ids (text only), to decode what a language model generates.
     vocabulary: str | None = None
+    # The samples of all its splits (None: not known before loading), for the memory estimate.
+    num_samples: int | None = None
+
+    @property
+    def nbytes(self) -> int | None:
+        """What a worker holding every split takes: samples and labels, as tensors."""
+        if self.num_samples is None:
+            return None
+        x_size = 8 if self.x_dtype == "int64" else 4
+        y_size = 8 if self.label_is_index else 4
+        per_sample = math.prod(self.sample_shape) * x_size + math.prod(self.label_shape) * y_size
+        return self.num_samples * per_sample
 
     def build_context(self, train_samples: int | None = None) -> BuildContext:
         """What the compiler takes from these facts (and the training split's size, if known)."""
@@ -90,6 +103,11 @@ class Dataset:
             out.append(("val", self.x_val, self.y_val))
         return out
 
+    @property
+    def nbytes(self) -> int:
+        """What its tensors take in memory."""
+        return sum(t.nbytes for _, x, y in self.splits() for t in (x, y))
+
     def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """The samples and labels of the split `name` (train, val or test)."""
         for split, x, y in self.splits():
@@ -109,8 +127,9 @@ class DataSource(ABC, Generic[C]):
         """Both splits as tensors; the same seed gives identical tensors."""
 
     def describe(self, config: C, *, seed: int, cache_dir: Path, base_dir: Path) -> DataInfo:
-        """Shapes and classes. Sources that know them from the config alone skip the loading."""
-        return self.load(config, seed=seed, cache_dir=cache_dir, base_dir=base_dir).info
+        """Shapes, classes and sample count. Sources that know them from the config alone skip
+        the loading."""
+        return counted(self.load(config, seed=seed, cache_dir=cache_dir, base_dir=base_dir)).info
 
 
 DATA_SOURCES: Registry[DataSource[Any]] = Registry("data source")
@@ -257,6 +276,12 @@ def samples_as(x: np.ndarray, where: str, field: str) -> tuple[np.ndarray, XDtyp
             raise DataSourceError(f"{where}: samples contain NaN or infinity", field=field)
         return x, "float32"
     raise DataSourceError(f"{where}: samples have dtype {x.dtype}; expected numbers", field=field)
+
+
+def counted(dataset: Dataset) -> Dataset:
+    """`dataset` with its info's sample count (every split) filled in."""
+    held = sum(len(x) for _, x, _ in dataset.splits())
+    return replace(dataset, info=replace(dataset.info, num_samples=held))
 
 
 def to_dataset(

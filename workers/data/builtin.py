@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from workers.data.base import (
 DIGITS_INFO = DataInfo(
     sample_shape=(1, 8, 8), num_classes=10, label_shape=(), label_is_index=True, x_dtype="float32"
 )
+DIGITS_SAMPLES = 1797
 MNIST1D_LENGTH = 40
 
 
@@ -40,7 +42,7 @@ class DigitsSource(DataSource[DigitsData]):
     def describe(
         self, config: DigitsData, *, seed: int, cache_dir: Path, base_dir: Path
     ) -> DataInfo:
-        return DIGITS_INFO
+        return replace(DIGITS_INFO, num_samples=DIGITS_SAMPLES)
 
 
 @register_source("mnist1d")
@@ -70,6 +72,7 @@ class Mnist1dSource(DataSource[Mnist1dData]):
             label_shape=(),
             label_is_index=True,
             x_dtype="float32",
+            num_samples=config.num_samples,
         )
 
     def _arrays(self, num_samples: int, seed: int, cache_dir: Path) -> dict[str, np.ndarray]:

@@ -42,6 +42,7 @@ class SyntheticSource(DataSource[SyntheticData]):
                 label_shape=(1,),
                 label_is_index=False,
                 x_dtype="float32",
+                num_samples=config.num_samples,
             )
         if config.task == "images":
             size = config.image_size
@@ -54,6 +55,7 @@ class SyntheticSource(DataSource[SyntheticData]):
             label_shape=(),
             label_is_index=True,
             x_dtype="float32",
+            num_samples=config.num_samples,
         )
 
 

@@ -103,6 +103,9 @@ def test_validate_prints_the_layer_table_and_totals() -> None:
     assert "algorithm: bp" in result.stdout and "updater: sgd" in result.stdout
     topology = "topology: local: 1 worker group(s) x 1 worker(s); 1 process(es), 1 slot(s)"
     assert topology in result.stdout
+    # 50,826 parameters, their gradients and momentum; 1797 digits; the runtime's 400 MB.
+    words = " ".join(result.stdout.split())  # the console wraps long lines
+    assert "memory per worker: about 402 MB (parameters 1, gradients 1, updater state 1," in words
 
 
 PIPELINED = ("--set", "pipeline.stages=3", "--set", "pipeline.microbatches=8")

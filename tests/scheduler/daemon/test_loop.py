@@ -15,7 +15,13 @@ from contract.keys import Keys
 from contract.nodes import NodeRegistration
 from contract.settings import Settings
 from contract.stream import StateRecord
-from scheduler.daemon.loop import KeySweeper, replace_processes, schedule_once, undispatched
+from scheduler.daemon.loop import (
+    KeySweeper,
+    PlanMemo,
+    replace_processes,
+    schedule_once,
+    undispatched,
+)
 from scheduler.daemon.nodes import NodeTracker, mark_lost, sync_nodes
 from scheduler.ingest.batch import apply_state
 from scheduler.placement.cluster import node_capacities, queue_view
@@ -438,3 +444,28 @@ def test_a_node_whose_plugin_failed_holds_no_job_until_its_agent_loads_it(
         assert session.scalars(select(Node.plugin_error)).one() is None
         assert len(schedule_once(session, settings)) == 1
     assert state(db, job_id) == JobState.SCHEDULED
+
+
+def test_a_pass_with_nothing_changed_plans_nothing(db: Database, settings: Settings) -> None:
+    with db.session() as session:
+        sync_nodes(session, {"n1": registration(1)}, NodeTracker(), TIMEOUT, now=0.0)
+    first, second = add_job(db), add_job(db)
+    memo = PlanMemo()
+    with db.session() as session:
+        assert len(schedule_once(session, settings, memo)) == 1  # the first takes the slot
+    assert memo.fresh and memo.decision is not None
+    assert memo.decision.waiting == {
+        second: "waiting for free resources: needs 1 worker(s): 1 slot(s)"
+    }
+    with db.session() as session:
+        assert schedule_once(session, settings, memo) == []
+    assert memo.fresh  # the first job left the queue: planned again, the second still waits
+    with db.session() as session:
+        assert schedule_once(session, settings, memo) == []
+    assert not memo.fresh  # nothing changed: nothing planned
+    with db.session() as session:  # the first job's process ends: its slot is free
+        [alloc] = session.scalars(select(Allocation).where(Allocation.job_id == first)).all()
+        alloc.state = AllocationState.DONE
+    with db.session() as session:
+        [item] = schedule_once(session, settings, memo)
+    assert memo.fresh and item.info.job_id == second

@@ -4,6 +4,7 @@ node agent)."""
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from collections.abc import Iterator
@@ -111,6 +112,8 @@ def test_trials_are_asked_queued_told_and_the_best_recorded(env: Env) -> None:
     sweep_id = env.submit()
     runner = env.runner()
     assert runner.run_once() == 2  # trials created: the scheduling loop places them at once
+    # Checked (compiled) in a process of their own, off the scheduler's placement thread.
+    assert runner.checked_in not in (0, os.getpid())
     first = env.trials(sweep_id)
     assert [(j.trial_number, j.state, j.sweep_id) for j in first] == [
         (0, JobState.QUEUED, sweep_id),

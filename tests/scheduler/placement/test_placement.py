@@ -122,6 +122,29 @@ def test_gpu_accounting() -> None:
     assert "waiting for free resources" in decision.waiting[2]
 
 
+def test_each_process_gets_gpus_of_its_own_by_index() -> None:
+    gpu_node = NodeCapacity("g", "q.g", slots=8, gpus=4)
+    # Two jobs in one pass, then a third once GPU 1 (of the first) is in use by a live process.
+    decision = plan_queue([job(1, 2, gpus=1), job(2, 1, gpus=2)], [gpu_node])
+    devices = {r.job_id: [a.devices for a in p.assignments] for r, p in decision.placed}
+    assert devices == {1: [(0,), (1,)], 2: [(2, 3)]}
+    busy = replace(gpu_node, gpus_used=1, devices_used=frozenset({1}))
+    plan = plan_placement(job(3, 3, gpus=1), [busy])
+    assert plan is not None and [a.devices for a in plan.assignments] == [(0,), (2,), (3,)]
+    cpu = plan_placement(job(4, 1), [gpu_node])
+    assert cpu is not None and cpu.assignments[0].devices == ()
+
+
+def test_a_worker_asking_more_memory_than_a_nodes_share_goes_elsewhere() -> None:
+    small = NodeCapacity("a-small", "q.a", slots=4, memory_mb=4096)  # 1024 MB a slot
+    large = NodeCapacity("b-large", "q.b", slots=4, memory_mb=16384)
+    request = replace(job(1, 1), memory_mb=2048)
+    plan = plan_placement(request, [small, large])
+    assert plan is not None and plan.nodes() == ["b-large"]
+    assert plan_placement(request, [small]) is None
+    assert plan_placement(replace(request, slots_per_worker=2), [small]) is not None
+
+
 def test_cpu_work_leaves_gpu_nodes_free() -> None:
     nodes = [NodeCapacity("gpu", "q.gpu", slots=8, gpus=4), node("cpu", 8)]
     plan = plan_placement(job(1, 2), nodes)
@@ -225,6 +248,8 @@ def test_plans_are_valid_and_found_whenever_one_exists(
     )
     assert placed == wanted
     by_name = {n.name: n for n in alive}
+    taken = [(a.node, i) for a in plan.assignments for i in a.devices]
+    assert len(taken) == len(set(taken)) == len(request.workers) * gpus  # never shared
     for name, (used_slots, used_gpus) in usage(plan).items():
         assert name in by_name  # never a lost node
         assert used_slots <= by_name[name].free_slots

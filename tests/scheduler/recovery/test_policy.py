@@ -10,6 +10,7 @@ import pytest
 from contract.allocation import AllocationState, ExitCode
 from scheduler.recovery.policy import (
     MAX_SHARD_REPLACEMENTS,
+    MEMORY_HINT,
     Continue,
     Decision,
     Ended,
@@ -55,6 +56,7 @@ def ended(
     reason: str = KILLED,
     shard_failures: int = 0,
     workers: tuple[AllocationState, ...] = (RUNNING, RUNNING),
+    step: int = 0,
     **job_changes: Any,
 ) -> Ended:
     who = WHO if role == "worker" else "server 0/0 on n1"
@@ -67,6 +69,7 @@ def ended(
         reason=reason,
         shard_failures=shard_failures,
         workers=workers,
+        step=step,
     )
 
 
@@ -80,6 +83,14 @@ def fail(reason: str = KILLED, who: str = WHO) -> Fail:
 
 def lost_fail(max_restarts: int = 3) -> Fail:
     error = f"{LOST} (no restarts left: cluster.max_restarts is {max_restarts})"
+    return Fail(error=error, reason=error)
+
+
+OUT_OF_MEMORY = "exceeded its 2048 MB limit\n(peak memory 2.0 GB; exit code 6)\nKilled"
+
+
+def memory_fail() -> Fail:
+    error = f"{WHO} exceeded its 2048 MB limit at step 1200; {MEMORY_HINT}"
     return Fail(error=error, reason=error)
 
 
@@ -104,6 +115,16 @@ CASES: list[tuple[str, Event, Decision]] = [
         "DIVERGED: would diverge again",
         ended(exit_code=ExitCode.DIVERGED, reason="nan"),
         fail("nan"),
+    ),
+    (
+        "OUT_OF_MEMORY: past its limit again, not a lost machine",
+        ended(exit_code=ExitCode.OUT_OF_MEMORY, reason=OUT_OF_MEMORY, step=1200),
+        memory_fail(),
+    ),
+    (
+        "OUT_OF_MEMORY of a worker that would restart alone",
+        ended(job=ALONE, exit_code=ExitCode.OUT_OF_MEMORY, reason=OUT_OF_MEMORY, step=1200),
+        memory_fail(),
     ),
     ("a failure without a reason", ended(reason=""), Requeue(f"{WHO} failed", counted=True)),
     (

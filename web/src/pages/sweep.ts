@@ -50,6 +50,7 @@ export function renderSweep(root: HTMLElement, scope: Scope, params: Params): vo
   root.append(
     header,
     best,
+    registerBest(id),
     paretoCard,
     h(
       "section",
@@ -235,4 +236,35 @@ export function renderSweep(root: HTMLElement, scope: Scope, params: Params): vo
     },
     onError,
   );
+}
+
+
+/** A form that registers the sweep's best trial's checkpoint as the next version of a model. */
+function registerBest(id: number): HTMLElement {
+  const name = h("input", { id: "register-best-name", placeholder: "model name", required: true });
+  const message = h("span", { class: "muted", id: "register-best-message" });
+  const form = h(
+    "form",
+    {
+      class: "register-best",
+      onsubmit: async (event: Event) => {
+        event.preventDefault();
+        try {
+          const best = (await api.sweep(id)).best;
+          if (!best) {
+            fill(message, "no best trial yet");
+            return;
+          }
+          const version = await api.registerModel(name.value.trim(), best.job_id, null);
+          fill(message, h("a", { href: "#/models" }, `registered ${version.ref}`), ` (trial ${best.number}, job #${best.job_id})`);
+        } catch (error) {
+          fill(message, errorText(error));
+        }
+      },
+    },
+    name,
+    h("button", { type: "submit", id: "register-best" }, "Register best trial"),
+    message,
+  );
+  return h("section", { class: "card", id: "register-best-card" }, form);
 }

@@ -9,8 +9,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0013_node_plugin_error"
-down_revision = "0010_plugins"
+revision = "0014_node_plugin_error"
+down_revision = "0013_bounded_queues"
 branch_labels = None
 depends_on = None
 
