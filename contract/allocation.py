@@ -25,6 +25,9 @@ STOP = "stop"  # the scheduler wants this one process stopped (its node was lost
 DISPATCHED = "dispatched"  # when the Celery task was sent (unix time)
 SEEN = "seen"  # when the agent last saw its process alive (every heartbeat)
 PID = "pid"  # the process's id on its node
+# The password of the allocation's own Redis login as its job's user (Keys.job_user), when the
+# scheduler creates job users: the agent hands its process a URL with it, and no other.
+REDIS_PASSWORD = "redis_password"
 
 
 class ExitCode(enum.IntEnum):

@@ -17,6 +17,11 @@ FINISHED_TTL_SECONDS = 7 * 24 * 3600  # an allocation hash, after its agent repo
 RENDEZVOUS_TTL_SECONDS = 24 * 3600
 NORMS_TTL_SECONDS = 3600  # the shards' parts of one update's gradient norm (workers.distributed)
 
+# What a job's own Redis user may run (Redis ACL categories and commands, on the keys its rules
+# name): everything but administration, the dangerous commands (KEYS, FLUSHALL, CONFIG, ...),
+# pub/sub, and the commands that list or pick keys it was not given (SCAN, RANDOMKEY).
+JOB_USER_COMMANDS = ("+@all", "-@admin", "-@dangerous", "-@pubsub", "-scan", "-randomkey")
+
 
 @dataclass(frozen=True)
 class Keys:
@@ -76,6 +81,27 @@ class Keys:
     def ps_pattern(self, job_id: int) -> str:
         """Every parameter-server key of a job (PSKeys.pattern of its scope)."""
         return f"{self.job_scope(job_id)}:ps:*"
+
+    def job_user(self, job_id: int) -> str:
+        """The Redis user a job's processes connect as (created at placement, dropped when the
+        job has ended and its processes stopped)."""
+        return f"{self.prefix}-job-{job_id}"
+
+    def job_user_rules(self, job_id: int, allocation_id: int, password: str) -> list[str]:
+        """`ACL SETUSER` rules that let one more allocation of a job in, with its own password:
+        its job's keys (stream, cancel key, rendezvous, parameter-server keys, norms), its own
+        allocation hash read-only, and one command on one shared key, SADD on the set of
+        streams to ingest. Additive: a job's user gathers its allocations' rules."""
+        return [
+            "on",
+            f">{password}",
+            "resetchannels",
+            *JOB_USER_COMMANDS,
+            f"~{self.job_scope(job_id)}:*",
+            f"%R~{self.allocation(allocation_id)}",
+            "clearselectors",
+            f"(%W~{self.streams_with_data} -@all +sadd)",
+        ]
 
     def stream_ticket(self, ticket: str) -> str:
         """A short-lived ticket to one job's live stream, `<job id>:<user id>:<token hash>` (the

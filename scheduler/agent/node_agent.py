@@ -32,6 +32,7 @@ from contract.allocation import (
     CLAIMED,
     FINISHED,
     PID,
+    REDIS_PASSWORD,
     SEEN,
     AllocationInfo,
     AllocationState,
@@ -41,7 +42,7 @@ from contract.allocation import (
 from contract.codec import decode
 from contract.keys import FINISHED_TTL_SECONDS, Keys
 from contract.nodes import NodeRegistration
-from contract.settings import Settings
+from contract.settings import Settings, with_user
 from contract.stream import JobStream, StateRecord
 from scheduler.agent.processes import ForkServer, FreshProcesses, Launcher, WorkerProcess
 from scheduler.agent.ps_reach import PS_CHECK_SECONDS, unreachable_ps
@@ -56,6 +57,9 @@ STOP_GRACE_SECONDS = 1.0
 # How long a draining worker may take to save its restart point and exit (within the
 # 10 seconds `docker compose stop` waits before it kills).
 DRAIN_SECONDS = 8.0
+# The agent's secrets its worker processes (and its fork server) do not inherit: its own Redis
+# login, with every right, and the database's. A process gets its job's Redis URL instead.
+SECRET_ENV = ("REDIS_URL", "TRAINYARD_REDIS_URL", "DATABASE_URL", "TRAINYARD_DATABASE_URL")
 
 
 def exit_cause(code: int) -> str:
@@ -93,9 +97,9 @@ def detect_gpus(settings: Settings) -> int:
 
 
 def entry_command(settings: Settings) -> list[str]:
-    """The worker's command line. The Redis URLs (with their passwords) reach it in the
-    environment it inherits (REDIS_URL, REDIS_PS_URLS), never here: any local user can read
-    a process's command line."""
+    """The worker's command line. The Redis URLs (with their passwords) reach it over the fork
+    server's socket or in its environment (REDIS_URL, REDIS_PS_URLS), never here: any local
+    user can read a process's command line."""
     assert settings.redis_url is not None
     return [
         sys.executable,
@@ -108,10 +112,15 @@ def entry_command(settings: Settings) -> list[str]:
     ]
 
 
+def worker_env() -> dict[str, str]:
+    """The agent's environment without its secrets (SECRET_ENV)."""
+    return {name: value for name, value in os.environ.items() if name not in SECRET_ENV}
+
+
 def create_launcher(settings: Settings) -> Launcher:
     if settings.fork_workers:
-        return ForkServer(entry_command(settings))
-    return FreshProcesses(entry_command(settings))
+        return ForkServer(entry_command(settings), worker_env())
+    return FreshProcesses(entry_command(settings), worker_env())
 
 
 @dataclass(frozen=True)
@@ -217,7 +226,7 @@ class Agent:
             stream.publish(
                 StateRecord(allocation_id, AllocationState.RUNNING, reason=f"on {self.name}")
             )
-            outcome = self._run(info)
+            outcome = self._run(info, fields.get(REDIS_PASSWORD, ""))
         self._report(info, outcome)
         return str(outcome.state)
 
@@ -257,9 +266,26 @@ class Agent:
             reported.append(allocation_id)
         return reported
 
-    def _run(self, info: AllocationInfo) -> Outcome:
+    def worker_url(self, info: AllocationInfo, password: str) -> str:
+        """The Redis URL the allocation's process logs in with: its job's own user, or, where
+        jobs have no users of their own (TRAINYARD_REDIS_JOB_USERS=false), the agent's."""
+        assert self.settings.redis_url is not None
+        if not self.settings.redis_job_users:
+            return self.settings.redis_url
+        if not password:
+            raise ValueError(
+                "the scheduler gave this allocation no Redis login of its own; set "
+                "TRAINYARD_REDIS_JOB_USERS alike for the scheduler and the node agents"
+            )
+        return with_user(self.settings.redis_url, self.keys.job_user(info.job_id), password)
+
+    def _run(self, info: AllocationInfo, password: str) -> Outcome:
         try:
-            process = self.launcher.run(info.allocation_id)
+            url = self.worker_url(info, password)
+        except ValueError as exc:
+            return Outcome(AllocationState.FAILED, str(exc), None)
+        try:
+            process = self.launcher.run(info.allocation_id, url)
         except OSError as exc:
             return Outcome(AllocationState.FAILED, f"the worker process did not start: {exc}", None)
         self.client.hset(self.keys.allocation(info.allocation_id), PID, str(process.pid))

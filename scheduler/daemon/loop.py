@@ -12,6 +12,7 @@ sweep thread wakes placement when it has created trials.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,7 +25,14 @@ from celery import Celery
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from contract.allocation import CLAIMED, DISPATCHED, STOP, AllocationInfo, AllocationState
+from contract.allocation import (
+    CLAIMED,
+    DISPATCHED,
+    REDIS_PASSWORD,
+    STOP,
+    AllocationInfo,
+    AllocationState,
+)
 from contract.announcements import JOB, SWEEP, relay
 from contract.codec import decode
 from contract.keys import Keys, delete_matching
@@ -218,12 +226,13 @@ def replace_processes(session: Session, settings: Settings) -> list[Dispatch]:
 @dataclass
 class KeySweeper:
     """Deletes the parameter-server keys of ended jobs whose processes have all stopped, from
-    the main Redis and every REDIS_PS_URLS server, and their restart points, once per job (per
-    scheduler process)."""
+    the main Redis and every REDIS_PS_URLS server, their restart points and their Redis users,
+    once per job (per scheduler process)."""
 
     clients: list[redis.Redis]
     keys: Keys
     artifacts: Path | None = None  # ended jobs' restart points are deleted there
+    job_users: bool = False  # ended jobs' Redis users are deleted from the main Redis (clients[0])
     swept: set[int] = field(default_factory=set)
     last: float = 0.0
 
@@ -249,17 +258,45 @@ class KeySweeper:
                 removed += delete_matching(client, self.keys.ps_pattern(job_id))
             if self.artifacts is not None:
                 prune_restart_points(self.artifacts, job_id)
+            if self.job_users:
+                drop_job_user(self.clients[0], self.keys, job_id)
             self.swept.add(job_id)
         return removed
 
 
-def dispatch(celery: Celery, client: redis.Redis, keys: Keys, items: list[Dispatch]) -> None:
-    """Write each allocation's record, then send its task (IDs only) to its node's queue."""
+def grant_job_user(client: redis.Redis, keys: Keys, job_id: int, allocation_id: int) -> str:
+    """Let one more allocation in as its job's Redis user (created with the first); the
+    password of its own login."""
+    password = secrets.token_urlsafe(24)
+    rules = keys.job_user_rules(job_id, allocation_id, password)
+    client.execute_command("ACL", "SETUSER", keys.job_user(job_id), *rules)
+    return password
+
+
+def drop_job_user(client: redis.Redis, keys: Keys, job_id: int) -> None:
+    """The job's Redis user is deleted, and the connections logged in as it closed."""
+    client.execute_command("ACL", "DELUSER", keys.job_user(job_id))
+
+
+def dispatch(
+    celery: Celery,
+    client: redis.Redis,
+    keys: Keys,
+    items: list[Dispatch],
+    *,
+    job_users: bool,
+) -> None:
+    """Write each allocation's record (with its Redis password when jobs have users of their
+    own), then send its task (IDs only) to its node's queue."""
     for item in items:
         key = keys.allocation(item.allocation_id)
+        fields: dict[Any, Any] = item.info.to_hash()
+        if job_users:
+            fields[REDIS_PASSWORD] = grant_job_user(
+                client, keys, item.info.job_id, item.allocation_id
+            )
         pipe = client.pipeline(transaction=True)
         pipe.delete(key)  # an id reused after a deleted job must not look claimed
-        fields: dict[Any, Any] = item.info.to_hash()
         pipe.hset(key, mapping=fields)
         pipe.execute()
         celery.send_task(RUN_ALLOCATION, args=[item.allocation_id], queue=item.queue)
@@ -369,7 +406,12 @@ def act(
     ps_clients = [
         redis.Redis.from_url(url) for url in settings.ps_urls() if url != settings.redis_url
     ]
-    sweeper = KeySweeper([client, *ps_clients], keys, artifacts=settings.artifacts())
+    sweeper = KeySweeper(
+        [client, *ps_clients],
+        keys,
+        artifacts=settings.artifacts(),
+        job_users=settings.redis_job_users,
+    )
     try:
         while not stop.is_set():
             started = time.monotonic()
@@ -416,13 +458,14 @@ def scheduling_pass(
     stop_allocations(client, keys, stops)
     with db.session() as session:
         items = replace_processes(session, settings) + schedule_once(session, settings)
-    dispatch(celery, client, keys, items)
+    dispatch(celery, client, keys, items, job_users=settings.redis_job_users)
     if sweeper is not None and sweeper.due(time.monotonic()):
         sweeper.last = time.monotonic()
         with db.session() as session:
             # Records or task messages lost (Redis restarted empty) are sent again; processes
             # nobody reports on any more are written off and their jobs placed again.
-            dispatch(celery, client, keys, undispatched(session, settings, client))
+            resent = undispatched(session, settings, client)
+            dispatch(celery, client, keys, resent, job_users=settings.redis_job_users)
             timeout = settings.node_timeout_seconds
             silent = silent_allocations(session, client, keys, tracker, timeout)
             stop_allocations(

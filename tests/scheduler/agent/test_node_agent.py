@@ -20,9 +20,11 @@ import redis
 from sqlalchemy import select
 
 from bench.service_cluster import Cluster, stop_process
-from contract.allocation import AllocationState
+from contract.allocation import REDIS_PASSWORD, AllocationState
+from contract.codec import decode
 from contract.keys import Keys
-from contract.settings import Settings
+from contract.settings import Settings, with_user
+from scheduler.celery_app import node_queue
 from scheduler.daemon.loop import run_scheduler
 from scheduler.store.database import Database, migrate
 from scheduler.store.models import CheckpointRecord, Metric, Node
@@ -106,6 +108,76 @@ def test_cancel_stops_a_running_job_within_seconds(cluster: Cluster) -> None:
     cluster.wait_for("its slot to be free", lambda: cluster.slots_used("node-1") == 0, 10)
     [(alloc, _)] = cluster.allocations(job_id)
     assert alloc.state == AllocationState.CANCELLED
+
+
+def test_a_training_process_holds_only_its_own_jobs_redis_rights(cluster: Cluster) -> None:
+    """Two jobs train side by side. Each training process is connected to Redis as its job's
+    own user (CLIENT LIST, matched by the process's own sockets), inherited no Redis or database
+    login of its agent, and with its credentials reaches its own job's keys only: not the other
+    job's, not the node registry, not the Celery queue, not the scheduler's keys. The user is
+    deleted once the job has ended."""
+    keys, client = cluster.keys, cluster.client
+    first = cluster.submit(train_steps=10_000_000, disp_freq=10)
+    other = cluster.submit(train_steps=10_000_000, disp_freq=10)
+    for job_id in (first, other):
+        cluster.wait_for("the job's first metrics", lambda j=job_id: cluster.job(j).step > 0)
+    [(alloc, node)] = cluster.allocations(first)
+    [(other_alloc, _)] = cluster.allocations(other)
+    pid = cluster.pid(alloc.id)
+    environ = Path(f"/proc/{pid}/environ").read_bytes()
+    assert b"REDIS_URL=" not in environ and b"DATABASE_URL=" not in environ
+    assert str(cluster.settings.redis_url).encode() not in environ
+    # Every connection the process holds to Redis is logged in as its job's user.
+    ports = {
+        c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.raddr and c.laddr
+    }
+    users = {
+        entry["user"]
+        for entry in client.client_list()
+        if int(entry["addr"].rsplit(":", 1)[1]) in ports
+    }
+    assert users == {keys.job_user(first)}
+
+    password = decode(client.hgetall(keys.allocation(alloc.id)))[REDIS_PASSWORD]
+    url = with_user(str(cluster.settings.redis_url), keys.job_user(first), password)
+    tenant = redis.Redis.from_url(url)
+    assert tenant.xlen(keys.job_stream(first)) > 0  # its own stream: read and written
+    assert tenant.hget(keys.allocation(alloc.id), "job_id") == str(first).encode()
+    denied = {
+        "read another job's stream": lambda: tenant.xrange(keys.job_stream(other)),
+        "write another job's stream": lambda: tenant.xadd(keys.job_stream(other), {"k": "v"}),
+        "read another job's allocation": lambda: tenant.hgetall(keys.allocation(other_alloc.id)),
+        "cancel another job": lambda: tenant.set(keys.cancel(other), "1"),
+        "forge its own allocation": lambda: tenant.hset(keys.allocation(alloc.id), "stop", "1"),
+        "register a node": lambda: tenant.hset(keys.node("evil"), "slots", "64"),
+        "join the node set": lambda: tenant.sadd(keys.nodes, "evil"),
+        "read the node's queue": lambda: tenant.lrange(node_queue(cluster.settings, node), 0, -1),
+        "read the ingest set": lambda: tenant.smembers(keys.streams_with_data),
+        "take the scheduler lease": lambda: tenant.set(keys.scheduler_lease, "me"),
+        "list the keys": lambda: tenant.scan(0),
+        "manage users": lambda: tenant.execute_command("ACL", "LIST"),
+        "announce": lambda: tenant.publish(keys.announcements, "job 1"),
+    }
+    allowed = []
+    for what, attempt in denied.items():
+        try:
+            attempt()
+            allowed.append(what)
+        except redis.exceptions.NoPermissionError:
+            continue
+    assert allowed == []
+    tenant.close()
+
+    for job_id in (first, other):
+        cluster.cancel(job_id)
+        cluster.wait_state(job_id, JobState.CANCELLED, timeout=15)
+    for job_id in (first, other):
+        cluster.wait_for(
+            "the ended job's Redis user to be deleted",
+            lambda j=job_id: client.execute_command("ACL", "GETUSER", keys.job_user(j)) is None,
+            timeout=30,
+        )
+    cluster.wait_for("the slots to be free", lambda: cluster.slots_used("node-1") == 0, 10)
 
 
 def test_a_failing_job_ends_failed_with_the_reason(cluster: Cluster) -> None:
