@@ -22,6 +22,13 @@ NORMS_TTL_SECONDS = 3600  # the shards' parts of one update's gradient norm (wor
 # pub/sub, and the commands that list or pick keys it was not given (SCAN, RANDOMKEY).
 JOB_USER_COMMANDS = ("+@all", "-@admin", "-@dangerous", "-@pubsub", "-scan", "-randomkey")
 
+# The service's own Redis users, one per role, which the embedded Redis (`trainyard up`) and
+# docker-compose create (Keys.role_user, Keys.role_user_rules). Only the scheduler may manage
+# users (it creates and deletes each job's); the API and node agents may run no administrative
+# or dangerous command (ACL, CONFIG, KEYS, FLUSHALL, ...) and reach only the platform's keys.
+ROLES = ("api", "scheduler", "agent")
+BOUNDED_COMMANDS = ("+@all", "-@admin", "-@dangerous")
+
 
 @dataclass(frozen=True)
 class Keys:
@@ -81,6 +88,26 @@ class Keys:
     def ps_pattern(self, job_id: int) -> str:
         """Every parameter-server key of a job (PSKeys.pattern of its scope)."""
         return f"{self.job_scope(job_id)}:ps:*"
+
+    def role_user(self, role: str) -> str:
+        """The Redis user a process of `role` (one of ROLES) connects as."""
+        if role not in ROLES:
+            raise ValueError(f"no Redis role {role!r}; the roles are {', '.join(ROLES)}")
+        return f"{self.prefix}-{role}"
+
+    def role_user_rules(self, role: str) -> list[str]:
+        """A role's `ACL SETUSER` rules (its password aside): the scheduler every right (it
+        manages the jobs' users); the API the platform's keys and channels; a node agent those
+        and the Celery broker's keys (the nodes' queues `<prefix>.node.<name>`, kombu's
+        bindings `_kombu.*`; its workers take no broadcast commands, celery_app.py)."""
+        if role == "scheduler":
+            return ["allkeys", "allchannels", "+@all"]
+        if role == "api":
+            return [f"~{self.prefix}:*", f"&{self.prefix}:*", *BOUNDED_COMMANDS]
+        if role == "agent":
+            broker = [f"~{self.prefix}.*", "~_kombu.*"]
+            return [f"~{self.prefix}:*", *broker, f"&{self.prefix}:*", *BOUNDED_COMMANDS]
+        raise ValueError(f"no Redis role {role!r}; the roles are {', '.join(ROLES)}")
 
     def job_user(self, job_id: int) -> str:
         """The Redis user a job's processes connect as (created at placement, dropped when the
