@@ -257,14 +257,18 @@ def main(argv: list[str] | None = None) -> int:
         return run_allocation(args, args.allocation)
     warm_up()
     with socket.socket(fileno=args.fork_server) as channel:
-        serve(channel, lambda allocation_id, url: run_allocation(args, allocation_id, url))
+        serve(channel, lambda *request: run_allocation(args, *request))
     return ExitCode.OK
 
 
-def run_allocation(args: argparse.Namespace, allocation_id: int, redis_url: str = "") -> int:
-    """Train one allocation, logged in to Redis with `redis_url` (its job's own user, from the
-    fork server's request), else --redis-url / REDIS_URL."""
+def run_allocation(
+    args: argparse.Namespace, allocation_id: int, redis_url: str = "", ps_urls: str = ""
+) -> int:
+    """Train one allocation, logged in to Redis with `redis_url` and the parameter-server Redis
+    servers with `ps_urls` (its job's own user, from the fork server's request), else
+    --redis-url / REDIS_URL and --ps-urls / REDIS_PS_URLS."""
     redis_url = redis_url or args.redis_url
+    ps_urls = ps_urls or args.ps_urls
     if not redis_url:
         print(f"allocation {allocation_id}: no Redis URL to log in with", file=sys.stderr)
         return ExitCode.INVALID
@@ -275,8 +279,8 @@ def run_allocation(args: argparse.Namespace, allocation_id: int, redis_url: str 
         print(f"allocation {allocation_id} is not in Redis", file=sys.stderr)
         return ExitCode.INVALID
     info = AllocationInfo.from_hash(allocation_id, fields)
-    ps_urls = [url for url in args.ps_urls.split(",") if url] or [redis_url]
-    return train(info, client, keys, args.cache_dir, redis_url=redis_url, ps_urls=ps_urls)
+    shards = [url for url in ps_urls.split(",") if url] or [redis_url]
+    return train(info, client, keys, args.cache_dir, redis_url=redis_url, ps_urls=shards)
 
 
 def exit_now(code: int) -> None:

@@ -59,7 +59,14 @@ STOP_GRACE_SECONDS = 1.0
 DRAIN_SECONDS = 8.0
 # The agent's secrets its worker processes (and its fork server) do not inherit: its own Redis
 # login, with every right, and the database's. A process gets its job's Redis URL instead.
-SECRET_ENV = ("REDIS_URL", "TRAINYARD_REDIS_URL", "DATABASE_URL", "TRAINYARD_DATABASE_URL")
+SECRET_ENV = (
+    "REDIS_URL",
+    "TRAINYARD_REDIS_URL",
+    "REDIS_PS_URLS",
+    "TRAINYARD_REDIS_PS_URLS",
+    "DATABASE_URL",
+    "TRAINYARD_DATABASE_URL",
+)
 
 
 def exit_cause(code: int) -> str:
@@ -266,26 +273,29 @@ class Agent:
             reported.append(allocation_id)
         return reported
 
-    def worker_url(self, info: AllocationInfo, password: str) -> str:
-        """The Redis URL the allocation's process logs in with: its job's own user, or, where
-        jobs have no users of their own (TRAINYARD_REDIS_JOB_USERS=false), the agent's."""
+    def worker_urls(self, info: AllocationInfo, password: str) -> tuple[str, str]:
+        """The Redis URL the allocation's process logs in with and its parameter-server Redis
+        URLs (comma-separated): its job's own user, or, where jobs have no users of their own
+        (TRAINYARD_REDIS_JOB_USERS=false), the agent's."""
         assert self.settings.redis_url is not None
-        if not self.settings.redis_job_users:
-            return self.settings.redis_url
-        if not password:
-            raise ValueError(
-                "the scheduler gave this allocation no Redis login of its own; set "
-                "TRAINYARD_REDIS_JOB_USERS alike for the scheduler and the node agents"
-            )
-        return with_user(self.settings.redis_url, self.keys.job_user(info.job_id), password)
+        urls = [self.settings.redis_url, *self.settings.ps_urls()]
+        if self.settings.redis_job_users:
+            if not password:
+                raise ValueError(
+                    "the scheduler gave this allocation no Redis login of its own; set "
+                    "TRAINYARD_REDIS_JOB_USERS alike for the scheduler and the node agents"
+                )
+            user = self.keys.job_user(info.job_id)
+            urls = [with_user(url, user, password) for url in urls]
+        return urls[0], ",".join(urls[1:])
 
     def _run(self, info: AllocationInfo, password: str) -> Outcome:
         try:
-            url = self.worker_url(info, password)
+            url, ps_urls = self.worker_urls(info, password)
         except ValueError as exc:
             return Outcome(AllocationState.FAILED, str(exc), None)
         try:
-            process = self.launcher.run(info.allocation_id, url)
+            process = self.launcher.run(info.allocation_id, url, ps_urls)
         except OSError as exc:
             return Outcome(AllocationState.FAILED, f"the worker process did not start: {exc}", None)
         self.client.hset(self.keys.allocation(info.allocation_id), PID, str(process.pid))

@@ -192,9 +192,10 @@ class Launcher(Protocol):
     def start(self) -> None:
         """Get ready (a fork server starts importing); run() does it too."""
 
-    def run(self, allocation_id: int, redis_url: str = "") -> WorkerProcess:
+    def run(self, allocation_id: int, redis_url: str = "", ps_urls: str = "") -> WorkerProcess:
         """A running worker process for the allocation, logging in to Redis with `redis_url`
-        ("": the REDIS_URL of its environment); OSError if none could start."""
+        and to the parameter-server Redis servers with `ps_urls` (comma-separated; "": the
+        REDIS_URL and REDIS_PS_URLS of its environment); OSError if none could start."""
         ...
 
     def close(self) -> None:
@@ -203,7 +204,7 @@ class Launcher(Protocol):
 
 class FreshProcesses:
     """A new interpreter per allocation, each importing torch itself (no fork server), in the
-    environment `env` (default the agent's) with its Redis URL as REDIS_URL."""
+    environment `env` (default the agent's) with its Redis URLs as REDIS_URL and REDIS_PS_URLS."""
 
     def __init__(self, args: list[str], env: Mapping[str, str] | None = None) -> None:
         self.args = args
@@ -212,10 +213,12 @@ class FreshProcesses:
     def start(self) -> None:
         return None
 
-    def run(self, allocation_id: int, redis_url: str = "") -> WorkerProcess:
+    def run(self, allocation_id: int, redis_url: str = "", ps_urls: str = "") -> WorkerProcess:
         env = dict(os.environ if self.env is None else self.env)
         if redis_url:
             env["REDIS_URL"] = redis_url
+        if ps_urls:
+            env["REDIS_PS_URLS"] = ps_urls
         return ChildProcess([*self.args, "--allocation", str(allocation_id)], env=env)
 
     def close(self) -> None:
@@ -238,10 +241,10 @@ class ForkServer:
         with self._lock:
             self._current()
 
-    def run(self, allocation_id: int, redis_url: str = "") -> WorkerProcess:
+    def run(self, allocation_id: int, redis_url: str = "", ps_urls: str = "") -> WorkerProcess:
         with self._lock:
             server = self._current()
-        return server.run(allocation_id, redis_url)
+        return server.run(allocation_id, redis_url, ps_urls)
 
     def server_process(self) -> WorkerProcess | None:
         """The fork server's own process, if one is running."""
@@ -302,7 +305,7 @@ class _Server:
         self._running: dict[int, ForkedProcess] = {}  # by pid
         threading.Thread(target=self._listen, name="fork-server", daemon=True).start()
 
-    def run(self, allocation_id: int, redis_url: str) -> WorkerProcess:
+    def run(self, allocation_id: int, redis_url: str, ps_urls: str) -> WorkerProcess:
         read_fd, write_fd = os.pipe()
         process = ForkedProcess(open(read_fd, encoding="utf-8", errors="replace"))  # noqa: SIM115
         try:
@@ -310,7 +313,7 @@ class _Server:
                 if self.ended.is_set():
                     raise BrokenPipeError(f"the fork server exited: {self.process.output_tail()}")
                 self._starting[allocation_id] = process
-            request = f"{RUN} {allocation_id} {redis_url}".rstrip()
+            request = f"{RUN} {allocation_id} {redis_url} {ps_urls}".rstrip()
             socket.send_fds(self.channel, [request.encode()], [write_fd])
         except OSError:
             with self._lock:

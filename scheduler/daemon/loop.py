@@ -11,10 +11,12 @@ sweep thread wakes placement when it has created trials.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -232,7 +234,7 @@ class KeySweeper:
     clients: list[redis.Redis]
     keys: Keys
     artifacts: Path | None = None  # ended jobs' restart points are deleted there
-    job_users: bool = False  # ended jobs' Redis users are deleted from the main Redis (clients[0])
+    job_users: bool = False  # ended jobs' Redis users are deleted from every server too
     swept: set[int] = field(default_factory=set)
     last: float = 0.0
 
@@ -260,16 +262,31 @@ class KeySweeper:
                 prune_restart_points(self.artifacts, job_id)
             if self.job_users:
                 drop_job_user(self.clients[0], self.keys, job_id)
+                for client in self.clients[1:]:
+                    with contextlib.suppress(redis.RedisError):  # a parameter-server Redis down
+                        drop_job_user(client, self.keys, job_id)
             self.swept.add(job_id)
         return removed
 
 
-def grant_job_user(client: redis.Redis, keys: Keys, job_id: int, allocation_id: int) -> str:
-    """Let one more allocation in as its job's Redis user (created with the first); the
-    password of its own login."""
+def grant_job_user(
+    client: redis.Redis,
+    keys: Keys,
+    info: AllocationInfo,
+    ps_clients: Sequence[redis.Redis] = (),
+) -> str:
+    """Let one more allocation in as its job's Redis user (created with the first), on the
+    main Redis and, for a job with server shards, on every parameter-server Redis; the
+    password of its own login, the same on each."""
     password = secrets.token_urlsafe(24)
-    rules = keys.job_user_rules(job_id, allocation_id, password)
-    client.execute_command("ACL", "SETUSER", keys.job_user(job_id), *rules)
+    rules = keys.job_user_rules(info.job_id, info.allocation_id, password)
+    client.execute_command("ACL", "SETUSER", keys.job_user(info.job_id), *rules)
+    if int(info.topology.get("nserver_groups", 0)) > 0:
+        for ps_client in ps_clients:
+            try:
+                ps_client.execute_command("ACL", "SETUSER", keys.job_user(info.job_id), *rules)
+            except redis.RedisError as exc:  # its shards there fail to log in, as if it were down
+                log.warning("job %s: no user on a parameter-server Redis: %s", info.job_id, exc)
     return password
 
 
@@ -285,6 +302,7 @@ def dispatch(
     items: list[Dispatch],
     *,
     job_users: bool,
+    ps_clients: Sequence[redis.Redis] = (),
 ) -> None:
     """Write each allocation's record (with its Redis password when jobs have users of their
     own), then send its task (IDs only) to its node's queue."""
@@ -292,9 +310,7 @@ def dispatch(
         key = keys.allocation(item.allocation_id)
         fields: dict[Any, Any] = item.info.to_hash()
         if job_users:
-            fields[REDIS_PASSWORD] = grant_job_user(
-                client, keys, item.info.job_id, item.allocation_id
-            )
+            fields[REDIS_PASSWORD] = grant_job_user(client, keys, item.info, ps_clients)
         pipe = client.pipeline(transaction=True)
         pipe.delete(key)  # an id reused after a deleted job must not look claimed
         pipe.hset(key, mapping=fields)
@@ -458,14 +474,16 @@ def scheduling_pass(
     stop_allocations(client, keys, stops)
     with db.session() as session:
         items = replace_processes(session, settings) + schedule_once(session, settings)
-    dispatch(celery, client, keys, items, job_users=settings.redis_job_users)
+    ps_clients = [] if sweeper is None else sweeper.clients[1:]
+    job_users = settings.redis_job_users
+    dispatch(celery, client, keys, items, job_users=job_users, ps_clients=ps_clients)
     if sweeper is not None and sweeper.due(time.monotonic()):
         sweeper.last = time.monotonic()
         with db.session() as session:
             # Records or task messages lost (Redis restarted empty) are sent again; processes
             # nobody reports on any more are written off and their jobs placed again.
             resent = undispatched(session, settings, client)
-            dispatch(celery, client, keys, resent, job_users=settings.redis_job_users)
+            dispatch(celery, client, keys, resent, job_users=job_users, ps_clients=ps_clients)
             timeout = settings.node_timeout_seconds
             silent = silent_allocations(session, client, keys, tracker, timeout)
             stop_allocations(

@@ -39,10 +39,11 @@ if then == "die":
     print("cannot import torch", flush=True)
     sys.exit(7)
 
-def run(allocation, redis_url):
+def run(allocation, redis_url, ps_urls):
     print(f"allocation {{allocation}} in {{os.getpid()}}", flush=True)
     if allocation == 8:
-        print(f"logs in with {{redis_url}}; REDIS_URL={{os.environ.get('REDIS_URL')}}", flush=True)
+        inherited = os.environ.get("REDIS_URL"), os.environ.get("REDIS_PS_URLS")
+        print(f"logs in with {{redis_url}} {{ps_urls}}; inherited {{inherited}}", flush=True)
         return 0
     if allocation == 1:
         time.sleep(600)
@@ -201,15 +202,15 @@ def test_a_forked_process_logs_in_with_its_requests_url_and_no_agent_secret_is_i
     servers: Servers, launchers: list[ForkServer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("REDIS_URL", "redis://:agent-secret@127.0.0.1:9/0")
+    monkeypatch.setenv("REDIS_PS_URLS", "redis://:agent-secret@127.0.0.1:10/0")
     monkeypatch.setenv("DATABASE_URL", "postgresql://trainyard:db-secret@127.0.0.1/trainyard")
     servers.open_gate()
     launcher = ForkServer(servers.args(), worker_env())
     launchers.append(launcher)
-    process = launcher.run(8, "redis://trainyard-job-3:job-secret@127.0.0.1:9/0")
+    url, ps_url = (f"redis://trainyard-job-3:job-secret@127.0.0.1:{p}/0" for p in (9, 10))
+    process = launcher.run(8, url, ps_url)
     assert process.wait(TIMEOUT) == 0
-    assert process.output_tail().endswith(
-        "logs in with redis://trainyard-job-3:job-secret@127.0.0.1:9/0; REDIS_URL=None"
-    )
+    assert process.output_tail().endswith(f"logs in with {url} {ps_url}; inherited (None, None)")
     server_environ = Path(f"/proc/{server_process(launcher).pid}/environ").read_bytes()
     assert b"agent-secret" not in server_environ and b"db-secret" not in server_environ
 
@@ -218,15 +219,17 @@ def test_without_a_fork_server_each_allocation_starts_a_fresh_interpreter(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("REDIS_URL", "redis://:agent-secret@127.0.0.1:9/0")
+    monkeypatch.setenv("REDIS_PS_URLS", "redis://:agent-secret@127.0.0.1:10/0")
     script = tmp_path / "worker.py"
     script.write_text(
         "import os, sys; print(sys.argv[1:], os.environ.get('REDIS_URL'), "
-        "os.environ.get('DATABASE_URL')); sys.exit(int(sys.argv[-1]))"
+        "os.environ.get('REDIS_PS_URLS'), os.environ.get('DATABASE_URL')); "
+        "sys.exit(int(sys.argv[-1]))"
     )
-    url = "redis://trainyard-job-3:job-secret@127.0.0.1:9/0"
-    process = FreshProcesses([sys.executable, str(script)], worker_env()).run(6, url)
+    url, ps_url = (f"redis://trainyard-job-3:job-secret@127.0.0.1:{p}/0" for p in (9, 10))
+    process = FreshProcesses([sys.executable, str(script)], worker_env()).run(6, url, ps_url)
     assert process.wait(TIMEOUT) == 6
-    assert process.output_tail() == f"['--allocation', '6'] {url} None"
+    assert process.output_tail() == f"['--allocation', '6'] {url} {ps_url} None"
 
 
 @pytest.mark.slow
