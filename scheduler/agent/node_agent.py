@@ -58,7 +58,8 @@ STOP_GRACE_SECONDS = 1.0
 # 10 seconds `docker compose stop` waits before it kills).
 DRAIN_SECONDS = 8.0
 # The agent's secrets its worker processes (and its fork server) do not inherit: its own Redis
-# login, with every right, and the database's. A process gets its job's Redis URL instead.
+# logins, which reach every job's keys, and the database's. A process gets its job's Redis URLs
+# instead (Agent.worker_urls).
 SECRET_ENV = (
     "REDIS_URL",
     "TRAINYARD_REDIS_URL",
