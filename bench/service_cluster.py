@@ -68,6 +68,8 @@ class Cluster:
             TRAINYARD_RESTART_POINT_SECONDS=repr(s.restart_point_seconds),
             **extra,
         )
+        if s.redis_ps_urls:
+            env.setdefault("REDIS_PS_URLS", s.redis_ps_urls)
         return env
 
     def spawn(self, name: str, command: str, env: dict[str, str]) -> subprocess.Popen[bytes]:

@@ -28,6 +28,9 @@ PID = "pid"  # the process's id on its node
 # The memory cgroup the agent made for the process (its folder; absent: none could be made),
 # which the process joins before it does anything else (workers/confine.py).
 CGROUP = "cgroup"
+# The password of the allocation's own Redis login as its job's user (Keys.job_user), when the
+# scheduler creates job users: the agent hands its process a URL with it, and no other.
+REDIS_PASSWORD = "redis_password"
 
 
 class ExitCode(enum.IntEnum):

@@ -17,6 +17,18 @@ FINISHED_TTL_SECONDS = 7 * 24 * 3600  # an allocation hash, after its agent repo
 RENDEZVOUS_TTL_SECONDS = 24 * 3600
 NORMS_TTL_SECONDS = 3600  # the shards' parts of one update's gradient norm (workers.distributed)
 
+# What a job's own Redis user may run (Redis ACL categories and commands, on the keys its rules
+# name): everything but administration, the dangerous commands (KEYS, FLUSHALL, CONFIG, ...),
+# pub/sub, and the commands that list or pick keys it was not given (SCAN, RANDOMKEY).
+JOB_USER_COMMANDS = ("+@all", "-@admin", "-@dangerous", "-@pubsub", "-scan", "-randomkey")
+
+# The service's own Redis users, one per role, which the embedded Redis (`trainyard up`) and
+# docker-compose create (Keys.role_user, Keys.role_user_rules). Only the scheduler may manage
+# users (it creates and deletes each job's); the API and node agents may run no administrative
+# or dangerous command (ACL, CONFIG, KEYS, FLUSHALL, ...) and reach only the platform's keys.
+ROLES = ("api", "scheduler", "agent")
+BOUNDED_COMMANDS = ("+@all", "-@admin", "-@dangerous")
+
 
 @dataclass(frozen=True)
 class Keys:
@@ -82,6 +94,47 @@ class Keys:
     def ps_pattern(self, job_id: int) -> str:
         """Every parameter-server key of a job (PSKeys.pattern of its scope)."""
         return f"{self.job_scope(job_id)}:ps:*"
+
+    def role_user(self, role: str) -> str:
+        """The Redis user a process of `role` (one of ROLES) connects as."""
+        if role not in ROLES:
+            raise ValueError(f"no Redis role {role!r}; the roles are {', '.join(ROLES)}")
+        return f"{self.prefix}-{role}"
+
+    def role_user_rules(self, role: str) -> list[str]:
+        """A role's `ACL SETUSER` rules (its password aside): the scheduler every right (it
+        manages the jobs' users); the API the platform's keys and channels; a node agent those
+        and the Celery broker's keys (the nodes' queues `<prefix>.node.<name>`, kombu's
+        bindings `_kombu.*`; its workers take no broadcast commands, celery_app.py)."""
+        if role == "scheduler":
+            return ["allkeys", "allchannels", "+@all"]
+        if role == "api":
+            return [f"~{self.prefix}:*", f"&{self.prefix}:*", *BOUNDED_COMMANDS]
+        if role == "agent":
+            broker = [f"~{self.prefix}.*", "~_kombu.*"]
+            return [f"~{self.prefix}:*", *broker, f"&{self.prefix}:*", *BOUNDED_COMMANDS]
+        raise ValueError(f"no Redis role {role!r}; the roles are {', '.join(ROLES)}")
+
+    def job_user(self, job_id: int) -> str:
+        """The Redis user a job's processes connect as (created at placement, dropped when the
+        job has ended and its processes stopped)."""
+        return f"{self.prefix}-job-{job_id}"
+
+    def job_user_rules(self, job_id: int, allocation_id: int, password: str) -> list[str]:
+        """`ACL SETUSER` rules that let one more allocation of a job in, with its own password:
+        its job's keys (stream, cancel key, rendezvous, parameter-server keys, norms), its own
+        allocation hash read-only, and one command on one shared key, SADD on the set of
+        streams to ingest. Additive: a job's user gathers its allocations' rules."""
+        return [
+            "on",
+            f">{password}",
+            "resetchannels",
+            *JOB_USER_COMMANDS,
+            f"~{self.job_scope(job_id)}:*",
+            f"%R~{self.allocation(allocation_id)}",
+            "clearselectors",
+            f"(%W~{self.streams_with_data} -@all +sadd)",
+        ]
 
     def stream_ticket(self, ticket: str) -> str:
         """A short-lived ticket to one job's live stream, `<job id>:<user id>:<token hash>` (the

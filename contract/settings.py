@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -20,6 +20,14 @@ SQL_SCHEMES = ("sqlite:", "sqlite+", "postgresql:", "postgresql+")
 
 def _env(name: str) -> AliasChoices:
     return AliasChoices(name, f"TRAINYARD_{name}")
+
+
+def with_user(url: str, user: str, password: str) -> str:
+    """`url` logging in as `user` with `password` instead of its own credentials."""
+    parts = urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    login = f"{quote(user, safe='')}:{quote(password, safe='')}"
+    return urlunsplit(parts._replace(netloc=f"{login}@{host}"))
 
 
 def redacted(url: str) -> str:
@@ -198,6 +206,12 @@ class Settings(BaseSettings):
         description="a node agent forks each worker process from one process of its own that "
         "has imported torch (a job starts in milliseconds; about 0.5 GB for that process); "
         "false: each starts a fresh interpreter and imports torch itself (seconds)",
+    )
+    redis_job_users: bool = Field(
+        default=True,
+        description="each job's processes connect to Redis as a user of their own that reaches "
+        "only that job's keys (Redis ACL users, created by the scheduler, which needs the right "
+        "to manage them); false: they use their node agent's REDIS_URL",
     )
     heartbeat_seconds: float = Field(
         default=2.0, gt=0, description="how often a node agent tells Redis it is alive"

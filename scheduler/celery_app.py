@@ -47,5 +47,9 @@ def create_celery(settings: Settings) -> Celery:
         broker_transport_options={"ack_emulation": False},
         worker_hijack_root_logger=False,
         worker_send_task_events=False,
+        # No broadcast commands (shutdown, rate limits, ...) from whoever can publish on the
+        # broker; nothing of ours uses them, and a node agent's Redis user reaches no
+        # pidbox queue (contract/keys.py, Keys.role_user_rules).
+        worker_enable_remote_control=False,
     )
     return app

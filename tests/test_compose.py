@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import typer.main
 import yaml
 
+from contract.keys import ROLES, Keys
 from contract.settings import Settings
 from scheduler.cli.main import app
 from scheduler.cli.stack import HEALTH_PATH
@@ -143,13 +147,19 @@ def test_dockerfile_copies_existing_paths() -> None:
 
 
 REDIS_PASSWORD = re.compile(r"\$\{REDIS_PASSWORD:-([^}]+)\}")
+DEFAULT = re.compile(r"\$\{(\w+):-([^}]+)\}")
+
+
+def role_password_variable(role: str) -> str:
+    return f"REDIS_{role.upper()}_PASSWORD"
 
 
 def test_redis_requires_the_password_every_client_sends(compose: dict[str, Any]) -> None:
-    """Both Redis servers require the one REDIS_PASSWORD, given in a config file written from
-    the environment (no command line holds it: `ps` shows command lines to every user),
-    their healthchecks authenticate, and every Redis URL the Trainyard services get
-    carries it."""
+    """Both Redis servers require REDIS_PASSWORD, and the broker Redis a password per role
+    user, given in a config file written from the environment (no command line holds them:
+    `ps` shows command lines to every user); their healthchecks authenticate; every Redis URL
+    the Trainyard services get carries its role's user and password (the parameter-server
+    Redis: the default user's)."""
     services = compose["services"]
     defaults = set()
     for name in ("redis", "redis-ps"):
@@ -159,7 +169,7 @@ def test_redis_requires_the_password_every_client_sends(compose: dict[str, Any])
             f"{name}: the password is on a command line"
         )
         # The shell writes the config from its environment ($$: no compose interpolation).
-        assert "printf 'requirepass %s\\n' \"$$REDIS_PASSWORD\" > /data/password.conf" in command
+        assert "printf 'requirepass %s\\n" in command and "> /data/password.conf" in command
         assert "redis-server /data/password.conf" in command
         assert "umask 077" in command  # the config file is the server user's alone
         environment = services[name]["environment"]
@@ -169,15 +179,81 @@ def test_redis_requires_the_password_every_client_sends(compose: dict[str, Any])
         # redis-cli reads REDISCLI_AUTH; the check greps for PONG (NOAUTH is an error reply).
         assert environment["REDISCLI_AUTH"] == environment["REDIS_PASSWORD"]
         assert "grep -q PONG" in " ".join(services[name]["healthcheck"]["test"])
-    for name in ("api", "scheduler", "worker"):
+    role_defaults = {}
+    for role in ROLES:
+        found = DEFAULT.fullmatch(services["redis"]["environment"][role_password_variable(role)])
+        assert found and found[1] == role_password_variable(role)
+        role_defaults[role] = found[2]
+    service_roles = {"api": "api", "scheduler": "scheduler", "worker": "agent"}
+    for name, role in service_roles.items():
         env = services[name]["environment"]
-        urls = [env["REDIS_URL"], *env["REDIS_PS_URLS"].split(",")]
-        for url in urls:
-            auth = re.fullmatch(r"redis://:(\$\{REDIS_PASSWORD:-[^}]+\})@[\w-]+:6379/0", url)
+        user = Keys().role_user(role)
+        auth = re.fullmatch(rf"redis://{user}:(\$\{{[^}}]+\}})@redis:6379/0", env["REDIS_URL"])
+        assert auth, f"{name}: {env['REDIS_URL']} does not log in as {user}"
+        found = DEFAULT.fullmatch(auth[1])
+        assert found and found[1] == role_password_variable(role)
+        assert found[2] == role_defaults[role]
+        for url in env["REDIS_PS_URLS"].split(","):
+            auth = re.fullmatch(r"redis://:(\$\{REDIS_PASSWORD:-[^}]+\})@redis-ps:6379/0", url)
             assert auth, f"{name}: {url} does not send REDIS_PASSWORD"
             defaults.add(REDIS_PASSWORD.fullmatch(auth[1])[1])  # type: ignore[index]
         assert not any("PASSWORD" in part for part in services[name].get("command", []))
     assert len(defaults) == 1  # one default, the same everywhere
+    assert len({*defaults, *role_defaults.values()}) == 1 + len(ROLES)
+
+
+def test_the_broker_redis_creates_the_role_users_of_the_contract(
+    compose: dict[str, Any], tmp_path: Path
+) -> None:
+    """The broker Redis's own command, run here by sh with a real redis-server: each role's
+    user logs in with its password and has exactly the rules contract/keys.py gives it; the
+    default user needs REDIS_PASSWORD."""
+    from scheduler.cli.redis_server import free_port, redis_binary
+
+    script = services_command(compose, "redis")
+    port = free_port()
+    script = script.replace("/data/", f"{tmp_path}/").replace("$$", "$")
+    script = script.replace("docker-entrypoint.sh redis-server", redis_binary())
+    script += f" --port {port} --bind 127.0.0.1 --dir {tmp_path} --appendonly no --save ''"
+    passwords = {role_password_variable(role): f"{role}-{port}" for role in ROLES}
+    env = {"PATH": "/usr/bin:/bin", "REDIS_PASSWORD": "default-secret", **passwords}
+    server = subprocess.Popen(["sh", "-c", script], env=env, stdout=subprocess.DEVNULL)
+    try:
+        admin = redis.Redis(port=port, password="default-secret")
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                admin.ping()
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline and server.poll() is None
+                time.sleep(0.05)
+        assert (tmp_path / "password.conf").stat().st_mode & 0o777 == 0o600
+        keys = Keys()
+        for role in ROLES:
+            user = keys.role_user(role)
+            password = passwords[role_password_variable(role)]
+            with redis.Redis(port=port, username=user, password=password) as login:
+                assert login.execute_command("ACL", "WHOAMI") == user.encode()
+            # The same rules set from the contract on a user of our own: the same rights.
+            admin.execute_command("ACL", "SETUSER", f"expected-{role}", *keys.role_user_rules(role))
+            got, want = (
+                admin.execute_command("ACL", "GETUSER", u) for u in (user, f"expected-{role}")
+            )
+            for field in (b"commands", b"keys", b"channels"):
+                assert got[field] == want[field], (role, field)
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port).get("anything")
+        admin.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def services_command(compose: dict[str, Any], name: str) -> str:
+    command = compose["services"][name]["command"]
+    assert command[:2] == ["sh", "-c"]
+    return str(command[2])
 
 
 def test_the_operator_is_told_to_change_the_default_passwords() -> None:

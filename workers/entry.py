@@ -243,7 +243,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="import first, then fork a process per allocation asked for over the socket FD",
     )
     parser.add_argument(
-        "--redis-url", help="default REDIS_URL from the environment (kept off the command line)"
+        "--redis-url",
+        help="default REDIS_URL from the environment (kept off the command line); a fork "
+        "server's processes log in with the URL each request brings",
     )
     parser.add_argument("--prefix", default="trainyard", help="prefix of the Redis keys")
     parser.add_argument(
@@ -257,8 +259,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.redis_url is None or args.ps_urls is None:
         settings = Settings()
         if args.redis_url is None:
-            args.redis_url = settings.redis_url
-            if not args.redis_url:
+            args.redis_url = settings.redis_url or ""
+            if not args.redis_url and args.fork_server is None:
                 parser.error("no Redis: pass --redis-url or set REDIS_URL")
         if args.ps_urls is None:
             args.ps_urls = settings.redis_ps_urls or ""
@@ -278,12 +280,22 @@ def main(argv: list[str] | None = None) -> int:
     warm_up()
     _no_cuda_yet()
     with socket.socket(fileno=args.fork_server) as channel:
-        serve(channel, lambda allocation_id: run_allocation(args, allocation_id))
+        serve(channel, lambda *request: run_allocation(args, *request))
     return ExitCode.OK
 
 
-def run_allocation(args: argparse.Namespace, allocation_id: int) -> int:
-    client = redis.Redis.from_url(args.redis_url)
+def run_allocation(
+    args: argparse.Namespace, allocation_id: int, redis_url: str = "", ps_urls: str = ""
+) -> int:
+    """Train one allocation, logged in to Redis with `redis_url` and the parameter-server Redis
+    servers with `ps_urls` (its job's own user, from the fork server's request), else
+    --redis-url / REDIS_URL and --ps-urls / REDIS_PS_URLS."""
+    redis_url = redis_url or args.redis_url
+    ps_urls = ps_urls or args.ps_urls
+    if not redis_url:
+        print(f"allocation {allocation_id}: no Redis URL to log in with", file=sys.stderr)
+        return ExitCode.INVALID
+    client = redis.Redis.from_url(redis_url)
     keys = Keys(args.prefix)
     fields = decode(client.hgetall(keys.allocation(allocation_id)))
     if not fields:
@@ -295,15 +307,15 @@ def run_allocation(args: argparse.Namespace, allocation_id: int) -> int:
     except OSError as exc:  # never run past the limits it was given
         print(f"cannot apply its memory limit or GPUs: {exc}", file=sys.stderr)
         return ExitCode.FAILED
-    ps_urls = [url for url in args.ps_urls.split(",") if url] or [args.redis_url]
+    shards = [url for url in ps_urls.split(",") if url] or [redis_url]
     try:
         return train(
             info,
             client,
             keys,
             args.cache_dir,
-            redis_url=args.redis_url,
-            ps_urls=ps_urls,
+            redis_url=redis_url,
+            ps_urls=shards,
             confined=confined,
         )
     except (MemoryError, RuntimeError) as exc:

@@ -6,9 +6,12 @@ agent therefore starts one `python -m workers.entry --fork-server`
 (scheduler/agent/processes.py); it does the imports once and then forks a process per
 allocation, which costs milliseconds and shares the imported pages with its siblings.
 
-The protocol is contract/fork_server.py's. The server exits when the agent's end closes; the
-processes it forked go on, each in its own session, and stop themselves once the scheduler gives
-their allocation up, as any orphaned worker process does.
+The protocol is contract/fork_server.py's. The server holds no Redis login of its own (the agent
+starts it without REDIS_URL): each request brings the URLs its process logs in with, its job's
+own Redis user (scheduler/daemon/loop.py), so a process inherits no other job's rights. The
+server exits when the agent's end closes; the processes it forked go on, each in its own
+session, and stop themselves once the scheduler gives their allocation up, as any orphaned
+worker process does.
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ from typing import NoReturn
 from contract.fork_server import EXITED, FAILED, MESSAGE_BYTES, READY, RUN, STARTED
 
 
-def serve(channel: socket.socket, run: Callable[[int], int]) -> None:
-    """Fork a process that calls `run(allocation_id)` for every request; return when the
-    agent's end closes. Called once warm (the imports done), from the main thread."""
+def serve(channel: socket.socket, run: Callable[[int, str, str], int]) -> None:
+    """Fork a process that calls `run(allocation_id, redis_url, ps_urls)` for every request
+    ("" for what the request leaves out); return when the agent's end closes. Called once warm
+    (the imports done), from the main thread."""
     print(READY, flush=True)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
@@ -58,13 +62,14 @@ def _fork(
     request: str,
     fds: list[int],
     own_fds: list[int],
-    run: Callable[[int], int],
+    run: Callable[[int, str, str], int],
 ) -> None:
-    verb, _, raw_id = request.partition(" ")
-    if verb != RUN or not raw_id.isdigit() or len(fds) != 1:
+    verb, raw_id, redis_url, ps_urls, *rest = (*request.split(" "), "", "", "")
+    if verb != RUN or not raw_id.isdigit() or len(fds) != 1 or any(rest):
         for fd in fds:
             os.close(fd)
-        _send(channel, f"{FAILED} {raw_id or '?'} a malformed request: {request!r}")
+        # The request is not echoed: it may hold the process's Redis password.
+        _send(channel, f"{FAILED} {raw_id or '?'} a malformed request")
         return
     allocation_id, output = int(raw_id), fds[0]
     sys.stdout.flush()
@@ -76,13 +81,17 @@ def _fork(
         os.close(output)
         return
     if pid == 0:
-        _child(allocation_id, output, own_fds, run)
+        _child(allocation_id, (redis_url, ps_urls), output, own_fds, run)
     os.close(output)
     _send(channel, f"{STARTED} {allocation_id} {pid}")
 
 
 def _child(
-    allocation_id: int, output: int, own_fds: list[int], run: Callable[[int], int]
+    allocation_id: int,
+    urls: tuple[str, str],
+    output: int,
+    own_fds: list[int],
+    run: Callable[[int, str, str], int],
 ) -> NoReturn:
     """In the forked process: the server's state dropped, a session of its own (the agent
     signals its process group), its output into the pipe, then the allocation."""
@@ -99,7 +108,7 @@ def _child(
         stdin = os.open(os.devnull, os.O_RDONLY)
         os.dup2(stdin, 0)
         os.close(stdin)
-        code = run(allocation_id)
+        code = run(allocation_id, *urls)
     except BaseException:  # whatever happens, never back into the server's loop
         traceback.print_exc()
     finally:

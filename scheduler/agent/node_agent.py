@@ -37,6 +37,7 @@ from contract.allocation import (
     CLAIMED,
     FINISHED,
     PID,
+    REDIS_PASSWORD,
     SEEN,
     AllocationInfo,
     AllocationState,
@@ -46,7 +47,7 @@ from contract.allocation import (
 from contract.codec import decode
 from contract.keys import FINISHED_TTL_SECONDS, Keys
 from contract.nodes import NodeRegistration
-from contract.settings import Settings
+from contract.settings import Settings, with_user
 from contract.stream import JobStream, StateRecord
 from dsl.plugins import PluginError, load_plugins
 from dsl.plugins import versions as plugin_versions
@@ -66,6 +67,18 @@ STOP_GRACE_SECONDS = 1.0
 DRAIN_SECONDS = 8.0
 # A plugin's error, as registered: its message and the start of its traceback's last line.
 PLUGIN_ERROR_CHARS = 2000
+
+# The agent's secrets its worker processes (and its fork server) do not inherit: its own Redis
+# logins, which reach every job's keys, and the database's. A process gets its job's Redis URLs
+# instead (Agent.worker_urls).
+SECRET_ENV = (
+    "REDIS_URL",
+    "TRAINYARD_REDIS_URL",
+    "REDIS_PS_URLS",
+    "TRAINYARD_REDIS_PS_URLS",
+    "DATABASE_URL",
+    "TRAINYARD_DATABASE_URL",
+)
 
 
 def exit_cause(code: int) -> str:
@@ -103,9 +116,9 @@ def detect_gpus(settings: Settings) -> int:
 
 
 def entry_command(settings: Settings) -> list[str]:
-    """The worker's command line. The Redis URLs (with their passwords) reach it in the
-    environment it inherits (REDIS_URL, REDIS_PS_URLS), never here: any local user can read
-    a process's command line."""
+    """The worker's command line. The Redis URLs (with their passwords) reach it over the fork
+    server's socket or in its environment (REDIS_URL, REDIS_PS_URLS), never here: any local
+    user can read a process's command line."""
     assert settings.redis_url is not None
     return [
         sys.executable,
@@ -118,10 +131,15 @@ def entry_command(settings: Settings) -> list[str]:
     ]
 
 
+def worker_env() -> dict[str, str]:
+    """The agent's environment without its secrets (SECRET_ENV)."""
+    return {name: value for name, value in os.environ.items() if name not in SECRET_ENV}
+
+
 def create_launcher(settings: Settings) -> Launcher:
     if settings.fork_workers:
-        return ForkServer(entry_command(settings))
-    return FreshProcesses(entry_command(settings))
+        return ForkServer(entry_command(settings), worker_env())
+    return FreshProcesses(entry_command(settings), worker_env())
 
 
 @dataclass(frozen=True)
@@ -235,7 +253,7 @@ class Agent:
             stream.publish(
                 StateRecord(allocation_id, AllocationState.RUNNING, reason=f"on {self.name}")
             )
-            outcome = self._run(info)
+            outcome = self._run(info, fields.get(REDIS_PASSWORD, ""))
         self._report(info, outcome)
         return str(outcome.state)
 
@@ -275,7 +293,27 @@ class Agent:
             reported.append(allocation_id)
         return reported
 
-    def _run(self, info: AllocationInfo) -> Outcome:
+    def worker_urls(self, info: AllocationInfo, password: str) -> tuple[str, str]:
+        """The Redis URL the allocation's process logs in with and its parameter-server Redis
+        URLs (comma-separated): its job's own user, or, where jobs have no users of their own
+        (TRAINYARD_REDIS_JOB_USERS=false), the agent's."""
+        assert self.settings.redis_url is not None
+        urls = [self.settings.redis_url, *self.settings.ps_urls()]
+        if self.settings.redis_job_users:
+            if not password:
+                raise ValueError(
+                    "the scheduler gave this allocation no Redis login of its own; set "
+                    "TRAINYARD_REDIS_JOB_USERS alike for the scheduler and the node agents"
+                )
+            user = self.keys.job_user(info.job_id)
+            urls = [with_user(url, user, password) for url in urls]
+        return urls[0], ",".join(urls[1:])
+
+    def _run(self, info: AllocationInfo, password: str) -> Outcome:
+        try:
+            url, ps_urls = self.worker_urls(info, password)
+        except ValueError as exc:
+            return Outcome(AllocationState.FAILED, str(exc), None)
         key = self.keys.allocation(info.allocation_id)
         cgroup = None
         if self.cgroups is not None and info.memory_mb > 0:
@@ -287,7 +325,7 @@ class Agent:
             self.client.hset(key, CGROUP, str(cgroup))  # the process joins it first thing
         try:
             try:
-                process = self.launcher.run(info.allocation_id)
+                process = self.launcher.run(info.allocation_id, url, ps_urls)
             except OSError as exc:
                 why = f"the worker process did not start: {exc}"
                 return Outcome(AllocationState.FAILED, why, None)

@@ -18,7 +18,7 @@ import socket
 import subprocess
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -121,9 +121,16 @@ class WorkerProcess(abc.ABC):
 class ChildProcess(WorkerProcess):
     """A process the agent starts itself: a fork server, or a worker without one."""
 
-    def __init__(self, args: list[str], *, pass_fds: Iterable[int] = ()) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        *,
+        pass_fds: Iterable[int] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.popen = subprocess.Popen(
             args,
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -185,8 +192,10 @@ class Launcher(Protocol):
     def start(self) -> None:
         """Get ready (a fork server starts importing); run() does it too."""
 
-    def run(self, allocation_id: int) -> WorkerProcess:
-        """A running worker process for the allocation; OSError if none could start."""
+    def run(self, allocation_id: int, redis_url: str = "", ps_urls: str = "") -> WorkerProcess:
+        """A running worker process for the allocation, logging in to Redis with `redis_url`
+        and to the parameter-server Redis servers with `ps_urls` (comma-separated; "": the
+        REDIS_URL and REDIS_PS_URLS of its environment); OSError if none could start."""
         ...
 
     def close(self) -> None:
@@ -194,16 +203,23 @@ class Launcher(Protocol):
 
 
 class FreshProcesses:
-    """A new interpreter per allocation, each importing torch itself (no fork server)."""
+    """A new interpreter per allocation, each importing torch itself (no fork server), in the
+    environment `env` (default the agent's) with its Redis URLs as REDIS_URL and REDIS_PS_URLS."""
 
-    def __init__(self, args: list[str]) -> None:
+    def __init__(self, args: list[str], env: Mapping[str, str] | None = None) -> None:
         self.args = args
+        self.env = env
 
     def start(self) -> None:
         return None
 
-    def run(self, allocation_id: int) -> WorkerProcess:
-        return ChildProcess([*self.args, "--allocation", str(allocation_id)])
+    def run(self, allocation_id: int, redis_url: str = "", ps_urls: str = "") -> WorkerProcess:
+        env = dict(os.environ if self.env is None else self.env)
+        if redis_url:
+            env["REDIS_URL"] = redis_url
+        if ps_urls:
+            env["REDIS_PS_URLS"] = ps_urls
+        return ChildProcess([*self.args, "--allocation", str(allocation_id)], env=env)
 
     def close(self) -> None:
         return None
@@ -212,10 +228,11 @@ class FreshProcesses:
 class ForkServer:
     """The node's fork server (workers/fork_server.py), started again when it exits: at once if it
     had been warm (it was killed), else at the next run() (an import that fails would fail
-    again)."""
+    again). It runs in the environment `env` (default the agent's)."""
 
-    def __init__(self, args: list[str]) -> None:
+    def __init__(self, args: list[str], env: Mapping[str, str] | None = None) -> None:
         self.args = args
+        self.env = env
         self._lock = threading.Lock()
         self._server: _Server | None = None
         self._closed = False
@@ -224,10 +241,10 @@ class ForkServer:
         with self._lock:
             self._current()
 
-    def run(self, allocation_id: int) -> WorkerProcess:
+    def run(self, allocation_id: int, redis_url: str = "", ps_urls: str = "") -> WorkerProcess:
         with self._lock:
             server = self._current()
-        return server.run(allocation_id)
+        return server.run(allocation_id, redis_url, ps_urls)
 
     def server_process(self) -> WorkerProcess | None:
         """The fork server's own process, if one is running."""
@@ -245,7 +262,7 @@ class ForkServer:
         if self._closed:
             raise BrokenPipeError("the node agent is stopping")
         if self._server is None or self._server.ended.is_set():
-            self._server = _Server(self.args, on_end=self._server_ended)
+            self._server = _Server(self.args, self.env, on_end=self._server_ended)
         return self._server
 
     def _server_ended(self, server: _Server) -> None:
@@ -253,7 +270,7 @@ class ForkServer:
             if server is self._server and server.process.warm and not self._closed:
                 log.warning("the fork server exited: %s", server.process.output_tail())
                 try:
-                    self._server = _Server(self.args, on_end=self._server_ended)
+                    self._server = _Server(self.args, self.env, on_end=self._server_ended)
                 except OSError:  # out of processes or memory: the next run() tries again
                     log.exception("cannot start the fork server again")
 
@@ -261,11 +278,19 @@ class ForkServer:
 class _Server:
     """One fork-server process and the agent's end of its socket."""
 
-    def __init__(self, args: list[str], *, on_end: Callable[[_Server], None]) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        env: Mapping[str, str] | None,
+        *,
+        on_end: Callable[[_Server], None],
+    ) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.process = ChildProcess(
-                [*args, "--fork-server", str(theirs.fileno())], pass_fds=[theirs.fileno()]
+                [*args, "--fork-server", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                env=env,
             )
         except OSError:
             ours.close()
@@ -280,7 +305,7 @@ class _Server:
         self._running: dict[int, ForkedProcess] = {}  # by pid
         threading.Thread(target=self._listen, name="fork-server", daemon=True).start()
 
-    def run(self, allocation_id: int) -> WorkerProcess:
+    def run(self, allocation_id: int, redis_url: str, ps_urls: str) -> WorkerProcess:
         read_fd, write_fd = os.pipe()
         process = ForkedProcess(open(read_fd, encoding="utf-8", errors="replace"))  # noqa: SIM115
         try:
@@ -288,7 +313,8 @@ class _Server:
                 if self.ended.is_set():
                     raise BrokenPipeError(f"the fork server exited: {self.process.output_tail()}")
                 self._starting[allocation_id] = process
-            socket.send_fds(self.channel, [f"{RUN} {allocation_id}".encode()], [write_fd])
+            request = f"{RUN} {allocation_id} {redis_url} {ps_urls}".rstrip()
+            socket.send_fds(self.channel, [request.encode()], [write_fd])
         except OSError:
             with self._lock:
                 self._starting.pop(allocation_id, None)

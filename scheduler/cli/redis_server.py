@@ -8,12 +8,15 @@ only its owner can read, never on its command line, where any local user could s
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import secrets
 import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from urllib.parse import quote
 
@@ -67,6 +70,12 @@ def redis_password(path: Path) -> str:
     return found
 
 
+def derived_password(secret: str, user: str) -> str:
+    """A user's password derived from the server's (HMAC-SHA256): the same on every start, and
+    no user's password tells another's."""
+    return hmac.new(secret.encode(), user.encode(), hashlib.sha256).hexdigest()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
@@ -83,8 +92,12 @@ class RedisServer:
         port: int | None = None,
         persist: bool = True,
         password: str | None = None,
+        users: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
+        """`users`: name -> `ACL SETUSER` rules (passwords included), written into the 0600
+        config file with the default user's password."""
         self.directory = directory
+        self.users = dict(users or {})
         self.port = port or free_port()
         self.persist = persist
         self.password = password
@@ -99,7 +112,9 @@ class RedisServer:
     def start(self, timeout: float = 10.0) -> str:
         self.directory.mkdir(parents=True, exist_ok=True)
         config = self.directory / "redis.conf"
-        write_private(config, f"requirepass {self.password}\n" if self.password else "")
+        lines = [f"requirepass {self.password}"] if self.password else []
+        lines += [" ".join(["user", name, *rules]) for name, rules in self.users.items()]
+        write_private(config, "".join(f"{line}\n" for line in lines))
         args = [
             redis_binary(),
             str(config),

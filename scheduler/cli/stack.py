@@ -29,8 +29,14 @@ import psutil
 import redis
 from pydantic import BaseModel
 
-from contract.settings import Settings, redacted
-from scheduler.cli.redis_server import RedisServer, RedisStartError, redis_password
+from contract.keys import ROLES, Keys
+from contract.settings import Settings, redacted, with_user
+from scheduler.cli.redis_server import (
+    RedisServer,
+    RedisStartError,
+    derived_password,
+    redis_password,
+)
 from trainyard.connection import write_private_json
 
 HEALTH_PATH = "/healthz"
@@ -44,6 +50,8 @@ CHILDREN: dict[str, list[str]] = {
     "scheduler": ["scheduler", "--no-migrate"],
     "worker": ["worker"],
 }
+# The Redis role (contract/keys.py ROLES) each child logs in as, on the embedded Redis.
+CHILD_ROLES = {"api": "api", "scheduler": "scheduler", "worker": "agent"}
 # Node agents stop first, so the scheduler still ingests how their processes ended.
 STOP_ORDER = (("worker",), ("scheduler", "api"))
 
@@ -155,6 +163,8 @@ class Stack:
     url: str = ""
     token: str = ""
     redis_url: str = ""
+    # The embedded Redis's URL per role (its own user each); empty with REDIS_URL set.
+    role_urls: dict[str, str] = field(default_factory=dict)
 
     @property
     def data_dir(self) -> Path:
@@ -176,7 +186,8 @@ class Stack:
             self.url = client_url(self.settings.host, self.settings.port)
             env = self.child_env()
             for name in CHILDREN:
-                self._spawn(name, env)
+                role_url = self.role_urls.get(CHILD_ROLES[name])
+                self._spawn(name, {**env, "REDIS_URL": role_url} if role_url else env)
             self._wait_healthy(health_timeout)
         except BaseException:
             self.stop()
@@ -198,11 +209,24 @@ class Stack:
                 raise StackError(f"cannot use REDIS_URL {url}: {exc}") from None
             return
         password = redis_password(self.data_dir / REDIS_PASSWORD_FILE)
-        self.redis = RedisServer(self.data_dir / "redis", persist=True, password=password)
+        # A user per role, its password derived from the server's; the default user keeps the
+        # server's own, which no child of the stack logs in with.
+        keys = Keys(self.settings.redis_prefix)
+        logins = {role: (keys.role_user(role), derived_password(password, role)) for role in ROLES}
+        rules = {
+            user: ["on", f">{secret}", *keys.role_user_rules(role)]
+            for role, (user, secret) in logins.items()
+        }
+        self.redis = RedisServer(
+            self.data_dir / "redis", persist=True, password=password, users=rules
+        )
         try:
             self.redis_url = self.redis.start()
         except RedisStartError as exc:
             raise StackError(str(exc)) from None
+        self.role_urls = {
+            role: with_user(self.redis_url, user, secret) for role, (user, secret) in logins.items()
+        }
 
     def _prepare_database(self, previous_token: str | None) -> None:
         """Migrate the schema and make sure of the local admin's token."""

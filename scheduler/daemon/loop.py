@@ -11,9 +11,12 @@ sweep thread wakes placement when it has created trials.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import secrets
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -24,7 +27,14 @@ from celery import Celery
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from contract.allocation import CLAIMED, DISPATCHED, STOP, AllocationInfo, AllocationState
+from contract.allocation import (
+    CLAIMED,
+    DISPATCHED,
+    REDIS_PASSWORD,
+    STOP,
+    AllocationInfo,
+    AllocationState,
+)
 from contract.announcements import JOB, SWEEP, relay
 from contract.codec import decode
 from contract.keys import Keys, delete_matching
@@ -263,12 +273,13 @@ def replace_processes(session: Session, settings: Settings) -> list[Dispatch]:
 @dataclass
 class KeySweeper:
     """Deletes the parameter-server keys of ended jobs whose processes have all stopped, from
-    the main Redis and every REDIS_PS_URLS server, and their restart points, once per job (per
-    scheduler process)."""
+    the main Redis and every REDIS_PS_URLS server, their restart points and their Redis users,
+    once per job (per scheduler process)."""
 
     clients: list[redis.Redis]
     keys: Keys
     artifacts: Path | None = None  # ended jobs' restart points are deleted there
+    job_users: bool = False  # ended jobs' Redis users are deleted from every server too
     swept: set[int] = field(default_factory=set)
     last: float = 0.0
 
@@ -294,17 +305,59 @@ class KeySweeper:
                 removed += delete_matching(client, self.keys.ps_pattern(job_id))
             if self.artifacts is not None:
                 prune_restart_points(self.artifacts, job_id)
+            if self.job_users:
+                drop_job_user(self.clients[0], self.keys, job_id)
+                for client in self.clients[1:]:
+                    with contextlib.suppress(redis.RedisError):  # a parameter-server Redis down
+                        drop_job_user(client, self.keys, job_id)
             self.swept.add(job_id)
         return removed
 
 
-def dispatch(celery: Celery, client: redis.Redis, keys: Keys, items: list[Dispatch]) -> None:
-    """Write each allocation's record, then send its task (IDs only) to its node's queue."""
+def grant_job_user(
+    client: redis.Redis,
+    keys: Keys,
+    info: AllocationInfo,
+    ps_clients: Sequence[redis.Redis] = (),
+) -> str:
+    """Let one more allocation in as its job's Redis user (created with the first), on the
+    main Redis and, for a job with server shards, on every parameter-server Redis; the
+    password of its own login, the same on each."""
+    password = secrets.token_urlsafe(24)
+    rules = keys.job_user_rules(info.job_id, info.allocation_id, password)
+    client.execute_command("ACL", "SETUSER", keys.job_user(info.job_id), *rules)
+    if int(info.topology.get("nserver_groups", 0)) > 0:
+        for ps_client in ps_clients:
+            try:
+                ps_client.execute_command("ACL", "SETUSER", keys.job_user(info.job_id), *rules)
+            except redis.RedisError as exc:  # its shards there fail to log in, as if it were down
+                log.warning("job %s: no user on a parameter-server Redis: %s", info.job_id, exc)
+    return password
+
+
+def drop_job_user(client: redis.Redis, keys: Keys, job_id: int) -> None:
+    """The job's Redis user is deleted, and the connections logged in as it closed."""
+    client.execute_command("ACL", "DELUSER", keys.job_user(job_id))
+
+
+def dispatch(
+    celery: Celery,
+    client: redis.Redis,
+    keys: Keys,
+    items: list[Dispatch],
+    *,
+    job_users: bool,
+    ps_clients: Sequence[redis.Redis] = (),
+) -> None:
+    """Write each allocation's record (with its Redis password when jobs have users of their
+    own), then send its task (IDs only) to its node's queue."""
     for item in items:
         key = keys.allocation(item.allocation_id)
+        fields: dict[Any, Any] = item.info.to_hash()
+        if job_users:
+            fields[REDIS_PASSWORD] = grant_job_user(client, keys, item.info, ps_clients)
         pipe = client.pipeline(transaction=True)
         pipe.delete(key)  # an id reused after a deleted job must not look claimed
-        fields: dict[Any, Any] = item.info.to_hash()
         pipe.hset(key, mapping=fields)
         pipe.execute()
         celery.send_task(RUN_ALLOCATION, args=[item.allocation_id], queue=item.queue)
@@ -414,7 +467,12 @@ def act(
     ps_clients = [
         redis.Redis.from_url(url) for url in settings.ps_urls() if url != settings.redis_url
     ]
-    sweeper = KeySweeper([client, *ps_clients], keys, artifacts=settings.artifacts())
+    sweeper = KeySweeper(
+        [client, *ps_clients],
+        keys,
+        artifacts=settings.artifacts(),
+        job_users=settings.redis_job_users,
+    )
     memo = PlanMemo()
     try:
         while not stop.is_set():
@@ -472,13 +530,16 @@ def scheduling_pass(
         raise
     if memo.fresh and memo.decision is not None:
         save_plan(client, keys, memo.decision)
-    dispatch(celery, client, keys, items)
+    ps_clients = [] if sweeper is None else sweeper.clients[1:]
+    job_users = settings.redis_job_users
+    dispatch(celery, client, keys, items, job_users=job_users, ps_clients=ps_clients)
     if sweeper is not None and sweeper.due(time.monotonic()):
         sweeper.last = time.monotonic()
         with db.session() as session:
             # Records or task messages lost (Redis restarted empty) are sent again; processes
             # nobody reports on any more are written off and their jobs placed again.
-            dispatch(celery, client, keys, undispatched(session, settings, client))
+            resent = undispatched(session, settings, client)
+            dispatch(celery, client, keys, resent, job_users=job_users, ps_clients=ps_clients)
             timeout = settings.node_timeout_seconds
             silent = silent_allocations(session, client, keys, tracker, timeout)
             stop_allocations(

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import ast
 import re
+import secrets
 from pathlib import Path
 
-from contract.keys import Keys
+import pytest
+
+from contract.keys import ROLES, Keys
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE_PACKAGES = ("api", "bench", "dsl", "scheduler", "scripts", "trainyard", "workers")
@@ -66,3 +69,49 @@ def test_key_names_are_spelled_only_in_contract() -> None:
             ):
                 spelled.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert spelled == []
+
+
+def test_role_users_reach_what_their_role_needs_and_no_more(redis_url: str) -> None:
+    """On a real Redis: the API and node agents run no administrative command and reach no key
+    outside the platform's (an agent: and the Celery broker's); the scheduler manages users."""
+    import redis
+
+    from contract.settings import with_user
+
+    keys = Keys(f"roles-{secrets.token_hex(4)}")
+    admin = redis.Redis.from_url(redis_url)
+    logins = {}
+    for role in ROLES:
+        password = secrets.token_urlsafe(16)
+        rules = ["on", f">{password}", *keys.role_user_rules(role)]
+        admin.execute_command("ACL", "SETUSER", keys.role_user(role), *rules)
+        logins[role] = redis.Redis.from_url(with_user(redis_url, keys.role_user(role), password))
+    queue = f"{keys.prefix}.node.n1"  # scheduler.celery_app.node_queue
+    try:
+        for role in ("api", "agent"):
+            client = logins[role]
+            client.set(f"{keys.prefix}:job:1:cancel", "1")  # the platform's keys
+            for attempt in (
+                lambda c=client: c.execute_command("ACL", "LIST"),
+                lambda c=client: c.execute_command("ACL", "SETUSER", "mine", "on", "allkeys"),
+                lambda c=client: c.config_get("requirepass"),
+                lambda c=client: c.keys("*"),
+                lambda c=client: c.flushall(),
+                lambda c=client: c.get("another-stack:job:1:cancel"),
+            ):
+                with pytest.raises(redis.exceptions.NoPermissionError):
+                    attempt()
+        logins["agent"].lpush(queue, "task")  # the broker's queues: an agent's, not the API's
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            logins["api"].lrange(queue, 0, -1)
+        logins["scheduler"].execute_command("ACL", "DELUSER", keys.job_user(1))
+    finally:
+        admin.delete(queue, f"{keys.prefix}:job:1:cancel")
+        admin.execute_command("ACL", "DELUSER", *(keys.role_user(role) for role in ROLES))
+        for client in (admin, *logins.values()):
+            client.close()
+
+
+def test_an_unknown_role_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="the roles are api, scheduler, agent"):
+        Keys().role_user("worker")

@@ -1,5 +1,6 @@
 """Node agents and the scheduler together: real Celery workers (`trainyard worker` subprocesses),
-the scheduler loop in a thread, a private redis-server and a SQLite file.
+the scheduler loop in a thread, a private redis-server (and a second one for parameter-server
+shards) and a SQLite file.
 
 One agent ("node-1", 4 slots) serves the whole module so its fork server imports torch once;
 the lost-node test starts and kills a second one.
@@ -20,9 +21,12 @@ import redis
 from sqlalchemy import select
 
 from bench.service_cluster import Cluster, stop_process
-from contract.allocation import AllocationState
+from contract.allocation import REDIS_PASSWORD, AllocationState
+from contract.codec import decode
 from contract.keys import Keys
-from contract.settings import Settings
+from contract.settings import Settings, with_user
+from scheduler.celery_app import node_queue
+from scheduler.cli.redis_server import RedisServer
 from scheduler.daemon.loop import run_scheduler
 from scheduler.store.database import Database, migrate
 from scheduler.store.models import CheckpointRecord, Metric, Node
@@ -34,9 +38,11 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Cluster]:
     data_dir = tmp_path_factory.mktemp("agent-data")
+    ps_server = RedisServer(tmp_path_factory.mktemp("ps-redis"), persist=False, password="ps-pw")
     settings = Settings(
         data_dir=data_dir,
         redis_url=redis_url,
+        redis_ps_urls=ps_server.start(),
         redis_prefix=f"t{uuid.uuid4().hex[:8]}",
         heartbeat_seconds=0.5,
         node_timeout_seconds=6.0,  # a busy 2-core machine can stall a heartbeat for seconds
@@ -59,6 +65,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterato
             stop_process(process)
         db.dispose()
         client.close()
+        ps_server.stop()
 
 
 def test_a_job_runs_queued_scheduled_running_succeeded(cluster: Cluster) -> None:
@@ -108,6 +115,95 @@ def test_cancel_stops_a_running_job_within_seconds(cluster: Cluster) -> None:
     assert alloc.state == AllocationState.CANCELLED
 
 
+def test_a_training_process_holds_only_its_own_jobs_redis_rights(cluster: Cluster) -> None:
+    """Two jobs train side by side, the first with a parameter-server shard on the second
+    Redis. A training process is connected to both Redis servers as its job's own user
+    (CLIENT LIST, matched by the process's own sockets), inherited no Redis or database login
+    of its agent, and with its credentials reaches its own job's keys only: not the other
+    job's, not the node registry, not the Celery queue, not the scheduler's keys. The user is
+    deleted from both once the job has ended."""
+    keys, client = cluster.keys, cluster.client
+    ps_client = redis.Redis.from_url(str(cluster.settings.redis_ps_urls))
+    first = cluster.submit(train_steps=10_000_000, disp_freq=10, **HYBRID)
+    other = cluster.submit(train_steps=10_000_000, disp_freq=10)
+    for job_id in (first, other):
+        cluster.wait_for("the job's first metrics", lambda j=job_id: cluster.job(j).step > 0)
+    alloc, node = next((a, n) for a, n in cluster.allocations(first) if a.role == "worker")
+    [(other_alloc, _)] = cluster.allocations(other)
+    pid = cluster.pid(alloc.id)
+    environ = Path(f"/proc/{pid}/environ").read_bytes()
+    assert b"REDIS_URL=" not in environ and b"DATABASE_URL=" not in environ
+    assert b"REDIS_PS_URLS=" not in environ and b"ps-pw" not in environ
+    assert str(cluster.settings.redis_url).encode() not in environ
+    # Every connection the process holds to either Redis is logged in as its job's user.
+    ports = {
+        c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.raddr and c.laddr
+    }
+    for server in (client, ps_client):
+        users = {
+            entry["user"]
+            for entry in server.client_list()
+            if int(entry["addr"].rsplit(":", 1)[1]) in ports
+        }
+        assert users == {keys.job_user(first)}
+
+    password = decode(client.hgetall(keys.allocation(alloc.id)))[REDIS_PASSWORD]
+    url = with_user(str(cluster.settings.redis_url), keys.job_user(first), password)
+    tenant = redis.Redis.from_url(url)
+    assert tenant.xlen(keys.job_stream(first)) > 0  # its own stream: read and written
+    assert tenant.hget(keys.allocation(alloc.id), "job_id") == str(first).encode()
+    denied = {
+        "read another job's stream": lambda: tenant.xrange(keys.job_stream(other)),
+        "write another job's stream": lambda: tenant.xadd(keys.job_stream(other), {"k": "v"}),
+        "read another job's allocation": lambda: tenant.hgetall(keys.allocation(other_alloc.id)),
+        "cancel another job": lambda: tenant.set(keys.cancel(other), "1"),
+        "forge its own allocation": lambda: tenant.hset(keys.allocation(alloc.id), "stop", "1"),
+        "register a node": lambda: tenant.hset(keys.node("evil"), "slots", "64"),
+        "join the node set": lambda: tenant.sadd(keys.nodes, "evil"),
+        "read the node's queue": lambda: tenant.lrange(node_queue(cluster.settings, node), 0, -1),
+        "read the ingest set": lambda: tenant.smembers(keys.streams_with_data),
+        "take the scheduler lease": lambda: tenant.set(keys.scheduler_lease, "me"),
+        "list the keys": lambda: tenant.scan(0),
+        "manage users": lambda: tenant.execute_command("ACL", "LIST"),
+        "announce": lambda: tenant.publish(keys.announcements, "job 1"),
+    }
+    allowed = []
+    for what, attempt in denied.items():
+        try:
+            attempt()
+            allowed.append(what)
+        except redis.exceptions.NoPermissionError:
+            continue
+    assert allowed == []
+    tenant.close()
+    # On the parameter-server Redis: its own job's shard keys, no other job's, no listing.
+    shard_keys = list(ps_client.scan_iter(match=keys.ps_pattern(first)))
+    ps_url = with_user(str(cluster.settings.redis_ps_urls), keys.job_user(first), password)
+    with redis.Redis.from_url(ps_url) as tenant_ps:
+        assert shard_keys and tenant_ps.exists(*shard_keys) == len(shard_keys)
+        forged = f"{keys.job_scope(other)}:ps:slices"
+        for attempt in (
+            lambda: tenant_ps.get(forged),
+            lambda: tenant_ps.set(forged, "forged"),
+            lambda: tenant_ps.scan(0),
+        ):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                attempt()
+
+    for job_id in (first, other):
+        cluster.cancel(job_id)
+        cluster.wait_state(job_id, JobState.CANCELLED, timeout=15)
+    for job_id in (first, other):
+        cluster.wait_for(
+            "the ended job's Redis user to be deleted",
+            lambda j=job_id: client.execute_command("ACL", "GETUSER", keys.job_user(j)) is None,
+            timeout=30,
+        )
+    assert ps_client.execute_command("ACL", "GETUSER", keys.job_user(first)) is None
+    ps_client.close()
+    cluster.wait_for("the slots to be free", lambda: cluster.slots_used("node-1") == 0, 10)
+
+
 def test_a_failing_job_ends_failed_with_the_reason(cluster: Cluster) -> None:
     broken = cluster.logs / "broken.npz"
     broken.write_bytes(b"not a zip archive")
@@ -120,6 +216,17 @@ def test_a_failing_job_ends_failed_with_the_reason(cluster: Cluster) -> None:
     [(alloc, _)] = cluster.allocations(job_id)
     assert (alloc.state, alloc.exit_code) == (AllocationState.FAILED, 2)
     assert cluster.slots_used("node-1") == 0
+
+
+# All-reduce inside each of two groups, a shared shard between the groups.
+HYBRID = {
+    "cluster.framework": "allreduce",
+    "cluster.nworker_groups": 2,
+    "cluster.nworkers_per_group": 1,
+    "cluster.nserver_groups": 1,
+    "cluster.nservers_per_group": 1,
+    "cluster.server_worker_separate": True,
+}
 
 
 @pytest.mark.parametrize(

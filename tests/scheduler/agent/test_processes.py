@@ -19,13 +19,14 @@ import psutil
 import pytest
 
 from contract.settings import Settings
-from scheduler.agent.node_agent import create_launcher
+from scheduler.agent.node_agent import create_launcher, worker_env
 from scheduler.agent.processes import ORPHANED, ForkServer, FreshProcesses, WorkerProcess
 
 TIMEOUT = 60.0
 ROOT = Path(__file__).resolve().parents[3]
 
-# Allocation n: prints its number, then 0 exits at once, 1 sleeps (until signalled), n exits n.
+# Allocation n: prints its number, then 0 exits at once, 1 sleeps (until signalled), 8 prints the
+# Redis URL its request brought and exits 0, n exits n.
 SERVER = """
 import os, pathlib, socket, sys, time
 sys.path.insert(0, {root!r})
@@ -38,8 +39,12 @@ if then == "die":
     print("cannot import torch", flush=True)
     sys.exit(7)
 
-def run(allocation):
+def run(allocation, redis_url, ps_urls):
     print(f"allocation {{allocation}} in {{os.getpid()}}", flush=True)
+    if allocation == 8:
+        inherited = os.environ.get("REDIS_URL"), os.environ.get("REDIS_PS_URLS")
+        print(f"logs in with {{redis_url}} {{ps_urls}}; inherited {{inherited}}", flush=True)
+        return 0
     if allocation == 1:
         time.sleep(600)
     return allocation
@@ -129,8 +134,10 @@ def test_each_allocation_gets_a_forked_process_of_its_own_with_its_exit_code(
     assert short.wait(TIMEOUT) == 5 and long.alive()
     assert short.output_tail() == f"allocation 5 in {short.pid}"
     assert len({server.pid, long.pid, short.pid}) == 3
-    # Each is the leader of a session of its own, so the agent stops it with its group.
-    assert os.getsid(long.pid) == long.pid == os.getpgid(long.pid)
+    # Each is the leader of a session of its own, so the agent stops it with its group (the
+    # forked child calls setsid itself, just after the server has reported it started).
+    wait_for("its own session", lambda: os.getsid(long.pid) == long.pid)
+    assert os.getpgid(long.pid) == long.pid
     assert psutil.Process(long.pid).ppid() == server.pid
     assert long.kill_group(grace=1.0) == -signal.SIGTERM
     assert gone(long.pid) and server.alive()
@@ -191,14 +198,38 @@ def test_close_ends_the_server_and_starts_nothing_after(
     assert servers.started() == 1
 
 
-def test_without_a_fork_server_each_allocation_starts_a_fresh_interpreter(
-    tmp_path: Path,
+def test_a_forked_process_logs_in_with_its_requests_url_and_no_agent_secret_is_inherited(
+    servers: Servers, launchers: list[ForkServer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("REDIS_URL", "redis://:agent-secret@127.0.0.1:9/0")
+    monkeypatch.setenv("REDIS_PS_URLS", "redis://:agent-secret@127.0.0.1:10/0")
+    monkeypatch.setenv("DATABASE_URL", "postgresql://trainyard:db-secret@127.0.0.1/trainyard")
+    servers.open_gate()
+    launcher = ForkServer(servers.args(), worker_env())
+    launchers.append(launcher)
+    url, ps_url = (f"redis://trainyard-job-3:job-secret@127.0.0.1:{p}/0" for p in (9, 10))
+    process = launcher.run(8, url, ps_url)
+    assert process.wait(TIMEOUT) == 0
+    assert process.output_tail().endswith(f"logs in with {url} {ps_url}; inherited (None, None)")
+    server_environ = Path(f"/proc/{server_process(launcher).pid}/environ").read_bytes()
+    assert b"agent-secret" not in server_environ and b"db-secret" not in server_environ
+
+
+def test_without_a_fork_server_each_allocation_starts_a_fresh_interpreter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REDIS_URL", "redis://:agent-secret@127.0.0.1:9/0")
+    monkeypatch.setenv("REDIS_PS_URLS", "redis://:agent-secret@127.0.0.1:10/0")
     script = tmp_path / "worker.py"
-    script.write_text("import sys; print(sys.argv[1:]); sys.exit(int(sys.argv[-1]))")
-    process = FreshProcesses([sys.executable, str(script)]).run(6)
+    script.write_text(
+        "import os, sys; print(sys.argv[1:], os.environ.get('REDIS_URL'), "
+        "os.environ.get('REDIS_PS_URLS'), os.environ.get('DATABASE_URL')); "
+        "sys.exit(int(sys.argv[-1]))"
+    )
+    url, ps_url = (f"redis://trainyard-job-3:job-secret@127.0.0.1:{p}/0" for p in (9, 10))
+    process = FreshProcesses([sys.executable, str(script)], worker_env()).run(6, url, ps_url)
     assert process.wait(TIMEOUT) == 6
-    assert process.output_tail() == "['--allocation', '6']"
+    assert process.output_tail() == f"['--allocation', '6'] {url} {ps_url} None"
 
 
 @pytest.mark.slow

@@ -12,10 +12,11 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from contract.allocation import AllocationInfo
 from contract.codec import decode
 from contract.keys import Keys
 from contract.nodes import NodeRegistration
-from contract.settings import Settings
+from contract.settings import Settings, with_user
 from scheduler.agent.node_agent import Agent, create_agent
 from scheduler.agent.ps_reach import unreachable_ps
 from scheduler.cli.redis_server import free_port
@@ -95,3 +96,32 @@ def test_the_agent_registers_what_it_cannot_reach(agent: Agent, redis_url: str) 
     assert agent.check_ps() == []
     agent.heartbeat()
     assert NodeRegistration.from_hash(decode(agent.client.hgetall(key))).ps_unreachable == ()
+
+
+def test_a_process_logs_in_as_its_job_on_every_redis_or_as_the_agent_without_job_users(
+    agent: Agent, redis_url: str
+) -> None:
+    info = AllocationInfo(
+        allocation_id=7,
+        job_id=3,
+        role="worker",
+        group=0,
+        rank=0,
+        world=1,
+        slots=1,
+        gpus=0,
+        node="node-2",
+        framework="downpour",
+        topology={},
+        spec={},
+        run_dir=Path("/runs/3"),
+    )
+    user = Keys(agent.settings.redis_prefix).job_user(3)
+    url, ps_urls = agent.worker_urls(info, "job-pw")
+    expected = [with_user(u, user, "job-pw") for u in (redis_url, *agent.settings.ps_urls())]
+    assert [url, *ps_urls.split(",")] == expected
+    # The scheduler created no user for it (its setting differs): it does not run as the agent.
+    with pytest.raises(ValueError, match="TRAINYARD_REDIS_JOB_USERS alike"):
+        agent.worker_urls(info, "")
+    agent.settings = agent.settings.model_copy(update={"redis_job_users": False})
+    assert agent.worker_urls(info, "") == (redis_url, agent.settings.redis_ps_urls)

@@ -16,6 +16,7 @@ import psutil
 import pytest
 import redis
 
+from contract.keys import ROLES, Keys
 from scheduler.cli.stack import HEALTH_PATH, read_stack_file
 from trainyard import Client
 
@@ -131,6 +132,17 @@ def test_up_serves_and_stops_every_process(
         if "scheduler" in p.cmdline()
     }
     assert roles == {"api", "scheduler", "worker"}
+    # Each child logs in to Redis as its role's user, the training process as its job's; only
+    # this test's connection uses the default user (the password above).
+    keys = Keys()
+    role_users = {keys.role_user(role) for role in ROLES}
+    with redis.Redis.from_url(found.redis_url) as admin:
+        deadline = time.monotonic() + 60  # RUNNING is reported as its process starts
+        while keys.job_user(job.id) not in (users := [c["user"] for c in admin.client_list()]):
+            assert time.monotonic() < deadline, users
+            time.sleep(0.1)
+    assert users.count("default") == 1
+    assert set(users) == {"default", keys.job_user(job.id), *role_users}
 
     # What the stack writes is its owner's alone: the data directory and every folder in it
     # 0700, every file 0600 (the SQLite file, the logs, run directories, checkpoints, Redis's
@@ -189,7 +201,9 @@ def test_restart_submit_and_a_dead_child_stops_the_stack(
         r"job \d+ SUCCEEDED after 30 steps\s+test/accuracy 0\.\d+", again.output_text()
     )
     with Client(again.url, again.token) as client:
-        newest, older = client.jobs()
+        # The first stack's long job is the oldest (its short one succeeded).
+        jobs = list(client.jobs())
+        newest, older = jobs[0], jobs[-1]
         assert newest.state == "SUCCEEDED"
         # The first stack's job: its node agent drained it when that stack stopped, and it
         # continues on this one from the restart point it saved.
