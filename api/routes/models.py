@@ -62,7 +62,7 @@ def _which(text: str) -> int | str:
     description="A new version (name@1, @2, ...) of your model `name`: the checkpoint of one of "
     "your jobs (`checkpoint`: best, latest or a step; default the best where it kept one), "
     "kept apart from the job, with the job's objective value, spec, data facts and summary.",
-    responses=errors(401, 404, 409, 422),
+    responses=errors(400, 401, 404, 409, 422),
 )
 def register_model(
     body: ModelRegister, session: SessionDep, user: CurrentUser, services: ServicesDep
@@ -167,7 +167,7 @@ def export_model(
     summary="Tag a model version",
     description="Puts the tag (e.g. production) on this version, taking it off the version of "
     "the same name that had it.",
-    responses=errors(401, 404, 409, 422),
+    responses=errors(400, 401, 404, 409, 422),
 )
 def tag_model(
     name: Name, version: Version, body: ModelTag, session: SessionDep, user: CurrentUser

@@ -193,10 +193,11 @@ def test_jobs_table_filters_and_pages(signed_in: Page, stack: Stack, long_job: i
     page.locator(f"tr[data-job='{long_job}']").wait_for()
     shoot(page, "jobs", doc=True)
 
-    # 55 jobs that could never fit (99 slots per worker) wait in the queue without running.
-    never = {"resources": {"slots_per_worker": 99}}
+    # 55 jobs that need all the node's slots wait in the queue while the long job holds one
+    # (a job no node could ever hold is refused at submission).
+    parked = {"resources": {"slots_per_worker": SLOTS}}
     waiting = [
-        submit(stack, job_yaml("mnist1d_mlp", name=f"e2e-parked-{i:02d}", cluster=never))
+        submit(stack, job_yaml("mnist1d_mlp", name=f"e2e-parked-{i:02d}", cluster=parked))
         for i in range(55)
     ]
     try:
