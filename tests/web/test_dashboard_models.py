@@ -50,6 +50,8 @@ def test_register_tag_and_delete_models(signed_in: Page, stack: Stack) -> None:
     page.on("dialog", lambda dialog: dialog.accept())
     page.locator("tr[data-model='e2e-digits@1'] button.delete-button").click()
     page.locator("#model-message", has_text="deleted e2e-digits@1").wait_for()
+    # The message comes before the list is read again: wait for the row to go (or time out).
+    page.locator("tr[data-model='e2e-digits@1']").wait_for(state="detached")
     assert page.locator("tr[data-model='e2e-digits@1']").count() == 0
 
     document = yaml.safe_load(text)
