@@ -105,12 +105,18 @@ def sql_url(request: pytest.FixtureRequest, tmp_path: Path, postgres_url: str | 
     """Each store/API test runs against a fresh SQLite file and the machine's PostgreSQL."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'trainyard.db'}"
+    return fresh_postgres(postgres_url)
+
+
+def fresh_postgres(postgres_url: str | None) -> str:
+    """The session's PostgreSQL database with a clean, empty schema (skipped, loudly at the
+    session's start, where PostgreSQL is unreachable)."""
     if postgres_url is None:
         pytest.skip("PostgreSQL at 127.0.0.1:5432 is unreachable")
     import sqlalchemy as sa
 
     engine = sa.create_engine(postgres_url)
-    with engine.begin() as conn:  # a clean schema per test
+    with engine.begin() as conn:
         conn.execute(sa.text("DROP SCHEMA public CASCADE; CREATE SCHEMA public"))
     engine.dispose()
     return postgres_url

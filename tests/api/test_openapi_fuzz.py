@@ -32,6 +32,7 @@ from api.app import create_app
 from api.submission import YAML_TYPES
 from tests.api.conftest import example, make_settings, start_api
 from tests.api.test_yaml_fuzz import mutated_text, whole
+from tests.conftest import fresh_postgres
 
 CHECKS = [
     not_a_server_error,
@@ -64,18 +65,10 @@ def tokens_and_app(
         shutil.copyfile(sqlite_template, database)
         url = f"sqlite:///{database}"
     else:
-        if postgres_url is None:
-            pytest.skip("PostgreSQL at 127.0.0.1:5432 is unreachable")
-        import sqlalchemy as sa
-
         from scheduler.store.database import migrate
 
-        engine = sa.create_engine(postgres_url)
-        with engine.begin() as conn:
-            conn.execute(sa.text("DROP SCHEMA public CASCADE; CREATE SCHEMA public"))
-        engine.dispose()
-        migrate(postgres_url)
-        url = postgres_url
+        url = fresh_postgres(postgres_url)
+        migrate(url)
     settings_ = make_settings(
         base,
         url,
