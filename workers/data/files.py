@@ -34,38 +34,10 @@ class NpzSource(DataSource[NpzData]):
         if "x_test_key" not in arrays:
             x, y, x_test, y_test = split_train_test(x, y, config.test_fraction, seed)
         else:
-            where = f"{path} '{config.x_test_key}'"
-            x_test, x_test_dtype = samples_as(arrays["x_test_key"], where, "x_test_key")
-            y_test = arrays["y_test_key"]
-            if x_test.shape[1:] != x.shape[1:] or x_test_dtype != x_dtype:
-                raise DataSourceError(
-                    f"{where} holds {x_test_dtype} samples of shape {list(x_test.shape[1:])} but "
-                    f"'{config.x_key}' holds {x_dtype} {list(x.shape[1:])}",
-                    field="x_test_key",
-                )
-            if y_test.shape[1:] != y.shape[1:]:
-                raise DataSourceError(
-                    f"{path} '{config.y_test_key}' holds labels of shape "
-                    f"{list(y_test.shape[1:])} but '{config.y_key}' {list(y.shape[1:])}",
-                    field="y_test_key",
-                )
+            x_test, y_test = _other_split(arrays, "test", path, config, x, x_dtype, y)
         x_val, y_val = None, None
         if "x_val_key" in arrays:
-            where = f"{path} '{config.x_val_key}'"
-            x_val, x_val_dtype = samples_as(arrays["x_val_key"], where, "x_val_key")
-            y_val = arrays["y_val_key"]
-            if x_val.shape[1:] != x.shape[1:] or x_val_dtype != x_dtype:
-                raise DataSourceError(
-                    f"{where} holds {x_val_dtype} samples of shape {list(x_val.shape[1:])} but "
-                    f"'{config.x_key}' holds {x_dtype} {list(x.shape[1:])}",
-                    field="x_val_key",
-                )
-            if y_val.shape[1:] != y.shape[1:]:
-                raise DataSourceError(
-                    f"{path} '{config.y_val_key}' holds labels of shape "
-                    f"{list(y_val.shape[1:])} but '{config.y_key}' {list(y.shape[1:])}",
-                    field="y_val_key",
-                )
+            x_val, y_val = _other_split(arrays, "val", path, config, x, x_dtype, y)
         labels = infer_labels(y, y_test, f"{path} '{config.y_key}'", "y_key", y_val)
         info = DataInfo(
             sample_shape=x.shape[1:],
@@ -75,6 +47,36 @@ class NpzSource(DataSource[NpzData]):
             x_dtype=x_dtype,
         )
         return to_dataset(info, x, labels.train, x_test, labels.test, x_val, labels.val)
+
+
+def _other_split(
+    arrays: dict[str, np.ndarray],
+    split: str,
+    path: Path,
+    config: NpzData,
+    x: np.ndarray,
+    x_dtype: str,
+    y: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The npz's own `split` ("test" or "val") samples and labels, refused unless their
+    per-sample shapes and dtype are the training split's."""
+    x_field, y_field = f"x_{split}_key", f"y_{split}_key"
+    where = f"{path} '{getattr(config, x_field)}'"
+    x_other, x_other_dtype = samples_as(arrays[x_field], where, x_field)
+    y_other = arrays[y_field]
+    if x_other.shape[1:] != x.shape[1:] or x_other_dtype != x_dtype:
+        raise DataSourceError(
+            f"{where} holds {x_other_dtype} samples of shape {list(x_other.shape[1:])} but "
+            f"'{config.x_key}' holds {x_dtype} {list(x.shape[1:])}",
+            field=x_field,
+        )
+    if y_other.shape[1:] != y.shape[1:]:
+        raise DataSourceError(
+            f"{path} '{getattr(config, y_field)}' holds labels of shape "
+            f"{list(y_other.shape[1:])} but '{config.y_key}' {list(y.shape[1:])}",
+            field=y_field,
+        )
+    return x_other, y_other
 
 
 def _read_npz(path: Path, config: NpzData) -> dict[str, np.ndarray]:
