@@ -23,8 +23,8 @@ run: $(STAMP)
 # The browser tests (tests/web) need Debian's Chromium, the Spark tests a Java runtime: installed
 # here when missing and allowed.
 test: $(STAMP)
-	bash scripts/ensure-chromium.sh
-	bash scripts/ensure-java.sh
+	bash scripts/ensure-apt.sh /usr/bin/chromium "chromium fonts-liberation" "The browser tests (tests/web)"
+	bash scripts/ensure-apt.sh java default-jre-headless "The Spark tests (tests/trainyard/test_spark.py)"
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

@@ -19,8 +19,12 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
+from fastapi import Query
+from fastapi.responses import FileResponse
 from sqlalchemy.orm import Session
+from starlette.background import BackgroundTask
 
 from contract.settings import Settings
 from dsl.export import FORMATS, SUFFIXES, metadata_path
@@ -31,6 +35,13 @@ from scheduler.store.errors import InvalidRequest, NotFound, StoreError
 from scheduler.store.models import Job, User
 
 RETRY_SECONDS = 5
+
+# What the export routes (a job's, a model version's) take and answer, declared once.
+ExportFormat = Annotated[Literal["onnx", "torch-export"], Query(description="onnx or torch-export")]
+Probabilities = Annotated[bool, Query(description="the output is the softmax of the class scores")]
+EXPORT_FILE: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"application/octet-stream": {}}, "description": "the exported model"}
+}
 
 
 class ExportUnavailable(StoreError):
@@ -126,3 +137,15 @@ class Exporter:
         if done.returncode != 0 or not out.is_file():
             last = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
             raise ExportUnavailable(f"the export of {label} as {fmt} failed: {last}")
+
+
+def export_response(done: Export) -> FileResponse:
+    """The exported file, its metadata in the `X-Trainyard-Model` header; its temporary folder
+    goes once the answer is sent."""
+    return FileResponse(
+        done.file,
+        media_type="application/octet-stream",
+        filename=done.file.name,
+        headers={"X-Trainyard-Model": json.dumps(done.metadata, sort_keys=True)},
+        background=BackgroundTask(shutil.rmtree, done.folder, ignore_errors=True),
+    )

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import asdict
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response
 from fastapi.responses import FileResponse
-from starlette.background import BackgroundTask
 
 from api.deps import (
     MAX_INT,
@@ -20,6 +18,7 @@ from api.deps import (
     SessionDep,
     VisibleJob,
 )
+from api.exports import EXPORT_FILE, ExportFormat, Probabilities, export_response
 from api.schemas import (
     CheckpointOut,
     EventOut,
@@ -399,7 +398,6 @@ def download_checkpoint(
     )
 
 
-ExportFormat = Literal["onnx", "torch-export"]
 CheckpointChoice = Annotated[
     str | None,
     Query(
@@ -418,30 +416,19 @@ CheckpointChoice = Annotated[
     "job's vocabulary) in the `X-Trainyard-Model` header (JSON) and inside the file. Your own "
     "jobs only. Bounded: one export at a time per API process (429), max_export_bytes (413), "
     "export_timeout_seconds (503).",
-    responses={
-        200: {"content": {"application/octet-stream": {}}, "description": "the exported model"},
-        **errors(401, 404, 413, 422, 429, 503),
-    },
+    responses={**EXPORT_FILE, **errors(401, 404, 413, 422, 429, 503)},
 )
 def export_model(
     job: VisibleJob,
     user: CurrentUser,
     session: SessionDep,
     services: ServicesDep,
-    format: Annotated[ExportFormat, Query(description="onnx or torch-export")],
+    format: ExportFormat,
     checkpoint: CheckpointChoice = None,
-    probabilities: Annotated[
-        bool, Query(description="the output is the softmax of the class scores")
-    ] = False,
+    probabilities: Probabilities = False,
 ) -> FileResponse:
     choice = int(checkpoint) if checkpoint and checkpoint.isdigit() else checkpoint
     done = services.exporter.export_job(
         session, user, job, fmt=format, choice=choice, probabilities=probabilities
     )
-    return FileResponse(
-        done.file,
-        media_type="application/octet-stream",
-        filename=done.file.name,
-        headers={"X-Trainyard-Model": json.dumps(done.metadata, sort_keys=True)},
-        background=BackgroundTask(shutil.rmtree, done.folder, ignore_errors=True),
-    )
+    return export_response(done)

@@ -3,15 +3,13 @@ list, show, tag, download, export and delete them. Users see their own models al
 
 from __future__ import annotations
 
-import json
-import shutil
-from typing import Annotated, Literal
+from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Path, Response
 from fastapi.responses import FileResponse
-from starlette.background import BackgroundTask
 
 from api.deps import CurrentUser, ServicesDep, SessionDep
+from api.exports import EXPORT_FILE, ExportFormat, Probabilities, export_response
 from api.schemas import ModelRegister, ModelTag, ModelVersionOut, errors, finite
 from dsl.data_config import DATASET_NAME_PATTERN
 from scheduler.store import registry
@@ -129,10 +127,7 @@ def download_model(
     response_class=FileResponse,
     summary="Export a model version (ONNX or torch.export)",
     description="As GET /jobs/{id}/export, for a registered version.",
-    responses={
-        200: {"content": {"application/octet-stream": {}}, "description": "the exported model"},
-        **errors(401, 404, 413, 422, 429, 503),
-    },
+    responses={**EXPORT_FILE, **errors(401, 404, 413, 422, 429, 503)},
 )
 def export_model(
     name: Name,
@@ -140,10 +135,8 @@ def export_model(
     session: SessionDep,
     user: CurrentUser,
     services: ServicesDep,
-    format: Annotated[Literal["onnx", "torch-export"], Query(description="onnx or torch-export")],
-    probabilities: Annotated[
-        bool, Query(description="the output is the softmax of the class scores")
-    ] = False,
+    format: ExportFormat,
+    probabilities: Probabilities = False,
 ) -> FileResponse:
     row = registry.get_model(session, user, name, _which(which))
     done = services.exporter.export_file(
@@ -152,13 +145,7 @@ def export_model(
         probabilities=probabilities,
         label=f"{row.name}-v{row.version}",
     )
-    return FileResponse(
-        done.file,
-        media_type="application/octet-stream",
-        filename=done.file.name,
-        headers={"X-Trainyard-Model": json.dumps(done.metadata, sort_keys=True)},
-        background=BackgroundTask(shutil.rmtree, done.folder, ignore_errors=True),
-    )
+    return export_response(done)
 
 
 @router.post(

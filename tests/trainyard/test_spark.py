@@ -1,6 +1,6 @@
 """trainyard.spark.predict_udf in a real local Spark session (local[2]): Spark's scores of a few
 thousand rows equal `trainyard predict`'s. Spark runs in a JVM: without Java the tests skip
-(scripts/ensure-java.sh installs Debian's default-jre-headless for `make test`)."""
+(scripts/ensure-apt.sh installs Debian's default-jre-headless for `make test`)."""
 
 from __future__ import annotations
 

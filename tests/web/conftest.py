@@ -4,7 +4,7 @@ for all the browser modules of a run: started by the first, stopped after the la
 (each module leaves nothing running behind it). Each test drives the pages a user would and
 saves a screenshot under tests/web/screenshots/; with TRAINYARD_DOC_SCREENSHOTS=1 the
 documentation's pictures in docs/img/ are refreshed from the same runs (CI leaves the committed
-ones alone). Chromium comes from scripts/ensure-chromium.sh (`make test` runs it); never from
+ones alone). Chromium comes from scripts/ensure-apt.sh (`make test` runs it); never from
 `playwright install`.
 """
 
@@ -154,7 +154,7 @@ SHARED = SharedStack()
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Stack:
     if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} is missing: run scripts/ensure-chromium.sh (make test does)")
+        pytest.skip(f"{CHROMIUM} is missing: run scripts/ensure-apt.sh (make test does)")
     if not (ROOT / "web" / "dist" / "index.html").exists():
         pytest.fail("web/dist is missing: build the dashboard with `make web`")
     return SHARED.running(tmp_path_factory)
