@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 from fastapi.responses import PlainTextResponse
 
 from api.deps import MAX_INT, SessionDep, VisibleJob
@@ -37,7 +37,7 @@ def job_environment(job: VisibleJob, session: SessionDep) -> JobEnvironmentOut:
 
 @router.get(
     "/{job_id}/environment/packages",
-    response_class=PlainTextResponse,
+    response_class=Response,
     summary="A job's installed packages",
     description="The packages installed where one worker process ran (default the first: "
     "group 0, rank 0), a `name==version` line each, sorted: what `pip install -r` takes.",
