@@ -23,7 +23,8 @@ import torch
 from typer.testing import CliRunner, Result
 
 from scheduler.cli.main import app
-from trainyard import Client
+from trainyard import Client, Job
+from trainyard.models import WebhookCreated
 
 if TYPE_CHECKING:
     from conftest import RunningStack
@@ -56,7 +57,7 @@ class Receiver:
             return [one for one in self.got if one.answered == 200]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def receiver() -> Iterator[Receiver]:
     holder: list[Receiver] = []
 
@@ -110,17 +111,34 @@ def run(stack: RunningStack, *args: str) -> Result:
     return CliRunner().invoke(app, list(args), env=environment)
 
 
-def test_signed_deliveries_for_a_finished_and_a_failed_job(
-    stack: RunningStack, receiver: Receiver
-) -> None:
+@dataclass
+class Ended:
+    client: Client
+    hook: WebhookCreated
+    finished: Job
+    failed: Job
+
+
+@pytest.fixture(scope="module")
+def ended(stack: RunningStack, receiver: Receiver) -> Ended:
+    """A hook on the receiver, then a job that finishes and one that fails (its loss
+    diverges), both run to their end."""
     client = Client(stack.url, stack.token)
     for hook in client.webhooks():  # another test's hooks would hear these jobs too
         client.remove_webhook(hook.id)
     hook = client.add_webhook(receiver.url, ["job.finished", "job.failed"])
     finished = client.submit(DIGITS, overrides=QUICK)
     failed = client.submit(DIGITS, overrides={**QUICK, "updater.lr.base": 1e38})
-    finished.wait(timeout=120, poll=0.2)  # type: ignore[union-attr]
-    failed.wait(timeout=120, poll=0.2)  # type: ignore[union-attr]
+    assert isinstance(finished, Job) and isinstance(failed, Job)
+    finished.wait(timeout=120, poll=0.2)
+    failed.wait(timeout=120, poll=0.2)
+    return Ended(client, hook, finished, failed)
+
+
+def test_signed_deliveries_for_a_finished_and_a_failed_job(
+    stack: RunningStack, receiver: Receiver, ended: Ended
+) -> None:
+    client, hook, finished, failed = ended.client, ended.hook, ended.finished, ended.failed
     assert (finished.state, failed.state) == ("SUCCEEDED", "FAILED")
     deadline = time.monotonic() + 30
     bodies: dict[int, dict[str, Any]] = {}
@@ -166,15 +184,13 @@ def test_the_webhook_commands(stack: RunningStack) -> None:
     assert run(stack, "webhooks", "remove", found.group(1)).exit_code != 0
 
 
-def test_a_jobs_environment_is_its_workers(stack: RunningStack) -> None:
-    client = Client(stack.url, stack.token)
-    job = client.submit(DIGITS, overrides=QUICK)
-    job.wait(timeout=120, poll=0.2)  # type: ignore[union-attr]
-    (first,) = job.environment().processes  # type: ignore[union-attr]
+def test_a_jobs_environment_is_its_workers(stack: RunningStack, ended: Ended) -> None:
+    job = ended.finished
+    (first,) = job.environment().processes
     assert (first.group, first.rank) == (0, 0)
     assert (first.python, first.torch) == (platform.python_version(), torch.__version__)
     assert first.cpu_count > 0 and first.hostname == platform.node()
-    packages = job.packages()  # type: ignore[union-attr]
+    packages = job.packages()
     assert f"torch=={torch.__version__}" in packages and len(packages) == first.packages_total
     expected = hashlib.sha256("\n".join(packages).encode()).hexdigest()
     assert first.packages_hash == expected

@@ -2,11 +2,12 @@
 // shared): one chart per metric with a curve per job, by step or by wall time from each job's
 // first point; each metric's final, lowest and highest value; the settings the jobs differ in
 // (their documents flattened); and their environments, the facts and packages that differ.
+// While a job runs, the page reads them again every 5 s.
 
 import uPlot from "uplot";
 import "uplot/dist/uPlot.min.css";
 
-import { type Comparison, type CompareCurve, type Job, api } from "../api";
+import { type Comparison, type CompareCurve, type Job, TERMINAL, api } from "../api";
 import { fill, formatValue, h } from "../dom";
 import type { Params, Scope } from "../scope";
 import { errorText } from "../scope";
@@ -15,6 +16,7 @@ import { metricValue } from "./jobs";
 
 const COLOURS = ["#2563eb", "#ea580c", "#16a34a", "#9333ea", "#0891b2", "#db2777", "#ca8a04", "#475569", "#dc2626", "#65a30d"];
 type Axis = "step" | "time";
+const REFRESH_MS = 5000;
 
 export function parseIds(text: string | undefined): number[] {
   return [...new Set((text ?? "").split(",").map((part) => Number(part.trim())))].filter(
@@ -263,11 +265,15 @@ export function renderCompare(root: HTMLElement, scope: Scope, params: Params): 
     status.append(errorBox("Pick at least two jobs to compare: select them in the jobs list."));
     return;
   }
-  api
-    .compare(ids, scope.signal)
-    .then((c) => {
-      found = c;
-      draw(c);
-    })
-    .catch((error) => fill(status, errorBox(errorText(error))));
+  // Read again every few seconds while a job is still live; once all have ended, never.
+  scope.every(
+    REFRESH_MS,
+    async () => {
+      if (found && found.jobs.every((job) => TERMINAL.has(job.state))) return;
+      found = await api.compare(ids, scope.signal);
+      fill(status);
+      draw(found);
+    },
+    (error) => fill(status, errorBox(errorText(error))),
+  );
 }
