@@ -13,8 +13,9 @@ from sqlalchemy import select
 from contract.settings import Settings
 from scheduler.store.jobs import get_job
 from scheduler.store.lifecycle import transition
-from scheduler.store.models import User, Webhook, WebhookDelivery
-from scheduler.store.states import JobState
+from scheduler.store.models import Sweep, User, Webhook, WebhookDelivery
+from scheduler.store.states import JobState, SweepState
+from scheduler.store.sweeps import end_sweep
 from scheduler.store.webhooks import due_deliveries, record_try
 from tests.api.conftest import make_settings
 
@@ -115,3 +116,29 @@ def test_a_jobs_end_waits_in_the_outbox_and_is_retried_then_given_up(api: Any) -
     with api.db.session() as session:
         assert session.scalars(select(WebhookDelivery)).all() == []
         assert len(session.scalars(select(Webhook)).all()) == 3
+
+
+def test_a_sweeps_end_is_an_event_for_its_owners_sweep_hooks(api: Any) -> None:
+    add(api, "http://127.0.0.1:9/sweeps", ["sweep.finished"])
+    add(api, "http://127.0.0.1:9/jobs", ["job.finished", "job.failed"])
+    with api.db.session() as session:
+        alice = session.scalar(select(User).where(User.name == "alice"))
+        assert alice is not None
+        sweep = Sweep(
+            owner_id=alice.id,
+            name="a-sweep",
+            spec_yaml="name: a-sweep",
+            base_job={},
+            search={},
+            study_name="webhook-test-study",
+            best_trial=3,
+            best_value=0.9,
+        )
+        session.add(sweep)
+        session.flush()
+        end_sweep(sweep, SweepState.SUCCEEDED)
+    with api.db.session() as session:
+        (due,) = due_deliveries(session, limit=10)
+    assert (due.url, due.event) == ("http://127.0.0.1:9/sweeps", "sweep.finished")
+    sent = json.loads(due.body)["data"]["sweep"]
+    assert (sent["name"], sent["state"], sent["best_trial"]) == ("a-sweep", "SUCCEEDED", 3)
