@@ -12,7 +12,7 @@ import { fill, formatValue, h } from "../dom";
 import type { Params, Scope } from "../scope";
 import { errorText } from "../scope";
 import { errorBox, section, stateBadge, table } from "../components/widgets";
-import { metricValue } from "./jobs";
+import { bestOf, metricValue } from "./jobs";
 
 const COLOURS = ["#2563eb", "#ea580c", "#16a34a", "#9333ea", "#0891b2", "#db2777", "#ca8a04", "#475569", "#dc2626", "#65a30d"];
 type Axis = "step" | "time";
@@ -212,7 +212,9 @@ export function renderCompare(root: HTMLElement, scope: Scope, params: Params): 
   const draw = (c: Comparison) => {
     fill(
       jobsRow,
-      ...c.jobs.map((job, i) => h("span", { class: "compare-head", "data-job": String(job.id) }, jobLabel(job, i), " ", stateBadge(job.state))),
+      ...c.jobs.map((job, i) =>
+        h("span", { class: "compare-head", "data-job": String(job.id) }, jobLabel(job, i), " ", stateBadge(job.state), " ", bestOf(job)),
+      ),
     );
     panels.draw(c.jobs, c.curves, axis);
     fill(
