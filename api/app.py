@@ -26,7 +26,9 @@ from api.errors import install_error_handlers
 from api.limits import BodyLimit, NoNul
 from api.routes import (
     cluster,
+    compare,
     datasets,
+    environments,
     examples,
     jobs,
     models,
@@ -35,6 +37,7 @@ from api.routes import (
     sweeps,
     system,
     tokens,
+    webhooks,
 )
 from api.stream import router as stream_router
 from contract.keys import Keys
@@ -128,6 +131,9 @@ def create_app(settings: Settings | None = None, *, web_dist: Path | None = WEB_
         tokens.router,
         quotas.router,
         models.router,
+        environments.router,
+        compare.router,
+        webhooks.router,
     ):
         app.include_router(router, prefix=API_PREFIX)
     app.add_api_route("/healthz", system.healthz, include_in_schema=False)

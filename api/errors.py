@@ -25,6 +25,7 @@ from scheduler.store.artifacts import UnsafePath
 from scheduler.store.datasets import TooLarge, UnsupportedKind
 from scheduler.store.errors import Conflict, InvalidRequest, NotFound, StoreError
 from scheduler.store.lifecycle import IllegalTransition
+from scheduler.store.webhooks import TooManyWebhooks
 
 log = logging.getLogger("trainyard.api")
 
@@ -41,7 +42,7 @@ def error_response(
 def status_of(error: StoreError) -> int:
     if isinstance(error, NotFound):
         return 404
-    if isinstance(error, QuotaExceeded | NotAllowed):
+    if isinstance(error, QuotaExceeded | NotAllowed | TooManyWebhooks):
         return 403
     if isinstance(error, RateLimited):
         return 429

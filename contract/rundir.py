@@ -6,6 +6,8 @@ every file name of a run directory is here.
         timeline.jsonl                   a pipeline's stage timelines
         train.log                        the run's log lines
         summary.json                     how the run ended: status, steps, final metrics
+        environment.json                 what its first worker trained with (Python, torch,
+                                         devices, packages: contract/stream.py)
         checkpoints/step-N.safetensors   the user's checkpoints (checkpoint.freq, keep)
         restart/step-N.safetensors       restart points (every few minutes; the service's own;
                                          the newest two kept)
@@ -29,6 +31,7 @@ METRICS = "metrics.jsonl"
 TIMELINE = "timeline.jsonl"
 TRAIN_LOG = "train.log"
 SUMMARY = "summary.json"
+ENVIRONMENT = "environment.json"
 CHECKPOINTS = "checkpoints"
 RESTART = "restart"
 _NAME = re.compile(r"^step-(\d{8,})\.safetensors$")

@@ -122,6 +122,23 @@ class Settings(BaseSettings):
     tokens_per_user: int = Field(
         default=100, ge=1, description="API tokens one user may hold at once (403 past it)"
     )
+    webhooks_per_user: int = Field(
+        default=10, ge=1, description="webhooks one user may register (403 past it)"
+    )
+    webhook_attempts: int = Field(
+        default=5,
+        ge=1,
+        le=20,
+        description="tries of one webhook delivery before it is given up (the scheduler sends)",
+    )
+    webhook_retry_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description="wait before a webhook delivery's second try, doubled at each further one",
+    )
+    webhook_timeout_seconds: float = Field(
+        default=5.0, gt=0, le=60, description="how long one webhook delivery may take"
+    )
     streams_per_user: int = Field(
         default=8,
         ge=1,

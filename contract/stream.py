@@ -1,6 +1,6 @@
 """A job's stream: the records its processes append to one Redis stream (metrics, log lines,
-checkpoints, process states, pipeline timelines, the job's events), which the scheduler's
-ingester reads into SQL in batches and the API's live endpoint follows.
+checkpoints, process states, pipeline timelines, the job's events, each worker's environment),
+which the scheduler's ingester reads into SQL in batches and the API's live endpoint follows.
 
 Every record is written by `encode_record` and read by `decode_record`, nowhere else; both go
 through the one codec of contract/codec.py, so a field added to a record is one line of its
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -125,7 +125,57 @@ class EventRecord:
     time: float = field(default_factory=time.time)
 
 
-Record = MetricRecord | LogRecord | CheckpointRecord | StateRecord | TimelineRecord | EventRecord
+MAX_PACKAGES = 4000  # an environment record lists at most this many installed packages
+MAX_PACKAGE_TEXT = 200  # characters of one "name==version" line
+
+
+@dataclass(frozen=True)
+class EnvironmentRecord:
+    """What one worker process trains with, reported once as it starts: the interpreter,
+    torch and its accelerator libraries ("" where there are none), the devices, the machine and
+    the Trainyard install. `packages` is the installed distributions as sorted "name==version"
+    lines (at most MAX_PACKAGES; `packages_total` says how many there were), `packages_hash`
+    the SHA-256 of the whole list, one line each: two processes with the same hash have the same
+    packages."""
+
+    kind: ClassVar[str] = "environment"
+    python: str
+    torch: str
+    cuda: str
+    cudnn: str
+    nccl: str
+    devices: tuple[str, ...]
+    cpu_model: str
+    cpu_count: int
+    hostname: str
+    trainyard_version: str
+    trainyard_commit: str  # "" when the install is not a git checkout
+    packages_hash: str
+    packages: tuple[str, ...]
+    packages_total: int
+    group: int = 0
+    rank: int = 0
+    time: float = field(default_factory=time.time)
+
+    def facts(self) -> dict[str, object]:
+        """Everything but the package list and where it came from: what two runs differ by."""
+        skip = {"packages", "group", "rank", "time"}
+        return {
+            f.name: getattr(self, f.name) if f.name != "devices" else list(self.devices)
+            for f in fields(self)
+            if f.name not in skip
+        }
+
+
+Record = (
+    MetricRecord
+    | LogRecord
+    | CheckpointRecord
+    | StateRecord
+    | TimelineRecord
+    | EventRecord
+    | EnvironmentRecord
+)
 RECORD_TYPES: dict[str, type[Record]] = {
     cls.kind: cls
     for cls in (
@@ -135,6 +185,7 @@ RECORD_TYPES: dict[str, type[Record]] = {
         StateRecord,
         TimelineRecord,
         EventRecord,
+        EnvironmentRecord,
     )
 }
 KINDS = tuple(RECORD_TYPES)

@@ -32,7 +32,7 @@ from trainyard.console import (
     print_issues,
 )
 from trainyard.errors import JobSpecRejected, TrainyardError, Unreachable
-from trainyard.models import JobOut
+from trainyard.models import JobEnvironmentOut, JobOut
 from trainyard.sweeps import Sweep, format_value
 
 console = Console()
@@ -212,15 +212,28 @@ def best_text(info: JobOut) -> str:
     return f"{info.objective} {info.best_metric:.4f} @{info.best_step}"
 
 
-def show(job_id: JobId, as_json: AsJson = False) -> None:
-    """Show one job: state, progress, times, final metrics and its state history."""
+def show(
+    job_id: JobId,
+    as_json: AsJson = False,
+    show_packages: Annotated[
+        bool,
+        typer.Option("--packages", help="list the first worker's installed packages too"),
+    ] = False,
+) -> None:
+    """Show one job: state, progress, times, final metrics, its environment and its state
+    history."""
     client = connect()
     with reporting():
         job = client.job(job_id)
         events = job.events()
+        environment = job.environment()
+        packages = job.packages() if show_packages and environment.processes else []
     if as_json:
         data = job.info.model_dump(mode="json")
         data["events"] = [e.model_dump(mode="json") for e in events]
+        data["environment"] = environment.model_dump(mode="json")
+        if show_packages:
+            data["packages"] = packages
         sys.stdout.write(json.dumps(data) + "\n")
         return
     info = job.info
@@ -248,8 +261,39 @@ def show(job_id: JobId, as_json: AsJson = False) -> None:
     console.print(f"objective {info.objective} ({info.objective_mode})   best {best_text(info)}")
     for key, value in sorted(info.summary.items()):
         console.print(f"  {key} = {value}")
+    print_environment(environment)
+    for line in packages:
+        console.print(f"  {line}", highlight=False)
     for event in events:
         console.print(f"  {event.at.isoformat(timespec='seconds')} {event.state} {event.reason}")
+
+
+def print_environment(environment: JobEnvironmentOut) -> None:
+    """The first worker's environment, and what the others differ in."""
+    if not environment.processes:
+        console.print("environment: not reported yet")
+        return
+    first = environment.processes[0]
+    accelerators = ", ".join(
+        f"{name} {version}"
+        for name, version in (("CUDA", first.cuda), ("cuDNN", first.cudnn), ("NCCL", first.nccl))
+        if version
+    )
+    commit = first.trainyard_commit[:12] or "no git checkout"
+    lines = [
+        f"python {first.python}   torch {first.torch}   {accelerators or 'no CUDA'}",
+        f"devices {', '.join(first.devices)}",
+        f"cpu {first.cpu_model} ({first.cpu_count})   host {first.hostname}",
+        f"trainyard {first.trainyard_version} ({commit})",
+        f"packages {first.packages_total} (sha256 {first.packages_hash[:16]}; --packages lists)",
+    ]
+    console.print(f"environment (worker {first.group}/{first.rank}):")
+    for line in lines:
+        console.print(f"  {line}", highlight=False)
+    if len(environment.processes) > 1:
+        differing = ", ".join(environment.differing) or "nothing"
+        count = len(environment.processes)
+        console.print(f"  {count} worker processes reported; they differ in: {differing}")
 
 
 def logs(

@@ -32,11 +32,14 @@ from trainyard.models import (
     DatasetOut,
     EventOut,
     JobDetail,
+    JobEnvironmentOut,
     JobOut,
     LogLineOut,
     ModelVersionOut,
     SweepDetail,
     SweepOut,
+    WebhookCreated,
+    WebhookOut,
 )
 from trainyard.sweeps import Sweep
 
@@ -134,6 +137,20 @@ class Client:
 
     def job(self, job_id: int) -> Job:
         return Job(self, JobDetail.model_validate(self.get_json(f"/jobs/{job_id}")))
+
+    # -- webhooks --------------------------------------------------------------------------------
+    def webhooks(self) -> list[WebhookOut]:
+        """Your webhooks, each with its last delivery's status."""
+        return [WebhookOut.model_validate(h) for h in self.get_json("/webhooks")]
+
+    def add_webhook(self, url: str, events: list[str]) -> WebhookCreated:
+        """Register a URL for events among job.finished, job.failed and sweep.finished; the
+        answer's `secret` (shown this once) verifies deliveries (contract.webhooks.verify)."""
+        data = self.request("POST", "/webhooks", json={"url": url, "events": events}).json()
+        return WebhookCreated.model_validate(data)
+
+    def remove_webhook(self, webhook_id: int) -> None:
+        self.request("DELETE", f"/webhooks/{webhook_id}")
 
     def jobs(
         self, state: str | None = None, name: str | None = None, page_size: int = 50
@@ -436,6 +453,17 @@ class Job:
 
     def events(self) -> list[EventOut]:
         return [EventOut.model_validate(e) for e in self.client.get_json(f"/jobs/{self.id}/events")]
+
+    def environment(self) -> JobEnvironmentOut:
+        """What each of its worker processes trained with (empty until one has started)."""
+        data = self.client.get_json(f"/jobs/{self.id}/environment")
+        return JobEnvironmentOut.model_validate(data)
+
+    def packages(self, group: int = 0, rank: int = 0) -> list[str]:
+        """The packages installed where a worker process ran, as name==version lines."""
+        path = f"/jobs/{self.id}/environment/packages"
+        text = self.client.request("GET", path, params={"group": group, "rank": rank}).text
+        return text.splitlines()
 
     def checkpoints(self) -> list[CheckpointOut]:
         data = self.client.get_json(f"/jobs/{self.id}/checkpoints")

@@ -82,6 +82,85 @@ class ClusterOut(BaseModel):
     queue: list[QueueEntryOut]
 
 
+class CurveOut(BaseModel):
+    job_id: int
+    name: str
+    steps: list[int]
+    times: list[float] = Field(description="unix seconds of each point (the worker's clock)")
+    values: list[float | None]
+
+
+class DifferenceOut(BaseModel):
+    key: str = Field(description="a flattened key (settings: `updater.lr`), a fact or a package")
+    values: list[str | int | float | bool | list[str] | dict[str, Any] | None] = Field(
+        description="one per compared job, in their order (null: none)"
+    )
+
+
+class JobOut(BaseModel):
+    id: int
+    name: str
+    owner: str = Field(description="the submitting user's name")
+    state: JobState
+    priority: int
+    framework: str = Field(description="cluster.framework of the job")
+    train_steps: int
+    step: int = Field(description="the last training step reported")
+    progress: float = Field(description="step / train_steps, 0..1")
+    created_at: datetime
+    scheduled_at: datetime | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    duration_seconds: float | None = Field(
+        description="running time so far (from start to end, or to now)"
+    )
+    summary: dict[str, Any] = Field(description="final metrics once the job ends")
+    objective: str = Field(
+        description="the metric 'best' is judged by (job language `objective`), e.g. val/accuracy"
+    )
+    objective_mode: Literal["min", "max"] = Field(
+        description="max: a higher objective is better; min: a lower one"
+    )
+    best_metric: float | None = Field(
+        description="the objective's best value so far (highest for max, lowest for min)"
+    )
+    best_step: int | None = Field(description="the step best_metric was reported at")
+    error: str | None = Field(description="why the job failed")
+    cancel_requested: bool
+    overrides: dict[str, Any]
+    topology: dict[str, Any] = Field(description="the resolved cluster: worker and server groups")
+    queue_position: int | None = Field(description="1-based place in the queue while QUEUED")
+    sweep_id: int | None = Field(description="the sweep the job is a trial of, if any")
+    trial_number: int | None = Field(description="its number in the sweep, from 0")
+    pruned_step: int | None = Field(description="PRUNED: the step (rung) its sweep stopped it at")
+    restarts: int = Field(description="times it was restarted after a process or node failed")
+    pending_reason: str | None = Field(
+        description="QUEUED: why the cluster cannot place it now (e.g. not enough free slots)"
+    )
+
+
+class MetricRowOut(BaseModel):
+    name: str
+    final: list[float | None] = Field(description="each job's value at its last step")
+    min: list[float | None] = Field(description="each job's lowest value")
+    max: list[float | None] = Field(description="each job's highest value")
+
+
+class ComparisonOut(BaseModel):
+    jobs: list[JobOut]
+    curves: list[CurveOut] = Field(description="each job's metrics (group 0, rank 0)")
+    metrics: list[MetricRowOut]
+    settings: list[DifferenceOut] = Field(
+        description="the settings (the job documents flattened) not the same in every job"
+    )
+    same_settings: int = Field(description="how many settings every job has alike")
+    environments: list[dict[str, Any] | None] = Field(
+        description="each job's first worker's environment (null: not reported)"
+    )
+    environment: list[DifferenceOut] = Field(description="its facts that differ")
+    packages: list[DifferenceOut] = Field(description="installed packages whose version differs")
+
+
 class DatasetOut(BaseModel):
     name: str
     kind: str = Field(description="npz or csv")
@@ -166,52 +245,42 @@ class ImportanceOut(BaseModel):
     trials: int = Field(description="the finished trials it was computed from")
 
 
-class JobOut(BaseModel):
-    id: int
-    name: str
-    owner: str = Field(description="the submitting user's name")
-    state: JobState
-    priority: int
-    framework: str = Field(description="cluster.framework of the job")
-    train_steps: int
-    step: int = Field(description="the last training step reported")
-    progress: float = Field(description="step / train_steps, 0..1")
-    created_at: datetime
-    scheduled_at: datetime | None
-    started_at: datetime | None
-    ended_at: datetime | None
-    duration_seconds: float | None = Field(
-        description="running time so far (from start to end, or to now)"
-    )
-    summary: dict[str, Any] = Field(description="final metrics once the job ends")
-    objective: str = Field(
-        description="the metric 'best' is judged by (job language `objective`), e.g. val/accuracy"
-    )
-    objective_mode: Literal["min", "max"] = Field(
-        description="max: a higher objective is better; min: a lower one"
-    )
-    best_metric: float | None = Field(
-        description="the objective's best value so far (highest for max, lowest for min)"
-    )
-    best_step: int | None = Field(description="the step best_metric was reported at")
-    error: str | None = Field(description="why the job failed")
-    cancel_requested: bool
-    overrides: dict[str, Any]
-    topology: dict[str, Any] = Field(description="the resolved cluster: worker and server groups")
-    queue_position: int | None = Field(description="1-based place in the queue while QUEUED")
-    sweep_id: int | None = Field(description="the sweep the job is a trial of, if any")
-    trial_number: int | None = Field(description="its number in the sweep, from 0")
-    pruned_step: int | None = Field(description="PRUNED: the step (rung) its sweep stopped it at")
-    restarts: int = Field(description="times it was restarted after a process or node failed")
-    pending_reason: str | None = Field(
-        description="QUEUED: why the cluster cannot place it now (e.g. not enough free slots)"
-    )
-
-
 class JobDetail(JobOut):
     spec_yaml: str = Field(description="the document as submitted")
     warnings: list[str] = Field(
         description="what a valid submission is warned of, e.g. selecting on the test split"
+    )
+
+
+class EnvironmentOut(BaseModel):
+    """What one worker process trained with, as it reported at its start."""
+
+    group: int
+    rank: int
+    python: str
+    torch: str
+    cuda: str = Field(description="torch's CUDA version; empty: a build without CUDA")
+    cudnn: str = Field(description="empty: none, or a process that trains on the CPU")
+    nccl: str = Field(description="empty: none, or a process that trains on the CPU")
+    devices: list[str] = Field(description="the devices the process may use")
+    cpu_model: str
+    cpu_count: int
+    hostname: str
+    trainyard_version: str
+    trainyard_commit: str = Field(description="empty when the install is no git checkout")
+    packages_hash: str = Field(
+        description="SHA-256 of the installed packages' sorted name==version lines"
+    )
+    packages_total: int = Field(description="installed packages (the list: .../packages)")
+    reported_at: datetime
+
+
+class JobEnvironmentOut(BaseModel):
+    processes: list[EnvironmentOut] = Field(
+        description="each worker process's, by group and rank (empty until one reports)"
+    )
+    differing: list[str] = Field(
+        description="the facts not the same in every process (hostname, when on several nodes)"
     )
 
 
@@ -519,4 +588,23 @@ class ValidationOut(BaseModel):
     placement: PlacementOut
     pipeline: PipelinePlanOut | None = Field(
         description="the pipeline's stages as the planner cut them; null without a pipeline"
+    )
+
+
+class WebhookOut(BaseModel):
+    id: int
+    url: str
+    events: list[Literal["job.finished", "job.failed", "sweep.finished"]]
+    created_at: datetime
+    last_status: str | None = Field(
+        description="the last delivery's end: an HTTP status, an error, or retrying (null: none)"
+    )
+    last_event: str | None
+    last_delivery_at: datetime | None
+    pending: int = Field(description="deliveries waiting to be sent or retried")
+
+
+class WebhookCreated(WebhookOut):
+    secret: str = Field(
+        description="signs every delivery (the Trainyard-Signature header); shown this once"
     )

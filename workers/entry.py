@@ -197,6 +197,7 @@ def _train(context: RunContext, stream: JobStream, confined: str = "") -> Summar
     other workers of a distributed topology their own."""
     from contract.rundir import CHECKPOINTS, list_checkpoints
     from dsl.frameworks import FRAMEWORK_SPECS
+    from workers import environment
     from workers.context import worker_dir
     from workers.metrics import JsonlSink
     from workers.parallel import train
@@ -218,6 +219,9 @@ def _train(context: RunContext, stream: JobStream, confined: str = "") -> Summar
     if confined:  # the job's log says what this process was given
         for sink in sinks:
             sink.log(f"worker {context.group}/{context.rank}: {confined}")
+    found = environment.collect(group=context.group, rank=context.rank, device=context.device)
+    for sink in sinks:
+        sink.emit(found)
     try:
         return train(replace(context, run_dir=run_dir, sinks=sinks, resume=resume))
     finally:

@@ -12,9 +12,10 @@ import json
 from pathlib import Path
 from typing import IO, Protocol
 
-from contract.rundir import METRICS, TIMELINE, TRAIN_LOG
+from contract.rundir import ENVIRONMENT, METRICS, TIMELINE, TRAIN_LOG
 from contract.stream import (
     CheckpointRecord,
+    EnvironmentRecord,
     EventRecord,
     JobStream,
     LogRecord,
@@ -22,7 +23,7 @@ from contract.stream import (
     TimelineRecord,
 )
 
-Emitted = MetricRecord | TimelineRecord | EventRecord
+Emitted = MetricRecord | TimelineRecord | EventRecord | EnvironmentRecord
 
 
 class MetricSink(Protocol):
@@ -37,7 +38,8 @@ class MetricSink(Protocol):
 
 class JsonlSink:
     """Appends one JSON object per record to metrics.jsonl (a pipeline stage's timelines to
-    timeline.jsonl) and log lines to train.log (where the trainer logs its events too)."""
+    timeline.jsonl) and log lines to train.log (where the trainer logs its events too); the
+    process's environment is environment.json."""
 
     def __init__(self, run_dir: Path) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -51,6 +53,9 @@ class JsonlSink:
                 out.write(json.dumps(record.to_json()) + "\n")
         elif isinstance(record, MetricRecord):
             self._metrics.write(json.dumps(record.to_json()) + "\n")
+        elif isinstance(record, EnvironmentRecord):
+            facts = {**record.facts(), "packages": list(record.packages)}
+            (self.run_dir / ENVIRONMENT).write_text(json.dumps(facts, indent=1) + "\n")
 
     def log(self, line: str) -> None:
         self._log.write(line + "\n")

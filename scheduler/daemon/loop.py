@@ -51,6 +51,7 @@ from scheduler.daemon.nodes import (
     write_off_silent,
 )
 from scheduler.daemon.sweep_thread import TrialPruning, run_sweeps
+from scheduler.daemon.webhooks import run_webhooks
 from scheduler.ingest.ingester import Ingester
 from scheduler.placement.cluster import (
     ACTIVE_ALLOCATIONS,
@@ -455,6 +456,7 @@ def act(
     threads = [
         threading.Thread(target=ingester.run_until, args=(halt,), name="ingest"),
         threading.Thread(target=run_sweeps, args=sweeps_args, name="sweeps"),
+        threading.Thread(target=run_webhooks, args=(db, settings, halt), name="webhooks"),
         threading.Thread(
             target=relay,
             args=(client, keys, halt, {JOB: placement_due, SWEEP: trial_ended}),

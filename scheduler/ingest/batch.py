@@ -7,7 +7,8 @@ shard replaced, failed) is the recovery policy's decision (scheduler/recovery/po
 out here by scheduler/recovery/actions.py. A sweep's trial sends its metric to the sweep's
 pruner (`Pruning`), which may end it PRUNED. The job's objective (its row's, resolved when it was
 checked) gives its best metric and step; a job's event (a run that stopped early) joins its
-events; the checkpoint of the objective's best step is marked.
+events; the checkpoint of the objective's best step is marked; each worker's environment is
+kept.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from scheduler.recovery.policy import (
     decide,
 )
 from scheduler.store.artifacts import confine_to_job
+from scheduler.store.environments import save_environments
 from scheduler.store.lifecycle import transition
 from scheduler.store.models import (
     Allocation,
@@ -91,6 +93,7 @@ class Batch:
     timelines: dict[tuple[int, int], stream.TimelineRecord] = field(default_factory=dict)
     states: list[stream.StateRecord] = field(default_factory=list)
     events: list[stream.EventRecord] = field(default_factory=list)
+    environments: list[stream.EnvironmentRecord] = field(default_factory=list)
     max_step: int | None = None
     latest: dict[str, float] = field(default_factory=dict)  # group 0 rank 0, finite values
     # A checkpoint's path must lie in its job's run directory in here (UnsafePath, a
@@ -125,6 +128,8 @@ class Batch:
                 self.states.append(replace(record, state=AllocationState(record.state)))
             case stream.EventRecord():
                 self.events.append(record)
+            case stream.EnvironmentRecord():
+                self.environments.append(record)
 
     def _metric(self, job_id: int, record: stream.MetricRecord) -> None:
         step, group, rank, at = record.step, record.group, record.rank, record.time
@@ -307,6 +312,8 @@ def apply_batch(
     )
     if found is not None:
         job.best_step, job.best_metric = found
+    if batch.environments:
+        save_environments(session, job.id, batch.environments)
     for event in batch.events:
         session.add(JobEvent(job_id=job.id, at=utcnow(), state=job.state, reason=event.message))
     for record in batch.states:

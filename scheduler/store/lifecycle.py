@@ -1,5 +1,5 @@
 """A job's transitions, each an event with a time and a reason (the states and the moves they
-allow: scheduler/store/states.py)."""
+allow: scheduler/store/states.py); a job's end is an event for its owner's webhooks too."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from sqlalchemy.orm import Session
 
 from scheduler.store.models import Job, JobEvent, utcnow
 from scheduler.store.states import ALLOWED, JobState
+from scheduler.store.webhooks import job_ended
 
 
 class IllegalTransition(ValueError):
@@ -31,5 +32,6 @@ def transition(session: Session, job: Job, new: JobState, reason: str) -> bool:
         job.scheduled_at = None
     if new.terminal:
         job.ended_at = now
+        job_ended(session, job)  # its owner's webhooks, told once the transaction commits
     session.add(JobEvent(job_id=job.id, at=now, state=new, reason=reason))
     return True

@@ -387,3 +387,52 @@ class DatasetRecord(Base):
     size: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     __table_args__ = (UniqueConstraint("owner_id", "name"),)
+
+
+class JobEnvironment(Base):
+    """What one worker process of a job trained with, as it reported at its start
+    (contract.stream.EnvironmentRecord): the newest report of each (group, rank)."""
+
+    __tablename__ = "job_environments"
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    group: Mapped[int] = mapped_column("grp", Integer, primary_key=True)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    facts: Mapped[dict[str, Any]] = mapped_column(JSON)  # EnvironmentRecord.facts()
+    packages: Mapped[list[str]] = mapped_column(JSON, default=list)  # "name==version" lines
+    reported_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Webhook(Base):
+    """A URL a user asked to be told of events at (scheduler/store/webhooks.py); deliveries are
+    signed with its secret, which is shown once, when it is made."""
+
+    __tablename__ = "webhooks"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    url: Mapped[str] = mapped_column(Text)
+    events: Mapped[list[str]] = mapped_column(JSON)
+    secret: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # The last delivery's end: "200", "500", "connection refused"... and when, of which event.
+    last_status: Mapped[str | None] = mapped_column(Text, nullable=True)
+    last_event: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    last_delivery_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True), nullable=True
+    )
+
+
+class WebhookDelivery(Base):
+    """An event waiting to reach a webhook (the outbox): written in the transaction that made
+    the event happen, sent by the scheduler's webhook thread, removed once delivered or given
+    up."""
+
+    __tablename__ = "webhook_deliveries"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    webhook_id: Mapped[int] = mapped_column(
+        ForeignKey("webhooks.id", ondelete="CASCADE"), index=True
+    )
+    event: Mapped[str] = mapped_column(String(32))
+    body: Mapped[str] = mapped_column(Text)  # the JSON sent, as signed
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    due_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

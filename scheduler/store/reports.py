@@ -3,7 +3,7 @@ pipeline timelines and metric series (plain functions over a SQLAlchemy Session)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy import case, func, select
@@ -102,12 +102,14 @@ def pipeline_timelines(session: Session, job_id: int) -> list[PipelineTimeline]:
 
 @dataclass
 class Series:
-    """One metric of one process: its (step, value) points in step order."""
+    """One metric of one process: its (step, value) points in step order, and the time (unix
+    seconds, the worker's clock) of each."""
 
     name: str
     group: int
     rank: int
     points: list[tuple[int, float]]
+    times: list[float] = field(default_factory=list)
 
 
 def metric_names(session: Session, job_id: int) -> list[str]:
@@ -172,13 +174,14 @@ def metric_series(
         .group_by(*key, bucket)
     )
     rows = session.execute(
-        select(*key, Metric.step, Metric.value)
+        select(*key, Metric.step, Metric.value, Metric.at)
         .where(Metric.id.in_(kept))
         .order_by(*key, Metric.step, Metric.id)
     )
     out: list[Series] = []
-    for name, grp, rank, step, value in rows:
+    for name, grp, rank, step, value, at in rows:
         if not out or (out[-1].name, out[-1].group, out[-1].rank) != (name, grp, rank):
             out.append(Series(name, grp, rank, []))
         out[-1].points.append((step, value))
+        out[-1].times.append(at)
     return out

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 from sqlalchemy import case, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 
 from contract.keys import Keys
 from dsl.objective import Objective
@@ -24,6 +24,7 @@ from scheduler.store.errors import Conflict, NotFound
 from scheduler.store.jobs import request_cancel
 from scheduler.store.models import Job, Sweep, User, utcnow
 from scheduler.store.states import JobState, SweepState
+from scheduler.store.webhooks import sweep_ended
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,10 @@ def cancel_live_trials(session: Session, sweep: Sweep, client: redis.Redis, keys
 
 
 def end_sweep(sweep: Sweep, state: SweepState, error: str | None = None) -> None:
+    """Ends the sweep (a row of a session): its owner's webhooks are told when it commits."""
     sweep.state, sweep.ended_at = state, utcnow()
     if error is not None:
         sweep.error = error
+    session = object_session(sweep)
+    if session is not None:
+        sweep_ended(session, sweep)

@@ -3,12 +3,15 @@
 import type {
   CheckpointOut,
   ClusterOut,
+  ComparisonOut,
+  CurveOut,
   EventOut,
   ExampleOut,
   GraphNode as GraphNodeOut,
   GraphOut,
   Issue,
   JobDetail,
+  JobEnvironmentOut,
   JobOut,
   JobPage,
   JobState,
@@ -54,6 +57,11 @@ export type Graph = GraphOut;
 export type Cluster = ClusterOut;
 export type Example = ExampleOut;
 export type Pipeline = PipelineOut;
+/** Several jobs side by side (GET /compare), and one job's curve of one metric there. */
+export type Comparison = ComparisonOut;
+export type CompareCurve = CurveOut;
+/** What each worker process of a job trained with. */
+export type JobEnvironment = JobEnvironmentOut;
 /** One pipeline stage's latest timeline (the `timeline` stream event has the same shape). */
 export type StageTimeline = StageTimelineOut;
 
@@ -198,6 +206,12 @@ export const api = {
     json<CheckpointOut[]>(`/jobs/${id}/checkpoints`, { signal }),
   checkpointFile: async (id: number, step: number): Promise<Blob> =>
     (await send(`/jobs/${id}/checkpoints/${step}`)).blob(),
+  environment: (id: number, signal?: AbortSignal) =>
+    json<JobEnvironment>(`/jobs/${id}/environment`, { signal }),
+  packagesFile: async (id: number, group: number, rank: number): Promise<Blob> =>
+    (await send(`/jobs/${id}/environment/packages`, { query: { group, rank } })).blob(),
+  compare: (ids: number[], signal?: AbortSignal) =>
+    json<Comparison>("/compare", { query: { jobs: ids.join(",") }, signal }),
   sweeps: (query: { limit?: number; before?: number | null }, signal?: AbortSignal) =>
     json<SweepPage>("/sweeps", { query, signal }),
   sweep: (id: number, signal?: AbortSignal) => json<SweepDetail>(`/sweeps/${id}`, { signal }),

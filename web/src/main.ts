@@ -28,6 +28,7 @@ const ROUTES: Route[] = [
   route("/jobs", "jobs", async () => (await import("./pages/jobs")).renderJobs),
   route("/new", "new", async () => (await import("./pages/newjob")).renderNewJob),
   route("/jobs/:id/:tab?", "jobs", async () => (await import("./pages/job")).renderJob),
+  route("/compare/:ids", "jobs", async () => (await import("./pages/compare")).renderCompare),
   route("/sweeps", "sweeps", async () => (await import("./pages/sweeps")).renderSweeps),
   route("/sweeps/:id", "sweeps", async () => (await import("./pages/sweep")).renderSweep),
   route("/cluster", "cluster", async () => (await import("./pages/cluster")).renderCluster),

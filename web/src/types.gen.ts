@@ -71,6 +71,99 @@ export interface ClusterOut {
   queue: QueueEntryOut[];
 }
 
+export interface CurveOut {
+  job_id: number;
+  name: string;
+  steps: number[];
+  /** unix seconds of each point (the worker's clock) */
+  times: number[];
+  values: (number | null)[];
+}
+
+export interface DifferenceOut {
+  /** a flattened key (settings: `updater.lr`), a fact or a package */
+  key: string;
+  /** one per compared job, in their order (null: none) */
+  values: (string | number | number | boolean | string[] | Record<string, unknown> | null)[];
+}
+
+export interface JobOut {
+  id: number;
+  name: string;
+  /** the submitting user's name */
+  owner: string;
+  state: JobState;
+  priority: number;
+  /** cluster.framework of the job */
+  framework: string;
+  train_steps: number;
+  /** the last training step reported */
+  step: number;
+  /** step / train_steps, 0..1 */
+  progress: number;
+  created_at: string;
+  scheduled_at: string | null;
+  started_at: string | null;
+  ended_at: string | null;
+  /** running time so far (from start to end, or to now) */
+  duration_seconds: number | null;
+  /** final metrics once the job ends */
+  summary: Record<string, unknown>;
+  /** the metric 'best' is judged by (job language `objective`), e.g. val/accuracy */
+  objective: string;
+  /** max: a higher objective is better; min: a lower one */
+  objective_mode: "min" | "max";
+  /** the objective's best value so far (highest for max, lowest for min) */
+  best_metric: number | null;
+  /** the step best_metric was reported at */
+  best_step: number | null;
+  /** why the job failed */
+  error: string | null;
+  cancel_requested: boolean;
+  overrides: Record<string, unknown>;
+  /** the resolved cluster: worker and server groups */
+  topology: Record<string, unknown>;
+  /** 1-based place in the queue while QUEUED */
+  queue_position: number | null;
+  /** the sweep the job is a trial of, if any */
+  sweep_id: number | null;
+  /** its number in the sweep, from 0 */
+  trial_number: number | null;
+  /** PRUNED: the step (rung) its sweep stopped it at */
+  pruned_step: number | null;
+  /** times it was restarted after a process or node failed */
+  restarts: number;
+  /** QUEUED: why the cluster cannot place it now (e.g. not enough free slots) */
+  pending_reason: string | null;
+}
+
+export interface MetricRowOut {
+  name: string;
+  /** each job's value at its last step */
+  final: (number | null)[];
+  /** each job's lowest value */
+  min: (number | null)[];
+  /** each job's highest value */
+  max: (number | null)[];
+}
+
+export interface ComparisonOut {
+  jobs: JobOut[];
+  /** each job's metrics (group 0, rank 0) */
+  curves: CurveOut[];
+  metrics: MetricRowOut[];
+  /** the settings (the job documents flattened) not the same in every job */
+  settings: DifferenceOut[];
+  /** how many settings every job has alike */
+  same_settings: number;
+  /** each job's first worker's environment (null: not reported) */
+  environments: (Record<string, unknown> | null)[];
+  /** its facts that differ */
+  environment: DifferenceOut[];
+  /** installed packages whose version differs */
+  packages: DifferenceOut[];
+}
+
 export interface DatasetOut {
   name: string;
   /** npz or csv */
@@ -164,61 +257,45 @@ export interface ImportanceOut {
   trials: number;
 }
 
-export interface JobOut {
-  id: number;
-  name: string;
-  /** the submitting user's name */
-  owner: string;
-  state: JobState;
-  priority: number;
-  /** cluster.framework of the job */
-  framework: string;
-  train_steps: number;
-  /** the last training step reported */
-  step: number;
-  /** step / train_steps, 0..1 */
-  progress: number;
-  created_at: string;
-  scheduled_at: string | null;
-  started_at: string | null;
-  ended_at: string | null;
-  /** running time so far (from start to end, or to now) */
-  duration_seconds: number | null;
-  /** final metrics once the job ends */
-  summary: Record<string, unknown>;
-  /** the metric 'best' is judged by (job language `objective`), e.g. val/accuracy */
-  objective: string;
-  /** max: a higher objective is better; min: a lower one */
-  objective_mode: "min" | "max";
-  /** the objective's best value so far (highest for max, lowest for min) */
-  best_metric: number | null;
-  /** the step best_metric was reported at */
-  best_step: number | null;
-  /** why the job failed */
-  error: string | null;
-  cancel_requested: boolean;
-  overrides: Record<string, unknown>;
-  /** the resolved cluster: worker and server groups */
-  topology: Record<string, unknown>;
-  /** 1-based place in the queue while QUEUED */
-  queue_position: number | null;
-  /** the sweep the job is a trial of, if any */
-  sweep_id: number | null;
-  /** its number in the sweep, from 0 */
-  trial_number: number | null;
-  /** PRUNED: the step (rung) its sweep stopped it at */
-  pruned_step: number | null;
-  /** times it was restarted after a process or node failed */
-  restarts: number;
-  /** QUEUED: why the cluster cannot place it now (e.g. not enough free slots) */
-  pending_reason: string | null;
-}
-
 export interface JobDetail extends JobOut {
   /** the document as submitted */
   spec_yaml: string;
   /** what a valid submission is warned of, e.g. selecting on the test split */
   warnings: string[];
+}
+
+/** What one worker process trained with, as it reported at its start. */
+export interface EnvironmentOut {
+  group: number;
+  rank: number;
+  python: string;
+  torch: string;
+  /** torch's CUDA version; empty: a build without CUDA */
+  cuda: string;
+  /** empty: none, or a process that trains on the CPU */
+  cudnn: string;
+  /** empty: none, or a process that trains on the CPU */
+  nccl: string;
+  /** the devices the process may use */
+  devices: string[];
+  cpu_model: string;
+  cpu_count: number;
+  hostname: string;
+  trainyard_version: string;
+  /** empty when the install is no git checkout */
+  trainyard_commit: string;
+  /** SHA-256 of the installed packages' sorted name==version lines */
+  packages_hash: string;
+  /** installed packages (the list: .../packages) */
+  packages_total: number;
+  reported_at: string;
+}
+
+export interface JobEnvironmentOut {
+  /** each worker process's, by group and rank (empty until one reports) */
+  processes: EnvironmentOut[];
+  /** the facts not the same in every process (hostname, when on several nodes) */
+  differing: string[];
 }
 
 export interface JobPage {
@@ -574,4 +651,22 @@ export interface ValidationOut {
   placement: PlacementOut;
   /** the pipeline's stages as the planner cut them; null without a pipeline */
   pipeline: PipelinePlanOut | null;
+}
+
+export interface WebhookOut {
+  id: number;
+  url: string;
+  events: ("job.finished" | "job.failed" | "sweep.finished")[];
+  created_at: string;
+  /** the last delivery's end: an HTTP status, an error, or retrying (null: none) */
+  last_status: string | null;
+  last_event: string | null;
+  last_delivery_at: string | null;
+  /** deliveries waiting to be sent or retried */
+  pending: number;
+}
+
+export interface WebhookCreated extends WebhookOut {
+  /** signs every delivery (the Trainyard-Signature header); shown this once */
+  secret: string;
 }

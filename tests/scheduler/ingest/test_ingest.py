@@ -505,3 +505,45 @@ def test_with_the_machines_redis(tmp_path: Path) -> None:
         assert env.count(Metric) == points
         assert env.job(job_id).state == JobState.SUCCEEDED
     client.close()
+
+
+def test_each_workers_environment_is_kept_its_newest_report_replacing_the_last(env: Env) -> None:
+    from scheduler.store.environments import environments
+
+    job_id, _ = make_job(env)
+    stream = JobStream(env.client, env.keys, job_id)
+
+    def report(group: int, rank: int, torch: str, hostname: str) -> contract.stream.Record:
+        return contract.stream.EnvironmentRecord(
+            python="3.11.9",
+            torch=torch,
+            cuda="",
+            cudnn="",
+            nccl="",
+            devices=("cpu (2 cores)",),
+            cpu_model="Test CPU",
+            cpu_count=2,
+            hostname=hostname,
+            trainyard_version="0.1.0",
+            trainyard_commit="",
+            packages_hash="ab" * 32,
+            packages=("numpy==2.0.0", f"torch=={torch}"),
+            packages_total=2,
+            group=group,
+            rank=rank,
+        )
+
+    stream.publish(report(0, 0, "2.12.0", "a"))
+    stream.publish(report(0, 1, "2.13.0", "b"))
+    ingest_once(env.db, env.client, env.keys)
+    stream.publish(report(0, 0, "2.13.0", "a"))  # the process restarted, elsewhere installed
+    ingest_once(env.db, env.client, env.keys)
+    with env.db.session() as session:
+        rows = [
+            (r.group, r.rank, r.facts["torch"], r.facts["hostname"], r.packages)
+            for r in environments(session, job_id)
+        ]
+    assert rows == [
+        (0, 0, "2.13.0", "a", ["numpy==2.0.0", "torch==2.13.0"]),
+        (0, 1, "2.13.0", "b", ["numpy==2.0.0", "torch==2.13.0"]),
+    ]

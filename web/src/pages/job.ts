@@ -1,6 +1,6 @@
 // Job detail: a header with state, progress and actions, and tabs for the live charts (SSE), the
 // compiled net, a pipelined job's stages and timelines, the events timeline, logs with follow,
-// checkpoints and the job's YAML.
+// checkpoints, the environment its workers trained in and the job's YAML.
 
 import {
   ApiError,
@@ -18,9 +18,10 @@ import { MAX_POINTS, MetricCharts } from "../components/charts";
 import { DRAFT_KEY, yamlEditor } from "../components/editor";
 import { errorBox, fact, progressBar, stateBadge, warningBox } from "../components/widgets";
 import { bestOf } from "./jobs";
+import { environmentTab } from "./environment";
 import { checkpointsTab, eventsTab, graphTab, logsTab, pipelineTab } from "./jobtabs";
 
-const TABS = ["charts", "graph", "pipeline", "events", "logs", "checkpoints", "yaml"] as const;
+const TABS = ["charts", "graph", "pipeline", "events", "logs", "checkpoints", "environment", "yaml"] as const;
 type Tab = (typeof TABS)[number];
 const REFRESH_MS = 2000;
 
@@ -84,6 +85,7 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
     events: (pane) => eventsTab(pane, ctx),
     logs: (pane) => logsTab(pane, ctx),
     checkpoints: (pane) => checkpointsTab(pane, ctx),
+    environment: (pane) => environmentTab(pane, ctx),
     yaml: (pane) => {
       const spec = job?.spec_yaml ?? "";
       const view = yamlEditor(pane, { doc: spec, readOnly: true });

@@ -1,5 +1,6 @@
 // Jobs: one server-side page at a time (cursor paging), filtered by state and name, refreshed
-// every 2 s. The browser never holds more than one page, so 10,000 jobs cost what 50 do.
+// every 2 s. The browser never holds more than one page, so 10,000 jobs cost what 50 do. Jobs
+// ticked on any page (kept while paging and filtering) open side by side in Compare.
 
 import { JOB_STATES, type Job, api } from "../api";
 import { debounce, fill, formatDuration, formatTime, formatValue, h } from "../dom";
@@ -9,8 +10,10 @@ import { type Column, errorBox, progressBar, stateBadge, table } from "../compon
 const PAGE_SIZE = 50;
 const REFRESH_MS = 2000;
 
-// Filters survive a visit to a job and back.
+// Filters and the jobs ticked for comparing survive a visit to a job and back.
 const filters = { state: "", name: "" };
+const picked = new Set<number>();
+const MAX_COMPARE = 10; // as GET /compare allows
 
 export function percent(value: number | null): string {
   return value === null ? "—" : `${(value * 100).toFixed(2)}%`;
@@ -34,6 +37,18 @@ export function bestOf(j: Job): HTMLElement {
 }
 
 const COLUMNS: Column<Job>[] = [
+  {
+    title: "",
+    cell: (j) =>
+      h("input", {
+        type: "checkbox",
+        class: "pick",
+        "data-pick": String(j.id),
+        "aria-label": `compare job ${j.id}`,
+        checked: picked.has(j.id),
+      }),
+    className: "pick-cell",
+  },
   { title: "#", cell: (j) => String(j.id), className: "num id" },
   { title: "State", cell: (j) => stateBadge(j.state) },
   { title: "Name", cell: (j) => h("a", { href: `#/jobs/${j.id}`, class: "job-name" }, j.name) },
@@ -92,6 +107,27 @@ export function renderJobs(root: HTMLElement, scope: Scope): void {
   const pageLabel = h("span", { class: "muted" });
   const status = h("span", { class: "muted live" });
   const body = h("div", { class: "table-wrap" });
+  const compareButton = h("button", {
+    id: "compare-picked",
+    onclick: () => {
+      location.hash = `#/compare/${[...picked].sort((a, b) => a - b).join(",")}`;
+    },
+  });
+  const clearButton = h("button", {
+    class: "link",
+    onclick: () => {
+      picked.clear();
+      for (const box of body.querySelectorAll<HTMLInputElement>("input[data-pick]")) box.checked = false;
+      showPicked();
+    },
+  }, "clear");
+  const showPicked = () => {
+    compareButton.textContent = `Compare (${picked.size})`;
+    compareButton.disabled = picked.size < 2;
+    compareButton.title = picked.size < 2 ? "tick two jobs or more" : "";
+    clearButton.hidden = picked.size === 0;
+  };
+  showPicked();
 
   root.append(
     h(
@@ -107,6 +143,8 @@ export function renderJobs(root: HTMLElement, scope: Scope): void {
       h("div", { class: "chips" }, ...stateButtons),
       nameInput,
       h("div", { class: "spacer" }),
+      clearButton,
+      compareButton,
       status,
     ),
     body,
@@ -148,6 +186,15 @@ export function renderJobs(root: HTMLElement, scope: Scope): void {
 
   body.addEventListener("click", (event) => {
     const target = event.target as HTMLElement;
+    if (target instanceof HTMLInputElement && target.dataset.pick) {
+      const id = Number(target.dataset.pick);
+      if (target.checked && picked.size >= MAX_COMPARE) target.checked = false;
+      else if (target.checked) picked.add(id);
+      else picked.delete(id);
+      showPicked();
+      return;
+    }
+    if (target.closest(".pick-cell")) return;
     const row = target.closest("tr[data-job]") as HTMLElement | null;
     if (row && !target.closest("a")) location.hash = `#/jobs/${row.dataset.job}`;
   });

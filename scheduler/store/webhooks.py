@@ -1,0 +1,237 @@
+"""Webhooks: URLs a user registers to be told when a job finishes or fails, or a sweep ends.
+
+An event becomes a delivery row (the outbox, `WebhookDelivery`) in the same transaction as the
+state change that made it (scheduler/store/lifecycle.py for jobs, `end_sweep` for sweeps), so
+an event is never lost to a crash between the two, nor sent for a change that rolled back. The
+scheduler's webhook thread (scheduler/daemon/webhooks.py) sends what is due, signed with the
+hook's secret (contract/webhooks.py), and records each try's end here: delivered, retried
+later (the wait doubling), or given up after the last try. Each hook's last status says which.
+
+Bounds: `webhooks_per_user` hooks a user (403 past it), MAX_PENDING deliveries waiting per hook
+(an event past it is dropped, and the hook's status says so), MAX_URL characters of a URL.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
+
+from scheduler.store.errors import InvalidRequest, NotFound, StoreError
+from scheduler.store.models import Job, Sweep, User, Webhook, WebhookDelivery, utcnow
+from scheduler.store.states import JobState
+
+JOB_FINISHED = "job.finished"
+JOB_FAILED = "job.failed"
+SWEEP_FINISHED = "sweep.finished"
+EVENTS = (JOB_FINISHED, JOB_FAILED, SWEEP_FINISHED)
+# The job states that are events: a job that succeeded, or failed (not cancelled nor pruned).
+JOB_EVENTS = {JobState.SUCCEEDED: JOB_FINISHED, JobState.FAILED: JOB_FAILED}
+MAX_URL = 2000
+MAX_PENDING = 100
+
+
+class TooManyWebhooks(StoreError):
+    """A user past `webhooks_per_user`."""
+
+
+def check_url(url: str) -> str:
+    """The URL, if it is an absolute http or https URL with a host; else InvalidRequest."""
+    if len(url) > MAX_URL:
+        raise InvalidRequest(f"a webhook URL has at most {MAX_URL} characters")
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError for a port that is not a number in range
+    except ValueError as exc:
+        raise InvalidRequest(f"not a URL: {url!r} ({exc})") from exc
+    if parts.scheme not in ("http", "https"):
+        raise InvalidRequest(f"a webhook URL is http:// or https://, not {parts.scheme!r}")
+    if not parts.hostname:
+        raise InvalidRequest(f"a webhook URL names a host: {url!r}")
+    if port == 0 or any(c.isspace() for c in url):
+        raise InvalidRequest(f"not a URL a webhook can be sent to: {url!r}")
+    return url
+
+
+def check_events(events: list[str]) -> list[str]:
+    """The events, each once, in EVENTS' order; InvalidRequest for an unknown one or none."""
+    unknown = sorted(set(events) - set(EVENTS))
+    if unknown:
+        raise InvalidRequest(f"unknown webhook events {unknown} (known: {', '.join(EVENTS)})")
+    if not events:
+        raise InvalidRequest(f"a webhook needs at least one event of {', '.join(EVENTS)}")
+    return [event for event in EVENTS if event in events]
+
+
+def create_webhook(
+    session: Session, owner: User, url: str, events: list[str], *, limit: int
+) -> Webhook:
+    """A new hook with a random secret (the caller shows it once), committed; TooManyWebhooks
+    past `limit` hooks of the owner."""
+    url, events = check_url(url), check_events(events)
+    held = session.scalar(select(func.count(Webhook.id)).where(Webhook.owner_id == owner.id))
+    if (held or 0) >= limit:
+        raise TooManyWebhooks(
+            f"a user may register {limit} webhooks; remove one first (trainyard webhooks remove)"
+        )
+    hook = Webhook(
+        owner_id=owner.id, url=url, events=events, secret=f"whsec_{secrets.token_urlsafe(32)}"
+    )
+    session.add(hook)
+    session.commit()
+    return hook
+
+
+def list_webhooks(session: Session, owner: User) -> list[Webhook]:
+    return list(
+        session.scalars(select(Webhook).where(Webhook.owner_id == owner.id).order_by(Webhook.id))
+    )
+
+
+def pending_counts(session: Session, hook_ids: list[int]) -> dict[int, int]:
+    """How many deliveries wait for each of the hooks."""
+    rows = session.execute(
+        select(WebhookDelivery.webhook_id, func.count())
+        .where(WebhookDelivery.webhook_id.in_(hook_ids))
+        .group_by(WebhookDelivery.webhook_id)
+    )
+    return {hook_id: count for hook_id, count in rows}
+
+
+def delete_webhook(session: Session, owner: User, hook_id: int) -> None:
+    """Removes one of the owner's hooks and what waits to be sent to it, committed (NotFound
+    for another's)."""
+    hook = session.get(Webhook, hook_id)
+    if hook is None or hook.owner_id != owner.id:
+        raise NotFound(f"no webhook {hook_id}")
+    session.execute(delete(WebhookDelivery).where(WebhookDelivery.webhook_id == hook_id))
+    session.delete(hook)
+    session.commit()
+
+
+# -- events ------------------------------------------------------------------------------------
+def job_ended(session: Session, job: Job) -> None:
+    """The job's end as an event for its owner's hooks, if it is one (finished or failed)."""
+    event = JOB_EVENTS.get(JobState(job.state))
+    if event is not None:
+        _announce(session, job.owner_id, event, {"job": _job_data(job)})
+
+
+def sweep_ended(session: Session, sweep: Sweep) -> None:
+    _announce(
+        session,
+        sweep.owner_id,
+        SWEEP_FINISHED,
+        {
+            "sweep": {
+                "id": sweep.id,
+                "name": sweep.name,
+                "state": str(sweep.state),
+                "error": sweep.error,
+                "best_trial": sweep.best_trial,
+                "best_value": sweep.best_value,
+            }
+        },
+    )
+
+
+def _job_data(job: Job) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "name": job.name,
+        "state": str(job.state),
+        "error": job.error,
+        "step": job.step,
+        "train_steps": job.train_steps,
+        "objective": job.objective,
+        "best_metric": job.best_metric,
+        "best_step": job.best_step,
+        "summary": job.summary or {},
+        "sweep_id": job.sweep_id,
+    }
+
+
+def _announce(session: Session, owner_id: int, event: str, data: dict[str, Any]) -> None:
+    hooks = session.scalars(select(Webhook).where(Webhook.owner_id == owner_id)).all()
+    hooks = [hook for hook in hooks if event in hook.events]
+    if not hooks:
+        return
+    waiting = pending_counts(session, [hook.id for hook in hooks])
+    now = utcnow()
+    for hook in hooks:
+        if waiting.get(hook.id, 0) >= MAX_PENDING:
+            hook.last_status = f"dropped a {event} event: {MAX_PENDING} deliveries were waiting"
+            hook.last_event, hook.last_delivery_at = event, now
+            continue
+        body = {
+            "id": str(uuid.uuid4()),
+            "event": event,
+            "created": round(time.time(), 3),
+            "data": data,
+        }
+        session.add(
+            WebhookDelivery(
+                webhook_id=hook.id,
+                event=event,
+                body=json.dumps(body, separators=(",", ":"), allow_nan=False, default=str),
+                due_at=now,
+            )
+        )
+
+
+# -- what the scheduler's webhook thread sends -------------------------------------------------
+@dataclass(frozen=True)
+class Due:
+    """A delivery to try now, with what sending it needs."""
+
+    id: int
+    webhook_id: int
+    url: str
+    secret: str
+    event: str
+    body: str
+    attempts: int  # tries before this one
+
+
+def due_deliveries(session: Session, *, limit: int) -> list[Due]:
+    """The deliveries due now, oldest first."""
+    rows = session.execute(
+        select(WebhookDelivery, Webhook)
+        .join(Webhook, Webhook.id == WebhookDelivery.webhook_id)
+        .where(WebhookDelivery.due_at <= utcnow())
+        .order_by(WebhookDelivery.due_at, WebhookDelivery.id)
+        .limit(limit)
+    )
+    return [Due(d.id, h.id, h.url, h.secret, d.event, d.body, d.attempts) for d, h in rows]
+
+
+def record_try(
+    session: Session, due: Due, status: str, *, delivered: bool, attempts: int, retry: float
+) -> None:
+    """One try's end: delivered or given up (the delivery goes), or tried again after
+    `retry` * 2**(tries - 1) seconds. The hook's last status says which."""
+    delivery = session.get(WebhookDelivery, due.id)
+    hook = session.get(Webhook, due.webhook_id)
+    if delivery is None or hook is None:  # the hook was removed meanwhile
+        return
+    tries = delivery.attempts + 1
+    now = utcnow()
+    hook.last_event, hook.last_delivery_at = due.event, now
+    if delivered:
+        hook.last_status = status
+        session.delete(delivery)
+    elif tries >= attempts:
+        hook.last_status = f"{status} (gave up after {tries} tries)"
+        session.delete(delivery)
+    else:
+        wait = retry * 2 ** (tries - 1)
+        hook.last_status = f"{status} (try {tries} of {attempts}; next in {wait:g} s)"
+        delivery.attempts, delivery.due_at = tries, now + timedelta(seconds=wait)

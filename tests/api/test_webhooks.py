@@ -1,0 +1,144 @@
+"""/webhooks: registered, listed and removed, bounded, validated; and the outbox a job's end
+fills, tried and retried as the scheduler's webhook thread records its tries (real SQL)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from contract.settings import Settings
+from scheduler.store.jobs import get_job
+from scheduler.store.lifecycle import transition
+from scheduler.store.models import Sweep, User, Webhook, WebhookDelivery
+from scheduler.store.states import JobState, SweepState
+from scheduler.store.sweeps import end_sweep
+from scheduler.store.webhooks import due_deliveries, record_try
+from tests.api.conftest import make_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+MLP = (ROOT / "examples" / "digits_mlp.yaml").read_text()
+HOOKS = "/api/v1/webhooks"
+
+
+@pytest.fixture
+def api_settings(tmp_path: Path, migrated_sql_url: str, redis_url: str) -> Settings:
+    return make_settings(tmp_path, migrated_sql_url, redis_url, webhooks_per_user=3)
+
+
+def add(api: Any, url: str, events: list[str], user: str = "alice") -> Any:
+    return api.client.post(HOOKS, json={"url": url, "events": events}, headers=api.auth(user))
+
+
+def test_a_user_registers_lists_and_removes_webhooks(api: Any) -> None:
+    made = add(api, "https://example.org/hook", ["job.failed", "job.finished"])
+    assert made.status_code == 201, made.text
+    hook = made.json()
+    assert hook["secret"].startswith("whsec_") and len(hook["secret"]) > 40
+    assert hook["events"] == ["job.finished", "job.failed"]  # in the events' own order
+    assert (hook["last_status"], hook["pending"]) == (None, 0)
+    listed = api.client.get(HOOKS, headers=api.auth()).json()
+    assert [h["url"] for h in listed] == ["https://example.org/hook"]
+    assert "secret" not in listed[0]  # shown once, at creation
+    assert api.client.get(HOOKS, headers=api.auth("bob")).json() == []
+    assert api.client.delete(f"{HOOKS}/{hook['id']}", headers=api.auth("bob")).status_code == 404
+    assert api.client.delete(f"{HOOKS}/{hook['id']}", headers=api.auth()).status_code == 204
+    assert api.client.get(HOOKS, headers=api.auth()).json() == []
+    assert api.client.delete(f"{HOOKS}/{hook['id']}", headers=api.auth()).status_code == 404
+
+
+def test_bad_webhooks_are_refused_and_their_number_bounded(api: Any) -> None:
+    for url, events in (
+        ("ftp://example.org/hook", ["job.failed"]),
+        ("javascript:alert(1)", ["job.failed"]),
+        ("http://", ["job.failed"]),
+        ("https://example.org:99999/", ["job.failed"]),
+        ("https://exa mple.org/", ["job.failed"]),
+        ("https://example.org/" + "a" * 2000, ["job.failed"]),
+        ("https://example.org/", ["job.started"]),
+        ("https://example.org/", []),
+    ):
+        answer = add(api, url, events)
+        assert answer.status_code == 422, (url, events, answer.text)
+    assert api.client.get(HOOKS, headers=api.auth()).json() == []
+    for i in range(3):
+        assert add(api, f"http://127.0.0.1:9/{i}", ["job.failed"]).status_code == 201
+    refused = add(api, "http://127.0.0.1:9/4", ["job.failed"])
+    assert refused.status_code == 403 and "3 webhooks" in refused.json()["detail"]
+    assert add(api, "http://127.0.0.1:9/4", ["job.failed"], user="bob").status_code == 201
+
+
+def test_a_jobs_end_waits_in_the_outbox_and_is_retried_then_given_up(api: Any) -> None:
+    add(api, "http://127.0.0.1:9/failed", ["job.failed"])
+    add(api, "http://127.0.0.1:9/finished", ["job.finished"])
+    add(api, "http://127.0.0.1:9/other", ["job.failed"], user="bob")
+    ids = [
+        api.client.post("/api/v1/jobs", content=MLP, headers=api.yaml_headers()).json()["id"]
+        for _ in range(3)
+    ]
+    with api.db.session() as session:
+        alice = session.scalar(select(User).where(User.name == "alice"))
+        assert alice is not None
+        ends = (JobState.FAILED, JobState.CANCELLED, JobState.FAILED)
+        for job_id, state in zip(ids, ends, strict=True):
+            job = get_job(session, alice, job_id)
+            job.error = "boom"
+            transition(session, job, state, "test")
+    with api.db.session() as session:
+        due = due_deliveries(session, limit=10)
+    # Alice's two failed jobs reach her job.failed hook; a cancelled job is no event, and
+    # bob's hook hears nothing of alice's jobs.
+    assert [(d.url, d.event) for d in due] == [("http://127.0.0.1:9/failed", "job.failed")] * 2
+    body = json.loads(due[0].body)
+    assert body["event"] == "job.failed" and body["data"]["job"]["id"] == ids[0]
+    assert body["data"]["job"]["state"] == "FAILED" and body["data"]["job"]["error"] == "boom"
+    with api.db.session() as session:
+        record_try(session, due[0], "200", delivered=True, attempts=3, retry=60.0)
+        record_try(session, due[1], "503", delivered=False, attempts=3, retry=60.0)
+    with api.db.session() as session:
+        assert due_deliveries(session, limit=10) == []  # the retry waits a minute
+        waiting = session.scalars(select(WebhookDelivery)).all()
+        assert [(w.attempts, w.event) for w in waiting] == [(1, "job.failed")]
+        waiting[0].due_at = waiting[0].created_at  # its minute has passed
+    listed = api.client.get(HOOKS, headers=api.auth()).json()
+    assert (listed[0]["last_status"], listed[0]["pending"]) == ("503 (try 1 of 3; next in 60 s)", 1)
+    for tries in (2, 3):
+        with api.db.session() as session:
+            (again,) = due_deliveries(session, limit=10)
+            assert again.attempts == tries - 1
+            record_try(session, again, "ConnectError", delivered=False, attempts=3, retry=0.0)
+    listed = api.client.get(HOOKS, headers=api.auth()).json()
+    assert listed[0]["last_status"] == "ConnectError (gave up after 3 tries)"
+    assert listed[0]["pending"] == 0 and listed[0]["last_event"] == "job.failed"
+    with api.db.session() as session:
+        assert session.scalars(select(WebhookDelivery)).all() == []
+        assert len(session.scalars(select(Webhook)).all()) == 3
+
+
+def test_a_sweeps_end_is_an_event_for_its_owners_sweep_hooks(api: Any) -> None:
+    add(api, "http://127.0.0.1:9/sweeps", ["sweep.finished"])
+    add(api, "http://127.0.0.1:9/jobs", ["job.finished", "job.failed"])
+    with api.db.session() as session:
+        alice = session.scalar(select(User).where(User.name == "alice"))
+        assert alice is not None
+        sweep = Sweep(
+            owner_id=alice.id,
+            name="a-sweep",
+            spec_yaml="name: a-sweep",
+            base_job={},
+            search={},
+            study_name="webhook-test-study",
+            best_trial=3,
+            best_value=0.9,
+        )
+        session.add(sweep)
+        session.flush()
+        end_sweep(sweep, SweepState.SUCCEEDED)
+    with api.db.session() as session:
+        (due,) = due_deliveries(session, limit=10)
+    assert (due.url, due.event) == ("http://127.0.0.1:9/sweeps", "sweep.finished")
+    sent = json.loads(due.body)["data"]["sweep"]
+    assert (sent["name"], sent["state"], sent["best_trial"]) == ("a-sweep", "SUCCEEDED", 3)
