@@ -31,6 +31,7 @@ from api.routes import (
     jobs,
     models,
     pipeline,
+    predictions,
     quotas,
     sweeps,
     system,
@@ -128,6 +129,7 @@ def create_app(settings: Settings | None = None, *, web_dist: Path | None = WEB_
         tokens.router,
         quotas.router,
         models.router,
+        predictions.router,
     ):
         app.include_router(router, prefix=API_PREFIX)
     app.add_api_route("/healthz", system.healthz, include_in_schema=False)
