@@ -16,6 +16,7 @@ import type {
   MetricsOut,
   ModelVersionOut,
   PipelineOut,
+  PredictionOut,
   SeriesOut,
   StageTimelineOut,
   StreamTicket,
@@ -198,6 +199,10 @@ export const api = {
     json<CheckpointOut[]>(`/jobs/${id}/checkpoints`, { signal }),
   checkpointFile: async (id: number, step: number): Promise<Blob> =>
     (await send(`/jobs/${id}/checkpoints/${step}`)).blob(),
+  predictions: (id: number, signal?: AbortSignal) =>
+    json<PredictionOut[]>(`/jobs/${id}/predictions`, { signal }),
+  predictionOutput: async (id: number): Promise<Blob> =>
+    (await send(`/predictions/${id}/output`)).blob(),
   sweeps: (query: { limit?: number; before?: number | null }, signal?: AbortSignal) =>
     json<SweepPage>("/sweeps", { query, signal }),
   sweep: (id: number, signal?: AbortSignal) => json<SweepDetail>(`/sweeps/${id}`, { signal }),

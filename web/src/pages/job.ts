@@ -18,9 +18,9 @@ import { MAX_POINTS, MetricCharts } from "../components/charts";
 import { DRAFT_KEY, yamlEditor } from "../components/editor";
 import { errorBox, fact, progressBar, stateBadge, warningBox } from "../components/widgets";
 import { bestOf } from "./jobs";
-import { checkpointsTab, eventsTab, graphTab, logsTab, pipelineTab } from "./jobtabs";
+import { checkpointsTab, eventsTab, graphTab, logsTab, pipelineTab, predictionsTab } from "./jobtabs";
 
-const TABS = ["charts", "graph", "pipeline", "events", "logs", "checkpoints", "yaml"] as const;
+const TABS = ["charts", "graph", "pipeline", "events", "logs", "checkpoints", "predictions", "yaml"] as const;
 type Tab = (typeof TABS)[number];
 const REFRESH_MS = 2000;
 
@@ -84,6 +84,7 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
     events: (pane) => eventsTab(pane, ctx),
     logs: (pane) => logsTab(pane, ctx),
     checkpoints: (pane) => checkpointsTab(pane, ctx),
+    predictions: (pane) => predictionsTab(pane, ctx),
     yaml: (pane) => {
       const spec = job?.spec_yaml ?? "";
       const view = yamlEditor(pane, { doc: spec, readOnly: true });
