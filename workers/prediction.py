@@ -162,6 +162,8 @@ def predict_shard(info: AllocationInfo, stream: JobStream, should_stop: Callable
     start, stop = shard_rows(task.rows, info.world, info.rank)
     target = shard_file(info.run_dir, info.rank)
     torch.set_num_threads(max(info.slots, 1))
+    if output_file(info.run_dir).is_file():  # assembled already: a restart after the end
+        return ExitCode.OK
     if not target.is_file():
         try:
             model = load_inference_net(task.checkpoint, probabilities=task.probabilities)
@@ -210,13 +212,17 @@ def _progress(info: AllocationInfo, step: int, done: int) -> MetricRecord:
 
 def assemble(run_dir: Path, world: int) -> bool:
     """The shards, in rank order, as the run's one output `.npy`, once every shard is written
-    (False: some are still to come). Two workers finishing together may both assemble: each
-    writes a file of its own and renames it into place, and both hold the same rows."""
+    (False: some are still to come); the shards are removed then. Two workers finishing
+    together may both assemble: each writes a file of its own and renames it into place, both
+    with the same rows."""
     output = output_file(run_dir)
     shards = [shard_file(run_dir, rank) for rank in range(world)]
     if output.is_file() or not all(shard.is_file() for shard in shards):
         return output.is_file()
-    parts = [np.load(shard, mmap_mode="r") for shard in shards]
+    try:
+        parts = [np.load(shard, mmap_mode="r") for shard in shards]
+    except FileNotFoundError:  # another worker assembled them, and removed them, meanwhile
+        return output.is_file()
     total = sum(len(part) for part in parts)
     partial = output.with_name(f"{output.name}.{os.getpid()}.part")
     out = np.lib.format.open_memmap(
@@ -229,4 +235,6 @@ def assemble(run_dir: Path, world: int) -> bool:
     out.flush()
     del out
     partial.replace(output)
+    for shard in shards:  # their rows are in the output now: the disk holds them once
+        shard.unlink(missing_ok=True)
     return True

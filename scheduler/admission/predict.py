@@ -101,8 +101,11 @@ def start_prediction(
             f"the model takes samples of shape {list(want)} ({math.prod(want)} values), and the "
             f"samples of dataset '{record.name}' have shape {list(layout.row_shape)}"
         )
-    if layout.rows == 0:
-        raise InvalidRequest(f"dataset '{record.name}' holds no samples")
+    if layout.rows < request.workers:
+        raise InvalidRequest(
+            f"dataset '{record.name}' holds {layout.rows} sample(s): ask for at most as many "
+            "workers"
+        )
     limits = limits_for(session, owner, settings)
     check_rate(backends.redis, backends.keys, owner, limits)
     check_new_job(session, owner, limits, train_steps=0, slots=request.workers, gpus=0)

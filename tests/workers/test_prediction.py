@@ -52,3 +52,5 @@ def test_the_output_is_assembled_once_every_shard_is_written(tmp_path: Path) -> 
     np.save(shard_file(tmp_path, 1), parts[1])
     assert assemble(tmp_path, 3)
     np.testing.assert_array_equal(np.load(output_file(tmp_path)), np.concatenate(parts))
+    assert not any(shard_file(tmp_path, rank).exists() for rank in range(3))
+    assert assemble(tmp_path, 3)  # once assembled, it stays
