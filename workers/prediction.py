@@ -154,59 +154,75 @@ def _numbers(batch: list[list[str]], row: int) -> np.ndarray:
 def predict_shard(info: AllocationInfo, stream: JobStream, should_stop: Callable[[], bool]) -> int:
     """Score this worker's shard of the run's dataset into its shard file; assemble the output
     when every shard is written. Returns the process's exit code."""
-    import torch
-
-    from dsl.inference import InferenceError, load_inference_net
-
-    task = PredictionTask.from_dict(info.topology[TASK_KEY])
-    start, stop = shard_rows(task.rows, info.world, info.rank)
-    target = shard_file(info.run_dir, info.rank)
-    torch.set_num_threads(max(info.slots, 1))
     if output_file(info.run_dir).is_file():  # assembled already: a restart after the end
         return ExitCode.OK
-    if not target.is_file():
-        try:
-            model = load_inference_net(task.checkpoint, probabilities=task.probabilities)
-        except InferenceError as exc:
-            print(f"the model cannot be built here: {exc}", file=sys.stderr)
-            return ExitCode.INVALID
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(target.name + f".{info.allocation_id}.part")
-        out = np.lib.format.open_memmap(
-            partial, mode="w+", dtype=np.float32, shape=(stop - start, *model.score_shape)
-        )
-        done, step, reported = 0, info.start_step, time.monotonic()
-        try:
-            batches = read_rows(
-                Path(task.dataset), task.kind, task.key, start, stop, task.batch_size
-            )
-            for rows in batches:
-                if should_stop():
-                    return ExitCode.CANCELLED
-                with torch.inference_mode():
-                    batch = model.check_input(torch.from_numpy(rows))
-                    out[done : done + len(rows)] = model(batch).float().numpy()
-                done = done + len(rows)
-                if time.monotonic() >= reported + PROGRESS_SECONDS:
-                    step, reported = step + 1, time.monotonic()
-                    stream.publish(_progress(info, step, done))
-            out.flush()
-        except (InferenceError, SampleError) as exc:
-            print(f"rows {start}..{stop} cannot be scored: {exc}", file=sys.stderr)
-            return ExitCode.INVALID
-        finally:
-            del out
-            if not target.is_file() and done < stop - start:
-                partial.unlink(missing_ok=True)
-        partial.replace(target)
-        stream.publish(_progress(info, step + 1, stop - start))
+    task = PredictionTask.from_dict(info.topology[TASK_KEY])
+    if not shard_file(info.run_dir, info.rank).is_file():  # else written before a restart
+        code = _score_shard(info, task, stream, should_stop)
+        if code != ExitCode.OK:
+            return code
     assemble(info.run_dir, info.world)
     return ExitCode.OK
 
 
-def _progress(info: AllocationInfo, step: int, done: int) -> MetricRecord:
+def _score_shard(
+    info: AllocationInfo,
+    task: PredictionTask,
+    stream: JobStream,
+    should_stop: Callable[[], bool],
+) -> int:
+    """The shard's rows scored a batch at a time into a file of this process's own, renamed
+    to the shard's name once complete (removed if not)."""
+    import torch
+
+    from dsl.inference import InferenceError, load_inference_net
+
+    torch.set_num_threads(max(info.slots, 1))
+    start, stop = shard_rows(task.rows, info.world, info.rank)
+    try:
+        model = load_inference_net(task.checkpoint, probabilities=task.probabilities)
+    except InferenceError as exc:
+        print(f"the model cannot be built here: {exc}", file=sys.stderr)
+        return ExitCode.INVALID
+    target = shard_file(info.run_dir, info.rank)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f"{target.name}.{info.allocation_id}.part")
+    out = np.lib.format.open_memmap(
+        partial, mode="w+", dtype=np.float32, shape=(stop - start, *model.score_shape)
+    )
+    done, reported, complete = 0, time.monotonic(), False
+    try:
+        for rows in read_rows(
+            Path(task.dataset), task.kind, task.key, start, stop, task.batch_size
+        ):
+            if should_stop():
+                return ExitCode.CANCELLED
+            with torch.inference_mode():
+                batch = model.check_input(torch.from_numpy(rows))  # (B, *sample_shape)
+                out[done : done + len(rows)] = model(batch).float().numpy()  # (B, *score_shape)
+            done += len(rows)
+            if time.monotonic() >= reported + PROGRESS_SECONDS:
+                reported = time.monotonic()
+                stream.publish(_progress(info, done))
+        out.flush()
+        complete = True
+    except (InferenceError, SampleError) as exc:
+        print(f"rows {start}..{stop} cannot be scored: {exc}", file=sys.stderr)
+        return ExitCode.INVALID
+    finally:
+        del out
+        if not complete:
+            partial.unlink(missing_ok=True)
+    partial.replace(target)
+    stream.publish(_progress(info, stop - start))
+    return ExitCode.OK
+
+
+def _progress(info: AllocationInfo, done: int) -> MetricRecord:
+    """The rows of its shard scored so far, as its step too: the run's job shows the progress
+    of its furthest worker (its train_steps are the largest shard's rows)."""
     return MetricRecord(
-        step=step, values={ROWS_METRIC: float(done)}, group=info.group, rank=info.rank
+        step=done, values={ROWS_METRIC: float(done)}, group=info.group, rank=info.rank
     )
 
 

@@ -142,7 +142,7 @@ def start_prediction(
             spec=model.spec,
             topology={**topology.to_dict(), TASK_KEY: task.to_dict()},
             framework=PREDICT,
-            train_steps=layout.rows,
+            train_steps=-(-layout.rows // request.workers),  # the largest shard's rows
             objective=ROWS_METRIC,
             objective_mode="max",
         ),
