@@ -33,6 +33,7 @@ from api.routes import (
     jobs,
     models,
     pipeline,
+    predictions,
     quotas,
     sweeps,
     system,
@@ -134,6 +135,7 @@ def create_app(settings: Settings | None = None, *, web_dist: Path | None = WEB_
         environments.router,
         compare.router,
         webhooks.router,
+        predictions.router,
     ):
         app.include_router(router, prefix=API_PREFIX)
     app.add_api_route("/healthz", system.healthz, include_in_schema=False)

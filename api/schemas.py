@@ -498,3 +498,40 @@ class ModelTag(BaseModel):
     tag: str = Field(
         pattern=r"^[A-Za-z][A-Za-z0-9_.\-]{0,49}$", description="a letter, then letters, digits"
     )
+
+
+class PredictionCreate(BaseModel):
+    dataset: str = Field(
+        pattern=DATASET_NAME_PATTERN, description="one of your uploaded datasets, by name"
+    )
+    checkpoint: str | None = Field(
+        default=None,
+        pattern=r"^(best|latest|[0-9]{1,10})$",
+        description="a job's checkpoint: best, latest or a step; default the best where one was "
+        "kept, else the latest (a registered model is one checkpoint: none)",
+    )
+    workers: int = Field(
+        default=1, ge=1, le=1024, description="workers scoring disjoint shards of the dataset"
+    )
+    probabilities: bool = Field(
+        default=False, description="the softmax of the class scores instead of the scores"
+    )
+    batch_size: int = Field(default=1024, ge=1, le=65536, description="samples scored at once")
+
+
+class PredictionOut(BaseModel):
+    id: int
+    job_id: int | None = Field(description="the job whose checkpoint scores (null: a model's)")
+    model: str | None = Field(description="the registered model that scores, name@version")
+    run_job_id: int = Field(description="the placed job whose workers score (its live stream)")
+    dataset: str
+    rows: int = Field(description="samples in the dataset")
+    step: int = Field(description="the checkpoint's training step")
+    workers: int
+    probabilities: bool
+    state: JobState = Field(description="the run's state (its placed job's)")
+    progress: float = Field(description="rows scored / rows, 0..1")
+    rows_done: int
+    error: str | None = Field(description="why the run failed")
+    created_at: datetime
+    ended_at: datetime | None

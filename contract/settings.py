@@ -92,6 +92,11 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, description="port the API server listens on")
     max_job_bytes: int = Field(default=1_000_000, description="largest job document accepted")
     max_dataset_bytes: int = Field(default=50_000_000, description="largest dataset upload")
+    max_prediction_workers: int = Field(
+        default=8,
+        ge=1,
+        description="most workers one batch prediction run may ask for (POST .../predictions)",
+    )
     max_export_bytes: int = Field(
         default=512_000_000,
         gt=0,

@@ -97,10 +97,18 @@ def _export_here(
 
 def predict(
     job: JobOrPath,
-    input: Annotated[
-        Path, typer.Option("--input", "-i", help="the samples: .npy, .npz or .csv (one a row)")
-    ],
     output: Annotated[Path, typer.Option("--output", "-o", help="the scores' .npy file")],
+    input: Annotated[
+        Path | None,
+        typer.Option("--input", "-i", help="the samples: .npy, .npz or .csv (one a row)"),
+    ] = None,
+    dataset: Annotated[
+        str | None,
+        typer.Option(help="score one of your uploaded datasets on the cluster instead"),
+    ] = None,
+    workers: Annotated[
+        int, typer.Option(min=1, help="--dataset: workers scoring shards of it at once")
+    ] = 1,
     checkpoint: CheckpointOption = None,
     probabilities: Probabilities = False,
     batch_size: Annotated[int, typer.Option(min=1, help="samples scored at a time")] = 1024,
@@ -109,8 +117,17 @@ def predict(
     ] = None,
     threads: Annotated[int, typer.Option(min=1, help="torch intra-op threads")] = 1,
 ) -> None:
-    """Score the samples of a file with a trained model, here, streaming it in batches: the
-    scores that fed the job's loss layer (or their softmax), in a .npy file."""
+    """Score the samples of a file with a trained model, here, streaming it in batches; or,
+    with --dataset, one of your uploaded datasets on the cluster, by --workers processes (it
+    waits with a progress bar, then downloads). The scores that fed the job's loss layer (or
+    their softmax), in a .npy file."""
+    if (input is None) == (dataset is None):
+        err_console.print("[bold red]error[/] say one of --input (here) or --dataset (cluster)")
+        raise typer.Exit(2)
+    if dataset is not None:
+        _predict_on_cluster(job, dataset, output, workers, checkpoint, probabilities)
+        return
+    assert input is not None
     import torch
 
     from trainyard.loading import load_model
@@ -123,6 +140,33 @@ def predict(
         count = predict_file(model, input, output, batch_size=batch_size, key=key)
     shape = [count, *model.score_shape]
     console.print(f"scored {count} samples with step {model.step}'s model: {output} {shape}")
+
+
+def _predict_on_cluster(
+    job: str,
+    dataset: str,
+    output: Path,
+    workers: int,
+    checkpoint: str | None,
+    probabilities: bool,
+) -> None:
+    if not (job.isdigit() or job.startswith("model:")):
+        err_console.print(
+            "[bold red]error[/] --dataset scores on the cluster: JOB is a job id or model:name@3"
+        )
+        raise typer.Exit(2)
+    client = connect()
+    with reporting():
+        run = client.predict_dataset(
+            job, dataset, workers=workers, checkpoint=checkpoint, probabilities=probabilities
+        )
+        console.print(f"prediction run {run.id} (job {run.info.run_job_id}) on {workers} worker(s)")
+        run.wait(progress=True)
+        if run.state != "SUCCEEDED":
+            err_console.print(f"[bold red]prediction run {run.id} {run.state}[/] {run.info.error}")
+            raise typer.Exit(1)
+        run.download(output)
+    console.print(f"scored {run.info.rows} samples of {dataset}: {output}")
 
 
 def register(app: typer.Typer) -> None:

@@ -36,6 +36,7 @@ from trainyard.models import (
     JobOut,
     LogLineOut,
     ModelVersionOut,
+    PredictionOut,
     SweepDetail,
     SweepOut,
     WebhookCreated,
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from dsl.inference import InferenceNet
+    from trainyard.batch_prediction import Prediction
 
 API_PREFIX = "/api/v1"
 MAX_POINTS = 100_000  # the most points per series the server returns in one answer
@@ -242,6 +244,38 @@ class Client:
         target = Path(directory).expanduser() / f"{found.name}-v{found.version}.safetensors"
         url = f"/models/{found.name}/{found.version}/checkpoint"
         return self.download(url, target)
+
+    def predict_dataset(
+        self,
+        job_or_model: int | str,
+        dataset: str,
+        *,
+        workers: int = 1,
+        checkpoint: str | int | None = None,
+        probabilities: bool = False,
+        batch_size: int = 1024,
+    ) -> Prediction:
+        """Score your uploaded `dataset` on the cluster with a job's checkpoint (its id) or a
+        registered model (`model:name@3`), `workers` processes each scoring a shard; returns
+        the run (Prediction: wait, download, scores)."""
+        from trainyard import batch_prediction
+
+        path = batch_prediction.source_path(self, job_or_model)
+        return batch_prediction.start(
+            self,
+            path,
+            dataset=dataset,
+            workers=workers,
+            checkpoint=checkpoint,
+            probabilities=probabilities,
+            batch_size=batch_size,
+        )
+
+    def prediction(self, prediction_id: int) -> Prediction:
+        from trainyard.batch_prediction import Prediction
+
+        data = self.get_json(f"/predictions/{prediction_id}")
+        return Prediction(self, PredictionOut.model_validate(data))
 
     def export_model(
         self, ref: str, path: str | Path, format: str = "onnx", *, probabilities: bool = False
@@ -534,6 +568,33 @@ class Job:
         if key not in self._models:
             self._models[key] = load_model(self, checkpoint, probabilities=probabilities)
         return self._models[key]
+
+    def predict_dataset(
+        self,
+        dataset: str,
+        *,
+        workers: int = 1,
+        checkpoint: str | int | None = None,
+        probabilities: bool = False,
+        batch_size: int = 1024,
+    ) -> Prediction:
+        """Score your uploaded `dataset` on the cluster with this job's model (Client.predict_
+        dataset)."""
+        return self.client.predict_dataset(
+            self.id,
+            dataset,
+            workers=workers,
+            checkpoint=checkpoint,
+            probabilities=probabilities,
+            batch_size=batch_size,
+        )
+
+    def predictions(self) -> list[Prediction]:
+        """Your prediction runs of this job, newest first."""
+        from trainyard.batch_prediction import Prediction
+
+        data = self.client.get_json(f"/jobs/{self.id}/predictions")
+        return [Prediction(self.client, PredictionOut.model_validate(p)) for p in data]
 
     def predict(
         self, x: Any, checkpoint: str | int | None = None, *, probabilities: bool = False

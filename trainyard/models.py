@@ -366,6 +366,24 @@ class PipelineOut(BaseModel):
     )
 
 
+class PredictionOut(BaseModel):
+    id: int
+    job_id: int | None = Field(description="the job whose checkpoint scores (null: a model's)")
+    model: str | None = Field(description="the registered model that scores, name@version")
+    run_job_id: int = Field(description="the placed job whose workers score (its live stream)")
+    dataset: str
+    rows: int = Field(description="samples in the dataset")
+    step: int = Field(description="the checkpoint's training step")
+    workers: int
+    probabilities: bool
+    state: JobState = Field(description="the run's state (its placed job's)")
+    progress: float = Field(description="rows scored / rows, 0..1")
+    rows_done: int
+    error: str | None = Field(description="why the run failed")
+    created_at: datetime
+    ended_at: datetime | None
+
+
 class QuotaLimits(BaseModel):
     """One value per quota; null: no limit."""
 

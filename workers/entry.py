@@ -1,4 +1,5 @@
-"""The worker process: trains one allocation of a job (`python -m workers.entry`).
+"""The worker process: trains one allocation of a job (`python -m workers.entry`), or scores
+one shard of a prediction run (workers/prediction.py).
 
 The node agent starts it in its own process group and supervises it. With `--fork-server FD` the
 process imports torch and the trainer once and then forks a process per allocation the agent
@@ -29,6 +30,7 @@ import redis
 from contract.allocation import CGROUP, AllocationInfo, ExitCode, stop_requested
 from contract.codec import decode
 from contract.keys import Keys
+from contract.prediction import PREDICT
 from contract.settings import Settings
 from contract.stream import JobStream
 from dsl.plugins import PluginError, load_plugins
@@ -142,10 +144,16 @@ def train(
     from workers.data import TrainingData
 
     torch.set_num_threads(max(info.slots, 1))
-    # The service checked the job at submission: its execution spec is used as it is.
-    spec = JobSpec.model_validate(info.spec)
     should_stop = StopPoll(client, keys, info)
     signal.signal(signal.SIGTERM, should_stop.on_sigterm)
+    if info.framework == PREDICT:  # a prediction run's worker scores its shard
+        from workers.prediction import predict_shard
+
+        stream = JobStream(client, keys, info.job_id, info.attempt)
+        code = predict_shard(info, stream, should_stop)
+        return ExitCode.DRAINED if should_stop.draining and code != ExitCode.OK else code
+    # The service checked the job at submission: its execution spec is used as it is.
+    spec = JobSpec.model_validate(info.spec)
     place = Place(
         topology=Topology.from_dict(info.topology),
         group=info.group,

@@ -36,6 +36,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from contract.allocation import AllocationState
+from contract.prediction import PREDICT
 from contract.rundir import RESTART, attempt_point, job_run_dir, latest_restart_point
 from dsl.frameworks import restarting_alone
 from scheduler.placement.cluster import ACTIVE_ALLOCATIONS
@@ -59,7 +60,8 @@ def job_facts(job: Job) -> JobFacts:
     return JobFacts(
         state=JobState(job.state),
         cancel_requested=job.cancel_requested,
-        restart="alone" if job.framework in restarting_alone() else "gang",
+        # A prediction run's workers score disjoint shards: one that failed scores its own again.
+        restart="alone" if job.framework in (*restarting_alone(), PREDICT) else "gang",
         pipelined=int((job.topology or {}).get("stages", 1) or 1) > 1,
         restarts=job.restarts,
         max_restarts=max_restarts(job),
@@ -185,10 +187,11 @@ def restart_alone(session: Session, job: Job, alloc: Allocation, cause: str) -> 
     event, the job's state unchanged."""
     job.restarts += 1
     step = worker_step(session, job.id, alloc.group, alloc.rank)
-    reason = (
-        f"{cause}; restart {job.restarts} of {max_restarts(job)}: this worker alone, from its "
-        f"step {step} (the server shards keep the parameters)"
-    )
+    alone = f"{cause}; restart {job.restarts} of {max_restarts(job)}: this worker alone"
+    if job.framework == PREDICT:
+        reason = f"{alone}, scoring its shard again"
+    else:
+        reason = f"{alone}, from its step {step} (the server shards keep the parameters)"
     session.add(JobEvent(job_id=job.id, at=utcnow(), state=job.state, reason=reason))
     log.warning("job %s: %s", job.id, reason)
 

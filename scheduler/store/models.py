@@ -436,3 +436,26 @@ class WebhookDelivery(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     due_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Prediction(Base):
+    """A batch prediction run (scheduler/admission/predict.py): a job's or a registered model's
+    checkpoint scoring a user's dataset on the cluster. Its workers are the processes of the
+    placed job `run_job_id` (framework `predict`, contract/prediction.py), whose state it
+    shares."""
+
+    __tablename__ = "predictions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    # The job whose checkpoint scores (null: a registered model's, or the job was deleted).
+    job_id: Mapped[int | None] = mapped_column(
+        ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True, index=True
+    )
+    model: Mapped[str | None] = mapped_column(String(120), nullable=True)  # "name@3"
+    run_job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), unique=True)
+    dataset: Mapped[str] = mapped_column(String(100))
+    rows: Mapped[int] = mapped_column(BigInteger)
+    step: Mapped[int] = mapped_column(Integer)  # the checkpoint's training step
+    workers: Mapped[int] = mapped_column(Integer)
+    probabilities: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -19,6 +19,7 @@ import type {
   MetricsOut,
   ModelVersionOut,
   PipelineOut,
+  PredictionOut,
   SeriesOut,
   StageTimelineOut,
   StreamTicket,
@@ -212,6 +213,10 @@ export const api = {
     (await send(`/jobs/${id}/environment/packages`, { query: { group, rank } })).blob(),
   compare: (ids: number[], signal?: AbortSignal) =>
     json<Comparison>("/compare", { query: { jobs: ids.join(",") }, signal }),
+  predictions: (id: number, signal?: AbortSignal) =>
+    json<PredictionOut[]>(`/jobs/${id}/predictions`, { signal }),
+  predictionOutput: async (id: number): Promise<Blob> =>
+    (await send(`/predictions/${id}/output`)).blob(),
   sweeps: (query: { limit?: number; before?: number | null }, signal?: AbortSignal) =>
     json<SweepPage>("/sweeps", { query, signal }),
   sweep: (id: number, signal?: AbortSignal) => json<SweepDetail>(`/sweeps/${id}`, { signal }),

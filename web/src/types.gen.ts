@@ -397,6 +397,32 @@ export interface PipelineOut {
   timelines: StageTimelineOut[];
 }
 
+export interface PredictionOut {
+  id: number;
+  /** the job whose checkpoint scores (null: a model's) */
+  job_id: number | null;
+  /** the registered model that scores, name@version */
+  model: string | null;
+  /** the placed job whose workers score (its live stream) */
+  run_job_id: number;
+  dataset: string;
+  /** samples in the dataset */
+  rows: number;
+  /** the checkpoint's training step */
+  step: number;
+  workers: number;
+  probabilities: boolean;
+  /** the run's state (its placed job's) */
+  state: JobState;
+  /** rows scored / rows, 0..1 */
+  progress: number;
+  rows_done: number;
+  /** why the run failed */
+  error: string | null;
+  created_at: string;
+  ended_at: string | null;
+}
+
 /** One value per quota; null: no limit. */
 export interface QuotaLimits {
   /** jobs placed at once; more wait in the queue */

@@ -19,9 +19,9 @@ import { DRAFT_KEY, yamlEditor } from "../components/editor";
 import { errorBox, fact, progressBar, stateBadge, warningBox } from "../components/widgets";
 import { bestOf } from "./jobs";
 import { environmentTab } from "./environment";
-import { checkpointsTab, eventsTab, graphTab, logsTab, pipelineTab } from "./jobtabs";
+import { checkpointsTab, eventsTab, graphTab, logsTab, pipelineTab, predictionsTab } from "./jobtabs";
 
-const TABS = ["charts", "graph", "pipeline", "events", "logs", "checkpoints", "environment", "yaml"] as const;
+const TABS = ["charts", "graph", "pipeline", "events", "logs", "checkpoints", "predictions", "environment", "yaml"] as const;
 type Tab = (typeof TABS)[number];
 const REFRESH_MS = 2000;
 
@@ -86,6 +86,7 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
     logs: (pane) => logsTab(pane, ctx),
     checkpoints: (pane) => checkpointsTab(pane, ctx),
     environment: (pane) => environmentTab(pane, ctx),
+    predictions: (pane) => predictionsTab(pane, ctx),
     yaml: (pane) => {
       const spec = job?.spec_yaml ?? "";
       const view = yamlEditor(pane, { doc: spec, readOnly: true });

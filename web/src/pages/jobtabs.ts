@@ -1,4 +1,5 @@
-// The job detail tabs that fetch their own data: graph, pipeline, events, logs and checkpoints.
+// The job detail tabs that fetch their own data: graph, pipeline, events, logs, checkpoints and
+// the job's batch prediction runs.
 
 import { type Pipeline, type StageTimeline, TERMINAL, api, isPipelined } from "../api";
 import { fill, formatBytes, formatCount, formatTime, h } from "../dom";
@@ -276,5 +277,78 @@ export function checkpointsTab(pane: HTMLElement, ctx: JobContext): void {
   const reload = () => void load().catch((error) => fill(host, errorBox(errorText(error))));
   ctx.on("checkpoint", reload);
   ctx.on("state", reload);
+  reload();
+}
+
+const PREDICTIONS_POLL_MS = 1000;
+
+// The job's batch prediction runs (POST /jobs/{id}/predictions): state, progress, the scores'
+// download once a run has succeeded. Read again every second while a run is still going.
+export function predictionsTab(pane: HTMLElement, ctx: JobContext): void {
+  const host = h("div", { id: "predictions", class: "table-wrap" });
+  pane.append(
+    h("p", { class: "muted" }, "Batch prediction on the cluster: trainyard predict JOB --dataset NAME --workers N"),
+    host,
+  );
+  const download = async (id: number, dataset: string, button: HTMLButtonElement) => {
+    button.disabled = true;
+    try {
+      const blob = await api.predictionOutput(id);
+      const link = h("a", { href: URL.createObjectURL(blob), download: `predictions-${id}-${dataset}.npy` });
+      link.click();
+      setTimeout(() => URL.revokeObjectURL(link.href), 10_000);
+    } catch (error) {
+      alert(`Download failed: ${errorText(error)}`);
+    } finally {
+      button.disabled = false;
+    }
+  };
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  ctx.scope.onDispose(() => clearTimeout(timer));
+  const load = async () => {
+    const rows = await api.predictions(ctx.id, ctx.scope.signal);
+    fill(
+      host,
+      table(
+        [
+          { title: "run", cell: (p) => `#${p.id}`, className: "num" },
+          { title: "dataset", cell: (p) => p.dataset },
+          { title: "state", cell: (p) => stateBadge(p.state) },
+          {
+            title: "progress",
+            cell: (p) =>
+              h(
+                "span",
+                { class: "prediction-progress", title: `${formatCount(p.rows_done)} of ${formatCount(p.rows)} rows` },
+                h("progress", { max: "1", value: String(p.progress) }),
+                ` ${Math.round(p.progress * 100)}%`,
+              ),
+          },
+          { title: "rows", cell: (p) => formatCount(p.rows), className: "num" },
+          { title: "workers", cell: (p) => String(p.workers), className: "num" },
+          { title: "step", cell: (p) => p.step.toLocaleString(), className: "num" },
+          { title: "started", cell: (p) => formatTime(p.created_at), className: "num" },
+          {
+            title: "",
+            cell: (p) => {
+              if (p.state !== "SUCCEEDED") return p.error ? h("span", { class: "muted" }, p.error) : "";
+              const button = h("button", {}, "Download");
+              button.addEventListener("click", () => void download(p.id, p.dataset, button));
+              return button;
+            },
+          },
+        ],
+        rows,
+        {
+          empty: "No prediction runs of this job.",
+          rowAttrs: (p) => ({ "data-prediction": String(p.id), "data-state": p.state }),
+        },
+      ),
+    );
+    if (rows.some((p) => !TERMINAL.has(p.state)) && !ctx.scope.signal.aborted) {
+      timer = setTimeout(reload, PREDICTIONS_POLL_MS);
+    }
+  };
+  const reload = () => void load().catch((error) => fill(host, errorBox(errorText(error))));
   reload();
 }
