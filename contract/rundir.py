@@ -6,6 +6,9 @@ every file name of a run directory is here.
         timeline.jsonl                   a pipeline's stage timelines
         train.log                        the run's log lines
         summary.json                     how the run ended: status, steps, final metrics
+        tensorboard/                     the run's scalars and hyperparameters as TensorBoard
+                                         event files
+        workers/g<G>r<R>/                the same files of another worker of the job
         checkpoints/step-N.safetensors   the user's checkpoints (checkpoint.freq, keep)
         restart/step-N.safetensors       restart points (every few minutes; the service's own;
                                          the newest two kept)
@@ -29,6 +32,8 @@ METRICS = "metrics.jsonl"
 TIMELINE = "timeline.jsonl"
 TRAIN_LOG = "train.log"
 SUMMARY = "summary.json"
+TENSORBOARD = "tensorboard"
+WORKERS = "workers"
 CHECKPOINTS = "checkpoints"
 RESTART = "restart"
 _NAME = re.compile(r"^step-(\d{8,})\.safetensors$")
