@@ -28,6 +28,7 @@ from api.routes import (
     cluster,
     datasets,
     examples,
+    job_files,
     jobs,
     models,
     pipeline,
@@ -118,6 +119,7 @@ def create_app(settings: Settings | None = None, *, web_dist: Path | None = WEB_
     )
     for router in (
         jobs.router,
+        job_files.router,
         pipeline.router,
         sweeps.router,
         stream_router,
