@@ -98,6 +98,7 @@ def warm_up() -> None:
     """Import what training needs, before an allocation arrives (in the fork server)."""
     import sklearn.datasets  # noqa: F401  (the digits source imports it lazily: ~1 s)
     import torch
+    import torch.utils.tensorboard  # the TensorBoard sink's writer, else imported per job
 
     import workers.parallel  # noqa: F401  (the trainer, the data sources, the frameworks)
 
