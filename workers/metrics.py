@@ -88,10 +88,10 @@ class TensorBoardSink:
         self._names: set[str] = set()
         self._add(self._summaries()[1])
 
-    def _add(self, summary: object) -> None:
+    def _add(self, summary: object, step: int | None = None, walltime: float | None = None) -> None:
         file_writer = self._writer.file_writer
         assert file_writer is not None  # the SummaryWriter opened it when it was made
-        file_writer.add_summary(summary)
+        file_writer.add_summary(summary, step, walltime)
 
     def _summaries(self) -> tuple[object, object, object]:
         """HParams' experiment, session-start and session-end summaries."""
@@ -101,12 +101,20 @@ class TensorBoardSink:
         return experiment, start, end
 
     def emit(self, record: Emitted) -> None:
+        """A record's scalars as one event (a summary of several values): half the cost of
+        an add_scalar per value."""
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
         if not isinstance(record, MetricRecord):
             return
-        for name, value in record.values.items():
-            if isinstance(value, int | float) and math.isfinite(value):
-                self._writer.add_scalar(name, value, record.step, walltime=record.time)
-                self._names.add(name)
+        values = [
+            Summary.Value(tag=name, simple_value=float(value))
+            for name, value in record.values.items()
+            if isinstance(value, int | float) and math.isfinite(value)
+        ]
+        if values:
+            self._add(Summary(value=values), step=record.step, walltime=record.time)
+            self._names.update(value.tag for value in values)
 
     def log(self, line: str) -> None:
         return None
