@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from contract.settings import Settings
@@ -52,7 +53,8 @@ def reporting(filename: str = "<job>") -> Iterator[None]:
         err_console.print(f"[red]{len(exc.errors)} problem(s); the server rejected the job.[/]")
         raise typer.Exit(1) from None
     except TrainyardError as exc:
-        err_console.print(f"[bold red]error[/] {exc.message}")
+        # escape: a message may hold brackets (`pip install 'trainyard[mlflow]'`), not markup.
+        err_console.print(f"[bold red]error[/] {escape(exc.message)}")
         raise typer.Exit(2 if isinstance(exc, Unreachable) else 1) from None
 
 

@@ -282,6 +282,15 @@ def test_a_job_and_a_sweep_exported_to_mlflow_read_back(
         assert run_.data.metrics["val/accuracy"] == pytest.approx(trial.value)
 
 
-def test_mlflow_export_says_what_is_missing(stack: RunningStack) -> None:
-    both = run(stack, "mlflow", "export", "1", "--sweep", "1", "--tracking-uri", "http://x")
+def test_exports_and_downloads_say_what_is_wrong(
+    stack: RunningStack, jobs: tuple[Job, Job], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    job = str(jobs[0].id)
+    both = run(stack, "mlflow", "export", job, "--sweep", "1", "--tracking-uri", "http://x")
     assert both.exit_code == 2 and "one of them" in both.output
+    mixed = run(stack, "download", job, "--tensorboard", str(tmp_path), "--best")
+    assert mixed.exit_code == 2 and "leave out --step and --best" in mixed.output
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # as if not installed
+    missing = run(stack, "mlflow", "export", job, "--tracking-uri", "http://127.0.0.1:9")
+    assert missing.exit_code == 1
+    assert "pip install 'trainyard[mlflow]'" in missing.output
