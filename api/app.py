@@ -30,6 +30,7 @@ from api.routes import (
     datasets,
     environments,
     examples,
+    job_files,
     jobs,
     models,
     pipeline,
@@ -122,6 +123,7 @@ def create_app(settings: Settings | None = None, *, web_dist: Path | None = WEB_
     )
     for router in (
         jobs.router,
+        job_files.router,
         pipeline.router,
         sweeps.router,
         stream_router,

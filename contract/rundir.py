@@ -8,6 +8,9 @@ every file name of a run directory is here.
         summary.json                     how the run ended: status, steps, final metrics
         environment.json                 what its first worker trained with (Python, torch,
                                          devices, packages: contract/stream.py)
+        tensorboard/                     the run's scalars and hyperparameters as TensorBoard
+                                         event files
+        workers/g<G>r<R>/                the same files of another worker of the job
         checkpoints/step-N.safetensors   the user's checkpoints (checkpoint.freq, keep)
         restart/step-N.safetensors       restart points (every few minutes; the service's own;
                                          the newest two kept)
@@ -32,6 +35,8 @@ TIMELINE = "timeline.jsonl"
 TRAIN_LOG = "train.log"
 SUMMARY = "summary.json"
 ENVIRONMENT = "environment.json"
+TENSORBOARD = "tensorboard"
+WORKERS = "workers"
 CHECKPOINTS = "checkpoints"
 RESTART = "restart"
 _NAME = re.compile(r"^step-(\d{8,})\.safetensors$")

@@ -102,6 +102,17 @@ class Settings(BaseSettings):
         gt=0,
         description="largest checkpoint the API exports (GET /jobs/{id}/export), and export",
     )
+    max_download_rows: int = Field(
+        default=2_000_000,
+        gt=0,
+        description="most metric points (GET /jobs/{id}/metrics.csv) or log lines "
+        "(/logs.txt) one download holds; a job with more answers 413",
+    )
+    max_tensorboard_bytes: int = Field(
+        default=256_000_000,
+        gt=0,
+        description="largest TensorBoard download (GET /jobs/{id}/tensorboard); past it, 413",
+    )
     export_timeout_seconds: float = Field(
         default=120.0, gt=0, description="an export running longer is stopped (503)"
     )

@@ -16,7 +16,14 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from trainyard import cli_client, cli_models, cli_registry, cli_sweeps, cli_webhooks
+from trainyard import (
+    cli_client,
+    cli_models,
+    cli_registry,
+    cli_sweeps,
+    cli_tracking,
+    cli_webhooks,
+)
 
 err_console = Console(stderr=True)
 
@@ -68,6 +75,7 @@ def register(app: typer.Typer) -> None:
     cli_models.register(app)
     cli_registry.register_commands(app)
     cli_webhooks.register_commands(app)
+    cli_tracking.register(app)
 
 
 def run(app: typer.Typer) -> None:

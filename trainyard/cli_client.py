@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from contract.settings import Settings
@@ -52,7 +53,8 @@ def reporting(filename: str = "<job>") -> Iterator[None]:
         err_console.print(f"[red]{len(exc.errors)} problem(s); the server rejected the job.[/]")
         raise typer.Exit(1) from None
     except TrainyardError as exc:
-        err_console.print(f"[bold red]error[/] {exc.message}")
+        # escape: a message may hold brackets (`pip install 'trainyard[mlflow]'`), not markup.
+        err_console.print(f"[bold red]error[/] {escape(exc.message)}")
         raise typer.Exit(2 if isinstance(exc, Unreachable) else 1) from None
 
 
@@ -366,14 +368,31 @@ def download(
         bool, typer.Option("--best", help="the objective's best checkpoint (keep_best)")
     ] = False,
     output: Annotated[Path, typer.Option(help="directory to save it in")] = Path("."),
+    tensorboard: Annotated[
+        Path | None,
+        typer.Option(
+            help="instead, the job's TensorBoard event files, extracted into this directory "
+            "(then `tensorboard --logdir DIR`)"
+        ),
+    ] = None,
 ) -> None:
-    """Download a checkpoint (safetensors): the newest, the one of --step, or the --best."""
+    """Download a checkpoint (safetensors): the newest, the one of --step, or the --best; or
+    with --tensorboard DIR the job's TensorBoard event files."""
     if best and step is not None:
         err_console.print("[bold red]error[/] give --step or --best, not both")
         raise typer.Exit(2)
+    if tensorboard is not None and (best or step is not None):
+        err_console.print(
+            "[bold red]error[/] --tensorboard downloads no checkpoint: leave out --step and --best"
+        )
+        raise typer.Exit(2)
     client = connect()
     with reporting():
-        path = client.job(job_id).download_checkpoint(output, step=step, best=best)
+        job = client.job(job_id)
+        if tensorboard is not None:
+            path = job.download_tensorboard(tensorboard)
+        else:
+            path = job.download_checkpoint(output, step=step, best=best)
     console.print(f"saved {path}")
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +46,7 @@ from trainyard.sweeps import Sweep
 
 if TYPE_CHECKING:
     import numpy as np
+    import pandas as pd
 
     from dsl.inference import InferenceNet
     from trainyard.batch_prediction import Prediction
@@ -180,6 +181,13 @@ class Client:
             before = page.get("next_before")
             if not before:
                 return
+
+    def compare(self, job_ids: Sequence[int], names: Sequence[str] | None = None) -> pd.DataFrame:
+        """Several jobs' metric histories in one pandas DataFrame with a `job` column (see
+        Job.history; needs `pip install 'trainyard[pandas]'`)."""
+        from trainyard.frames import compare
+
+        return compare(self, job_ids, names)
 
     # -- cluster and datasets --------------------------------------------------------------------
     def cluster(self) -> ClusterOut:
@@ -463,6 +471,29 @@ class Job:
             if series["name"] == name and series.get("rank", 0) == rank:
                 return [(int(step), _value(value)) for step, value in series["points"]]
         return []
+
+    def history(
+        self, names: Sequence[str] | None = None, *, group: int = 0, rank: int = 0
+    ) -> pd.DataFrame:
+        """Every metric of the job as a pandas DataFrame: one row per step, with `step`, `time`
+        (UTC) and a column per metric (`pip install 'trainyard[pandas]'`)."""
+        from trainyard.frames import history
+
+        return history(self, names, group=group, rank=rank)
+
+    def download_tensorboard(self, directory: str | Path) -> Path:
+        """The job's TensorBoard event files, extracted into `directory`/job-<id>/ (run
+        `tensorboard --logdir DIRECTORY`); returns that folder."""
+        import tarfile
+        import tempfile
+
+        target = Path(directory).expanduser()
+        target.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target) as scratch:
+            tar = self.client.download(f"/jobs/{self.id}/tensorboard", Path(scratch) / "tb.tar")
+            with tarfile.open(tar) as archive:
+                archive.extractall(target, filter="data")  # no member leaves `target`
+        return target / f"job-{self.id}"
 
     def metric_names(self) -> list[str]:
         names: list[str] = self.client.get_json(f"/jobs/{self.id}/metrics/names")["names"]

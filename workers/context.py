@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from contract.rundir import WORKERS
 from dsl.compiler import CompiledJob
 from dsl.schema import JobSpec
 from dsl.topology import Topology
@@ -23,7 +24,7 @@ from workers.trainer import TrainOptions
 def worker_dir(run_dir: Path, group: int, rank: int) -> Path:
     """Where worker (group, rank) of a distributed run writes metrics.jsonl and summary.json;
     worker 0 of group 0 writes the run directory itself."""
-    return run_dir / "workers" / f"g{group}r{rank}"
+    return run_dir / WORKERS / f"g{group}r{rank}"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -100,6 +100,7 @@ def warm_up() -> None:
     """Import what training needs, before an allocation arrives (in the fork server)."""
     import sklearn.datasets  # noqa: F401  (the digits source imports it lazily: ~1 s)
     import torch
+    import torch.utils.tensorboard  # the TensorBoard sink's writer, else imported per job
 
     import workers.parallel  # noqa: F401  (the trainer, the data sources, the frameworks)
 
@@ -204,10 +205,11 @@ def _train(context: RunContext, stream: JobStream, confined: str = "") -> Summar
     """Train this allocation's worker: rank 0 of group 0 writes the job's run directory, the
     other workers of a distributed topology their own."""
     from contract.rundir import CHECKPOINTS, list_checkpoints
+    from dsl.flatten import job_parameters
     from dsl.frameworks import FRAMEWORK_SPECS
     from workers import environment
     from workers.context import worker_dir
-    from workers.metrics import JsonlSink
+    from workers.metrics import JsonlSink, TensorBoardSink
     from workers.parallel import train
 
     lead = context.group == 0 and context.rank == 0
@@ -219,9 +221,11 @@ def _train(context: RunContext, stream: JobStream, confined: str = "") -> Summar
     local = framework.in_one_process and context.resume_from is None
     resume = local and bool(list_checkpoints(context.run_dir / CHECKPOINTS))
     jsonl = JsonlSink(run_dir)
+    tensorboard = TensorBoardSink(run_dir, job_parameters(context.spec))
     sinks: list[MetricSink] = [
         RedisSink(stream, group=context.group, rank=context.rank),
         jsonl,
+        tensorboard,
         StderrLog(),
     ]
     if confined:  # the job's log says what this process was given
@@ -234,6 +238,7 @@ def _train(context: RunContext, stream: JobStream, confined: str = "") -> Summar
         return train(replace(context, run_dir=run_dir, sinks=sinks, resume=resume))
     finally:
         jsonl.close()
+        tensorboard.close()
 
 
 def _serve(spec: JobSpec, place: Place) -> int:

@@ -2,17 +2,19 @@
 
 The trainer emits named scalars at a step (`train/loss`, `val/accuracy`, `test/accuracy`, `lr`,
 ...), the job's events (a run that stopped early) and log lines; sinks write them to
-metrics.jsonl, the console, or (in the service) the job's Redis stream. A sink gets every
-record; it keeps what it wants.
+metrics.jsonl, TensorBoard event files, the console, or (in the service) the job's Redis
+stream. A sink gets every record; it keeps what it wants.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, TYPE_CHECKING, Protocol
 
-from contract.rundir import ENVIRONMENT, METRICS, TIMELINE, TRAIN_LOG
+from contract.rundir import ENVIRONMENT, METRICS, TENSORBOARD, TIMELINE, TRAIN_LOG
 from contract.stream import (
     CheckpointRecord,
     EnvironmentRecord,
@@ -22,6 +24,9 @@ from contract.stream import (
     MetricRecord,
     TimelineRecord,
 )
+
+if TYPE_CHECKING:
+    from dsl.flatten import Scalar
 
 Emitted = MetricRecord | TimelineRecord | EventRecord | EnvironmentRecord
 
@@ -66,6 +71,66 @@ class JsonlSink:
     def close(self) -> None:
         self._metrics.close()
         self._log.close()
+
+
+class TensorBoardSink:
+    """Writes the run's scalars, and its hyperparameters for TensorBoard's HParams plugin, as
+    event files in <run_dir>/tensorboard (torch's SummaryWriter; tensorboard reads them).
+
+    The hyperparameters (the job's document, flattened) go in at the start, so that a run that
+    ends badly still shows them; the experiment's list of metrics at the close, once they are
+    known. A worker that resumes writes a new event file beside the old ones: TensorBoard drops
+    the old file's points from the resumed step on.
+    """
+
+    FLUSH_SECONDS = 10  # how stale a running job's downloaded event files may be
+
+    def __init__(self, run_dir: Path, hparams: Mapping[str, Scalar]) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._writer = SummaryWriter(str(run_dir / TENSORBOARD), flush_secs=self.FLUSH_SECONDS)
+        self._hparams = dict(hparams)
+        self._names: set[str] = set()
+        self._add(self._summaries()[1])
+
+    def _add(self, summary: object, step: int | None = None, walltime: float | None = None) -> None:
+        file_writer = self._writer.file_writer
+        assert file_writer is not None  # the SummaryWriter opened it when it was made
+        file_writer.add_summary(summary, step, walltime)
+
+    def _summaries(self) -> tuple[object, object, object]:
+        """HParams' experiment, session-start and session-end summaries."""
+        from torch.utils.tensorboard.summary import hparams
+
+        experiment, start, end = hparams(self._hparams, dict.fromkeys(sorted(self._names), 0.0))
+        return experiment, start, end
+
+    def emit(self, record: Emitted) -> None:
+        """A record's scalars as one event (a summary of several values): half the cost of
+        an add_scalar per value."""
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        if not isinstance(record, MetricRecord):
+            return
+        values = [
+            Summary.Value(tag=name, simple_value=float(value))
+            for name, value in record.values.items()
+            if isinstance(value, int | float) and math.isfinite(value)
+        ]
+        if values:
+            self._add(Summary(value=values), step=record.step, walltime=record.time)
+            self._names.update(value.tag for value in values)
+
+    def log(self, line: str) -> None:
+        return None
+
+    def checkpoint(self, step: int, path: Path, *, best: bool = False) -> None:
+        return None
+
+    def close(self) -> None:
+        # No session-end summary: torch's always says "success", which a failed run is not.
+        self._add(self._summaries()[0])
+        self._writer.close()
 
 
 class RedisSink:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 
-from contract.rundir import CHECKPOINTS, METRICS, SUMMARY, TRAIN_LOG
+from contract.rundir import CHECKPOINTS, METRICS, SUMMARY, TENSORBOARD, TRAIN_LOG
 from dsl.errors import JobSpecError
 from trainyard.console import (
     describe_memory,
@@ -214,9 +214,10 @@ def train(
     import torch
 
     from contract.stream import MetricRecord
+    from dsl.flatten import job_parameters
     from dsl.frameworks import FRAMEWORK_SPECS
     from workers.checkpoint import CheckpointError
-    from workers.metrics import Emitted, JsonlSink
+    from workers.metrics import Emitted, JsonlSink, TensorBoardSink
     from workers.precision import PrecisionError
     from workers.trainer import Trainer, TrainOptions
 
@@ -246,7 +247,7 @@ def train(
     _download_init_from(compiled)
     out_dir = run_dir or Path("runs") / spec.name
     if not resume and out_dir.exists():
-        for stale in (METRICS, TRAIN_LOG, SUMMARY, CHECKPOINTS):
+        for stale in (METRICS, TRAIN_LOG, SUMMARY, CHECKPOINTS, TENSORBOARD):
             target = out_dir / stale
             if target.is_dir():
                 shutil.rmtree(target)
@@ -254,6 +255,7 @@ def train(
                 target.unlink(missing_ok=True)
     show = err_console if as_json else console
     sink = JsonlSink(out_dir)
+    tensorboard = TensorBoardSink(out_dir, job_parameters(spec))
     with training_progress(show) as progress:
         task = progress.add_task(spec.name, total=spec.train_steps, stats="")
 
@@ -279,10 +281,11 @@ def train(
                 compiled,
                 dataset,
                 TrainOptions(run_dir=out_dir, device=device, resume=resume, base_dir=job.parent),
-                sinks=[sink, ProgressSink()],
+                sinks=[sink, tensorboard, ProgressSink()],
             )
         except PrecisionError as exc:
             sink.close()
+            tensorboard.close()
             err_console.print(f"[bold red]error[/] {exc}")
             raise typer.Exit(2) from None
         progress.update(task, completed=trainer.step)
@@ -290,9 +293,11 @@ def train(
             summary = trainer.run(on_step=lambda step: progress.update(task, completed=step))
         except CheckpointError as exc:
             sink.close()
+            tensorboard.close()
             err_console.print(f"[bold red]error[/] {exc}")
             raise typer.Exit(2) from None
     sink.close()
+    tensorboard.close()
     if as_json:
         sys.stdout.write(json.dumps({"run_dir": str(out_dir), **summary.to_json()}) + "\n")
     else:

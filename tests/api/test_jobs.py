@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import tarfile
 import time
 from pathlib import Path
 from typing import Any
@@ -294,6 +296,19 @@ def test_metrics_logs_and_names(api: Any) -> None:
     assert [ln["line"] for ln in first["lines"]] == [f"line {i}" for i in range(4)]
     rest = api.client.get(f"{base}/logs", params={"after": first["next"]}, headers=api.auth())
     assert [ln["line"] for ln in rest.json()["lines"]] == [f"line {i}" for i in range(4, 7)]
+    # The same records as files, the owner's only.
+    points = api.client.get(f"{base}/metrics.csv", headers=api.auth())
+    assert points.status_code == 200 and points.headers["content-type"].startswith("text/csv")
+    rows = points.text.splitlines()
+    assert rows[0] == "step,time,name,group,rank,value" and len(rows) == 1 + 302
+    assert "1000,0.0,test/accuracy,0,0,inf" in rows
+    log = api.client.get(f"{base}/logs.txt", headers=api.auth())
+    assert log.text == "".join(f"line {i}\n" for i in range(7))
+    events = api.client.get(f"{base}/tensorboard", headers=api.auth())  # not started: none yet
+    with tarfile.open(fileobj=io.BytesIO(events.content)) as tar:
+        assert tar.getnames() == []
+    for name in ("metrics.csv", "logs.txt", "tensorboard"):
+        assert api.client.get(f"{base}/{name}", headers=api.auth("bob")).status_code == 404
 
 
 def test_graph_nodes_and_edges(api: Any) -> None:

@@ -6,6 +6,7 @@ list.
 from __future__ import annotations
 
 import re
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -157,6 +158,34 @@ def test_a_running_jobs_chart_gains_points(signed_in: Page, stack: Stack, long_j
     assert saved is not None and Path(saved).stat().st_size > 1000
     assert download.value.suggested_filename.startswith("e2e-long-cnn-step")
     shoot(page, "job-checkpoints", doc=True)
+
+
+def test_a_jobs_metrics_log_and_tensorboard_files_download_from_its_page(
+    signed_in: Page, stack: Stack, long_job: int
+) -> None:
+    page = signed_in
+    page.goto(f"{stack.url}/#/jobs/{long_job}")
+    page.locator("#job-state", has_text="running").wait_for()
+    count = "Number(document.querySelector(\"figure[data-metric='loss']\")?.dataset.points ?? 0)"
+    page.wait_for_function(f"() => {count} > 0", timeout=30_000)
+    saved: dict[str, tuple[str, Path]] = {}
+    for file in ("metrics.csv", "logs.txt", "tensorboard"):
+        with page.expect_download() as download:
+            page.locator(f"#job-downloads button[data-file='{file}']").click()
+        path = download.value.path()
+        assert path is not None
+        saved[file] = (download.value.suggested_filename, Path(path))
+    name, csv_file = saved["metrics.csv"]
+    assert name == f"e2e-long-cnn-job{long_job}.csv"
+    header, first, *_ = csv_file.read_text().splitlines()
+    assert header == "step,time,name,group,rank,value" and first.split(",")[3:5] == ["0", "0"]
+    name, log_file = saved["logs.txt"]
+    assert name == f"e2e-long-cnn-job{long_job}.log" and log_file.read_text().strip()
+    name, tar_file = saved["tensorboard"]
+    assert name == f"e2e-long-cnn-job{long_job}-tensorboard.tar"
+    with tarfile.open(tar_file) as tar:
+        events = [n for n in tar.getnames() if "/tensorboard/events.out.tfevents." in n]
+    assert events and all(n.startswith(f"job-{long_job}/") for n in events)
 
 
 def test_cluster_page_shows_nodes_running_and_queue(

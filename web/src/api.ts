@@ -133,6 +133,8 @@ interface RequestOptions {
   token?: string;
 }
 
+export type JobFile = "metrics.csv" | "logs.txt" | "tensorboard";
+
 async function send(path: string, options: RequestOptions = {}): Promise<Response> {
   const headers: Record<string, string> = { Accept: "application/json" };
   const token = options.token ?? getToken();
@@ -217,6 +219,8 @@ export const api = {
     json<PredictionOut[]>(`/jobs/${id}/predictions`, { signal }),
   predictionOutput: async (id: number): Promise<Blob> =>
     (await send(`/predictions/${id}/output`)).blob(),
+  // A job's records as files: metrics.csv, logs.txt or tensorboard (a tar of event files).
+  jobFile: async (id: number, file: JobFile): Promise<Blob> => (await send(`/jobs/${id}/${file}`)).blob(),
   sweeps: (query: { limit?: number; before?: number | null }, signal?: AbortSignal) =>
     json<SweepPage>("/sweeps", { query, signal }),
   sweep: (id: number, signal?: AbortSignal) => json<SweepDetail>(`/sweeps/${id}`, { signal }),

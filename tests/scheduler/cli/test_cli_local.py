@@ -231,6 +231,7 @@ def test_train_json_writes_the_run_directory(tmp_path: Path) -> None:
         "step-00000040.safetensors",
         "step-00000050.safetensors",
     ]
+    assert len(list((run_dir / "tensorboard").glob("events.out.tfevents.*"))) == 1
     assert not list(run_dir.rglob("*.tmp"))
 
 
@@ -265,6 +266,7 @@ def test_a_fresh_run_replaces_the_previous_outputs(tmp_path: Path) -> None:
     train_json(job, "--run-dir", run_dir, "--set", "train_steps=10", "--set", "test.freq=0")
     assert [r["step"] for r in read_metrics(run_dir)] == [10, 10]
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step-00000010.safetensors"]
+    assert len(list((run_dir / "tensorboard").iterdir())) == 1  # the first run's file went
 
 
 def test_a_missing_init_from_checkpoint_is_a_clear_error(tmp_path: Path) -> None:

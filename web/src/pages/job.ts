@@ -1,10 +1,11 @@
-// Job detail: a header with state, progress and actions, and tabs for the live charts (SSE), the
+// Job detail: a header with state, progress, downloads and actions, and tabs for the live charts (SSE), the
 // compiled net, a pipelined job's stages and timelines, the events timeline, logs with follow,
 // checkpoints, the environment its workers trained in and the job's YAML.
 
 import {
   ApiError,
   type Job,
+  type JobFile,
   type StageTimeline,
   TERMINAL,
   api,
@@ -117,6 +118,35 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
     );
   }
 
+  // A plain link cannot carry the bearer token: each button fetches its file, then saves it.
+  const downloads = (j: Job) => {
+    const files: [JobFile, string, string][] = [
+      ["metrics.csv", "Metrics CSV", `${j.name}-job${j.id}.csv`],
+      ["logs.txt", "Log", `${j.name}-job${j.id}.log`],
+      ["tensorboard", "TensorBoard", `${j.name}-job${j.id}-tensorboard.tar`],
+    ];
+    return h(
+      "div",
+      { class: "downloads", id: "job-downloads", role: "group", "aria-label": "downloads" },
+      ...files.map(([file, label, filename]) => {
+        const button = h("button", { "data-file": file, title: `download ${filename}` }, `⤓ ${label}`);
+        button.addEventListener("click", async () => {
+          button.disabled = true;
+          try {
+            const link = h("a", { href: URL.createObjectURL(await api.jobFile(j.id, file)), download: filename });
+            link.click();
+            setTimeout(() => URL.revokeObjectURL(link.href), 10_000);
+          } catch (error) {
+            alert(`Download failed: ${errorText(error)}`);
+          } finally {
+            button.disabled = false;
+          }
+        });
+        return button;
+      }),
+    );
+  };
+
   const drawHeader = (j: Job) => {
     const cancel = h(
       "button",
@@ -157,6 +187,7 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
         h("h1", {}, `#${j.id} ${j.name}`),
         h("span", { id: "job-state" }, stateBadge(j.state)),
         h("div", { class: "spacer" }),
+        downloads(j),
         copy,
         TERMINAL.has(j.state) ? null : cancel,
       ),
