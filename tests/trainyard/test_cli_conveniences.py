@@ -130,18 +130,19 @@ def test_logs_follow_the_live_stream_until_the_job_ends(stack: RunningStack) -> 
 
 def test_delete_refuses_a_running_job_unless_cancelled(stack: RunningStack) -> None:
     job_id = int(run(stack, "submit", DIGITS, *LONG, "--set", "name=delete-me", "-q").stdout)
-    refused = run(stack, "delete", str(job_id))
-    assert refused.exit_code == 1 and "cancel it first, or pass --cancel" in refused.stderr
-    shown = as_json(stack, "show", str(job_id))
-    assert isinstance(shown, dict) and shown["state"] in {"QUEUED", "SCHEDULED", "RUNNING"}
-    cancelled = as_json(stack, "cancel", str(job_id))
-    assert isinstance(cancelled, dict) and cancelled["id"] == job_id
-    deleted = as_json(stack, "delete", str(job_id), "--cancel")
-    assert deleted == {
-        "id": job_id, "state": "CANCELLED", "checkpoints": 0, "bytes": 0
-    }  # fmt: skip
-    gone = run(stack, "show", str(job_id))
-    assert gone.exit_code == 1 and "404" in gone.stderr
+    try:
+        refused = run(stack, "delete", str(job_id))
+        assert refused.exit_code == 1 and "cancel it first, or pass --cancel" in refused.stderr
+        shown = as_json(stack, "show", str(job_id))
+        assert isinstance(shown, dict) and shown["state"] in {"QUEUED", "SCHEDULED", "RUNNING"}
+        cancelled = as_json(stack, "cancel", str(job_id))
+        assert isinstance(cancelled, dict) and cancelled["id"] == job_id
+        deleted = as_json(stack, "delete", str(job_id), "--cancel")
+        assert deleted == {"id": job_id, "state": "CANCELLED", "checkpoints": 0, "bytes": 0}
+        gone = run(stack, "show", str(job_id))
+        assert gone.exit_code == 1 and "404" in gone.stderr
+    finally:  # never left holding the node's slots for the tests after this one
+        run(stack, "cancel", str(job_id))
 
 
 def test_tokens_and_profiles(stack: RunningStack, tmp_path: Path) -> None:
