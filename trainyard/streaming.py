@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from httpx_sse import ServerSentEvent, SSEError, connect_sse
 
-from trainyard.errors import TrainyardError, Unreachable, raise_for_response
+from trainyard.errors import AuthError, TrainyardError, Unreachable, raise_for_response
 from trainyard.models import LogLineOut
 
 if TYPE_CHECKING:
@@ -125,6 +125,8 @@ def _stored_then_live(client: Client, job_id: int, tail: int | None) -> Iterator
     if first.event in FINAL_EVENTS:
         return
     for event in events:
+        if event.event == "closed":  # the token it was opened with was revoked or expired
+            raise AuthError(f"job {job_id}'s stream closed: {json.loads(event.data)['reason']}")
         if event.event != "log":
             continue
         record: dict[str, Any] = json.loads(event.data)
