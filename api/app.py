@@ -24,6 +24,8 @@ from api.dashboard import Dashboard
 from api.deps import Services, listen_for_revocations
 from api.errors import install_error_handlers
 from api.limits import BodyLimit, NoNul
+from api.openapi import install as install_client_document
+from api.openapi import operation_id
 from api.routes import (
     cluster,
     compare,
@@ -107,6 +109,7 @@ def create_app(settings: Settings | None = None, *, web_dist: Path | None = WEB_
         docs_url="/docs",
         redoc_url=None,
         lifespan=lifespan,
+        generate_unique_id_function=operation_id,
     )
     app.state.services = services
     install_error_handlers(app)
@@ -142,6 +145,7 @@ def create_app(settings: Settings | None = None, *, web_dist: Path | None = WEB_
         app.include_router(router, prefix=API_PREFIX)
     app.add_api_route("/healthz", system.healthz, include_in_schema=False)
     app.add_api_route("/metrics", system.prometheus, include_in_schema=False)
+    install_client_document(app)
     if web_dist is not None and web_dist.is_dir():
         app.mount("/", Dashboard(str(web_dist)), name="web")
     return app

@@ -10,6 +10,7 @@ import yaml
 from fastapi import Depends, HTTPException, Query, Request
 from pydantic import ValidationError
 
+from api.openapi import register_body_schema
 from api.schemas import PRIORITY_RANGE, SubmitRequest
 from scheduler.admission.submit import Submission
 
@@ -17,6 +18,8 @@ YAML_TYPES = frozenset(
     {"application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "text/plain"}
 )
 JSON_TYPE = "application/json"
+# The YAML file's bytes as they are: what client generators send for a file body.
+OCTET_TYPE = "application/octet-stream"
 
 EXAMPLE_YAML = """name: digits-mlp
 data: {source: digits, batch_size: 64}
@@ -29,19 +32,22 @@ updater: {type: sgd, lr: {base: 0.05}}
 train_steps: 500
 """
 
-# The body is read by hand (YAML or JSON), so its forms are declared for the OpenAPI document.
+# The body is read by hand (YAML or JSON), so its forms are declared for the OpenAPI document:
+# the JSON form as the named schema SubmitRequest, the YAML as the file's bytes (api/openapi.py
+# says why octet-stream stands for the YAML types there).
 SUBMIT_BODY: dict[str, Any] = {
     "requestBody": {
         "required": True,
-        "description": "the job as YAML, or JSON {spec, overrides, priority}",
+        "description": "the job as JSON {spec, overrides, priority}, or its YAML as it is "
+        f"(application/octet-stream, or any of {', '.join(sorted(YAML_TYPES))})",
         "content": {
-            **{
-                media: {"schema": {"type": "string"}, "example": EXAMPLE_YAML}
-                for media in sorted(YAML_TYPES)
-            },
             JSON_TYPE: {
-                "schema": SubmitRequest.model_json_schema(),
+                "schema": register_body_schema("SubmitRequest", SubmitRequest.model_json_schema()),
                 "example": {"spec": EXAMPLE_YAML, "overrides": {"train_steps": 100}},
+            },
+            OCTET_TYPE: {
+                "schema": {"type": "string", "format": "binary"},
+                "example": EXAMPLE_YAML,
             },
         },
     }
@@ -90,11 +96,12 @@ async def read_submission(
             priority=parsed.priority if priority is None else priority,
             base_dir=parsed.base_dir,
         )
-    if media and media not in YAML_TYPES:
+    if media and media not in YAML_TYPES and media != OCTET_TYPE:
         raise HTTPException(
             415,
             f"content type '{media}' is not accepted; send the job as YAML "
-            f"({', '.join(sorted(YAML_TYPES))}) or as JSON ({JSON_TYPE})",
+            f"({', '.join(sorted(YAML_TYPES))}, or its bytes as {OCTET_TYPE}) or as JSON "
+            f"({JSON_TYPE})",
         )
     try:
         text = body.decode("utf-8")

@@ -215,6 +215,11 @@ class Settings(BaseSettings):
     # Clients (CLI, SDK)
     url: str | None = Field(default=None, description="API address for the CLI and SDK")
     token: str | None = Field(default=None, description="API token for the CLI and SDK")
+    profile: str | None = Field(
+        default=None,
+        description="a named server saved by `trainyard login --profile NAME`: the CLI and SDK "
+        "use its address and token",
+    )
 
     # Node agents
     node_name: str = Field(

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from trainyard import (
+    cli_account,
     cli_client,
     cli_models,
     cli_registry,
@@ -56,8 +57,17 @@ def _options(
             "--version", callback=_print_version, is_eager=True, help="print the version and exit"
         ),
     ] = False,
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            "--profile",
+            envvar="TRAINYARD_PROFILE",
+            help="the server saved by `trainyard login --profile NAME`",
+        ),
+    ] = None,
 ) -> None:
     """Trainyard: describe a deep-learning job in YAML, train it locally or on the service."""
+    cli_client.chosen_profile = profile
 
 
 def new_app() -> typer.Typer:
@@ -71,6 +81,7 @@ def register(app: typer.Typer) -> None:
     """Add the client commands to `app`."""
     app.command()(schema)
     cli_client.register(app)
+    cli_account.register(app)
     cli_sweeps.register(app)
     cli_models.register(app)
     cli_registry.register_commands(app)

@@ -1,15 +1,19 @@
 """Client commands of the `trainyard` CLI: talk to a server through the SDK.
 
-submit, jobs, show, logs, metrics, cancel, download and login (and `validate --server`);
-trainyard/cli_sweeps.py adds `sweep list|show|best|cancel`.
+submit, jobs, show, logs, metrics, cancel, delete and download (and `validate --server`);
+trainyard/cli_sweeps.py adds `sweep list|show|best|cancel`, trainyard/cli_account.py `login`
+and `tokens`. With `--json` a command prints exactly one JSON object or array on stdout (its
+messages and warnings go to stderr).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 import sys
-import time
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
@@ -22,7 +26,6 @@ from rich.table import Table
 
 from contract.settings import Settings
 from trainyard.client import Client, Job
-from trainyard.connection import client_file, write_private_json
 from trainyard.console import (
     describe_memory,
     describe_pipeline,
@@ -33,7 +36,7 @@ from trainyard.console import (
     print_issues,
 )
 from trainyard.errors import JobSpecRejected, TrainyardError, Unreachable
-from trainyard.models import JobEnvironmentOut, JobOut
+from trainyard.models import JobEnvironmentOut, JobOut, LogLineOut
 from trainyard.sweeps import Sweep, format_value
 
 console = Console()
@@ -41,6 +44,14 @@ err_console = Console(stderr=True)
 
 JobId = Annotated[int, typer.Argument(help="the job's id", show_default=False)]
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+# The server profile `trainyard --profile NAME` chose for this command (trainyard/cli.py sets
+# it before each command runs); None: TRAINYARD_PROFILE, else the default server.
+chosen_profile: str | None = None
+
+
+def print_json(data: object) -> None:
+    """The one JSON document a --json command prints on stdout."""
+    sys.stdout.write(json.dumps(data) + "\n")
 
 
 @contextmanager
@@ -58,9 +69,14 @@ def reporting(filename: str = "<job>") -> Iterator[None]:
         raise typer.Exit(2 if isinstance(exc, Unreachable) else 1) from None
 
 
+def settings() -> Settings:
+    """The client's settings, with the profile of `--profile` when one was given."""
+    return Settings(profile=chosen_profile) if chosen_profile else Settings()
+
+
 def connect() -> Client:
     with reporting():
-        return Client()
+        return Client(settings=settings())
 
 
 def _final_line(job: Job) -> str:
@@ -81,22 +97,37 @@ def submit(
     ] = None,
     priority: Annotated[int, typer.Option(help="higher runs first")] = 0,
     follow: Annotated[bool, typer.Option(help="show progress until the job ends")] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="print only the id (for scripts)")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print the submitted job (or sweep) as JSON")
+    ] = False,
 ) -> None:
     """Submit a job to the server (a sweep, when the document has a search section)."""
+    if follow and (quiet or as_json):
+        err_console.print("[bold red]error[/] --follow shows progress: not with -q or --json")
+        raise typer.Exit(2)
     text, overrides = _job_and_overrides(job_file, set_)
     client = connect()
     with reporting(str(job_file)):
         job = client.submit(text, overrides=overrides, priority=priority)
         for warning in job.warnings:
             err_console.print(f"[yellow]warning[/] {warning}")
+        waiting = job.info.pending_reason if isinstance(job, Job) else None
+        if waiting:
+            colour = "red" if waiting.startswith("can never") else "yellow"
+            err_console.print(f"[{colour}]warning[/] {waiting}")
+        if quiet:
+            sys.stdout.write(f"{job.id}\n")
+            return
+        if as_json:
+            print_json(job.info.model_dump(mode="json"))
+            return
         if isinstance(job, Sweep):
             follow_submitted_sweep(job, follow)
             return
         console.print(f"submitted job [bold]{job.id}[/] ({job.name}): {job.state}")
-        waiting = job.info.pending_reason
-        if waiting:
-            colour = "red" if waiting.startswith("can never") else "yellow"
-            err_console.print(f"[{colour}]warning[/] {waiting}")
         if follow:
             job.wait(progress=True)
             console.print(_final_line(job))
@@ -154,13 +185,16 @@ def _job_and_overrides(job_file: Path, set_: list[str] | None) -> tuple[str, dic
         raise typer.Exit(1) from None
 
 
-def validate_on_server(job_file: Path, set_: list[str] | None) -> None:
+def validate_on_server(job_file: Path, set_: list[str] | None, *, as_json: bool = False) -> None:
     """`trainyard validate --server`: POST /jobs/validate, printed like the local check plus
     the placement the scheduler would make on the cluster now."""
     text, overrides = _job_and_overrides(job_file, set_)
     client = connect()
     with reporting(str(job_file)):
         result = client.validate(text, overrides=overrides)
+    if as_json:
+        print_json(result)
+        return
     layers = result["layers"]
     console.print(layer_table(layers, f"{result['name']}: {len(layers)} layers"))
     console.print(f"total parameters: [bold]{result['total_params']:,}[/]")
@@ -178,7 +212,10 @@ def validate_on_server(job_file: Path, set_: list[str] | None) -> None:
 
 
 def jobs(
-    state: Annotated[str | None, typer.Option(help="only jobs in this state")] = None,
+    state: Annotated[
+        list[str] | None,
+        typer.Option(help="only jobs in this state (repeatable: any of them)"),
+    ] = None,
     name: Annotated[str | None, typer.Option(help="only jobs with this name")] = None,
     limit: Annotated[int, typer.Option(help="show at most this many")] = 50,
     as_json: AsJson = False,
@@ -186,9 +223,9 @@ def jobs(
     """List jobs, newest first."""
     client = connect()
     with reporting():
-        found = list(islice(client.jobs(state=state.upper() if state else None, name=name), limit))
+        found = list(islice(client.jobs(state=state, name=name), limit))
     if as_json:
-        sys.stdout.write(json.dumps([j.info.model_dump(mode="json") for j in found]) + "\n")
+        print_json([j.info.model_dump(mode="json") for j in found])
         return
     table = Table(title=f"{len(found)} job(s)", title_justify="left")
     for column in ("id", "name", "state", "step", "best", "created", "duration"):
@@ -236,7 +273,7 @@ def show(
         data["environment"] = environment.model_dump(mode="json")
         if show_packages:
             data["packages"] = packages
-        sys.stdout.write(json.dumps(data) + "\n")
+        print_json(data)
         return
     info = job.info
     console.print(
@@ -300,25 +337,57 @@ def print_environment(environment: JobEnvironmentOut) -> None:
 
 def logs(
     job_id: JobId,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing new lines")] = False,
-    poll: Annotated[float, typer.Option(help="seconds between polls with --follow")] = 1.0,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="keep printing new lines (the live stream)")
+    ] = False,
+    tail: Annotated[
+        int | None, typer.Option("--tail", min=0, help="only the last N lines so far")
+    ] = None,
+    grep: Annotated[
+        str | None, typer.Option("--grep", help="only lines matching this regular expression")
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print the lines as one JSON array")
+    ] = False,
 ) -> None:
-    """Print a job's log lines."""
+    """Print a job's log lines; with --follow, new ones as the job prints them, until it ends."""
+    if follow and as_json:
+        err_console.print("[bold red]error[/] --json prints one array: not with --follow")
+        raise typer.Exit(2)
+    try:
+        pattern = re.compile(grep) if grep is not None else None
+    except re.error as exc:
+        err_console.print(f"[bold red]error[/] --grep {grep!r}: {exc}")
+        raise typer.Exit(2) from None
     client = connect()
     with reporting():
         job = client.job(job_id)
-        after: int | None = None
-        while True:
-            lines, after = job.log_lines(after)
-            for line in lines:
-                sys.stdout.write(line.line + "\n")
+        lines: Iterable[LogLineOut]
+        if follow:
+            lines = job.follow_logs(tail=tail, grep=pattern)
+        else:
+            lines = (line for line in _stored_lines(job) if _matches(pattern, line))
+            if tail is not None:
+                lines = deque(lines, maxlen=tail)
+        if as_json:
+            print_json([line.model_dump(mode="json") for line in lines])
+            return
+        for line in lines:
+            sys.stdout.write(line.line + "\n")
             sys.stdout.flush()
-            if lines:
-                continue
-            if not follow or job.done:
-                return
-            time.sleep(poll)
-            job.refresh()
+
+
+def _stored_lines(job: Job) -> Iterator[LogLineOut]:
+    after: int | None = None
+    while True:
+        lines, after = job.log_lines(after)
+        if not lines:
+            return
+        yield from lines
+
+
+def _matches(pattern: re.Pattern[str] | None, line: LogLineOut) -> bool:
+    return pattern is None or pattern.search(line.line) is not None
 
 
 def metrics(
@@ -327,6 +396,12 @@ def metrics(
         list[str] | None, typer.Option("--name", help="print this metric's points (repeatable)")
     ] = None,
     max_points: Annotated[int, typer.Option(help="downsample each series to this many")] = 50,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json", help="print JSON: {metric: latest}, or {metric: [[step, value], ...]}"
+        ),
+    ] = False,
 ) -> None:
     """Without --name: each metric's latest value. With --name: the points of those metrics."""
     client = connect()
@@ -335,6 +410,9 @@ def metrics(
         if not name:
             names = job.metric_names()
             latest = job.latest_metrics(tuple(names)) if names else {}
+            if as_json:
+                print_json({metric: latest.get(metric) for metric in names})
+                return
             table = Table(title=f"job {job.id} metrics", title_justify="left")
             table.add_column("metric")
             table.add_column("latest", justify="right")
@@ -343,22 +421,77 @@ def metrics(
                 table.add_row(metric, f"{value:.6g}" if value is not None else "-")
             console.print(table)
             return
-        for metric in name:
-            points = job.metrics(metric, max_points=max_points)
-            table = Table(title=f"job {job.id} {metric}", title_justify="left")
-            table.add_column("step", justify="right")
-            table.add_column("value", justify="right")
-            for step, value in points:
-                table.add_row(str(step), f"{value:.6g}")
-            console.print(table)
+        series = {metric: job.metrics(metric, max_points=max_points) for metric in name}
+    if as_json:
+        print_json(
+            {metric: [[s, _finite(v)] for s, v in points] for metric, points in series.items()}
+        )
+        return
+    for metric, points in series.items():
+        table = Table(title=f"job {job.id} {metric}", title_justify="left")
+        table.add_column("step", justify="right")
+        table.add_column("value", justify="right")
+        for step, value in points:
+            table.add_row(str(step), f"{value:.6g}")
+        console.print(table)
 
 
-def cancel(job_id: JobId) -> None:
+def _finite(value: float) -> float | None:
+    """JSON has no NaN or infinity: null, as the API sends them."""
+    return value if math.isfinite(value) else None
+
+
+def cancel(job_id: JobId, as_json: AsJson = False) -> None:
     """Cancel a job (queued jobs at once; running ones within seconds)."""
     client = connect()
     with reporting():
         job = client.job(job_id).cancel()
+    if as_json:
+        print_json(job.info.model_dump(mode="json"))
+        return
     console.print(f"job {job.id}: {job.state}" + (" (cancel requested)" if not job.done else ""))
+
+
+def delete(
+    job_id: JobId,
+    cancel_first: Annotated[
+        bool,
+        typer.Option(
+            "--cancel", help="a job that has not ended: cancel it, wait for it to end, then delete"
+        ),
+    ] = False,
+    wait: Annotated[
+        float, typer.Option(min=1, help="with --cancel: seconds to wait for the job to end")
+    ] = 120.0,
+    as_json: Annotated[bool, typer.Option("--json", help="print what was deleted as JSON")] = False,
+) -> None:
+    """Delete a job that has ended: its records (metrics, logs, events) and its files
+    (checkpoints, run directory). A job still queued or running is refused unless --cancel."""
+    client = connect()
+    with reporting():
+        job = client.job(job_id)
+        if not job.done:
+            if not cancel_first:
+                err_console.print(
+                    f"[bold red]error[/] job {job.id} is {job.state}: deleting removes the files "
+                    "of an ended job only; cancel it first, or pass --cancel"
+                )
+                raise typer.Exit(1)
+            if not job.info.cancel_requested:
+                job.cancel()
+            job.wait(timeout=wait, poll=0.5)
+        checkpoints = job.checkpoints()
+        job.delete()
+    freed = sum(c.size for c in checkpoints)
+    if as_json:
+        print_json(
+            {"id": job.id, "state": job.state, "checkpoints": len(checkpoints), "bytes": freed}
+        )
+        return
+    console.print(
+        f"deleted job {job.id} ({job.name}, {job.state}): its metrics, logs and events, and "
+        f"{len(checkpoints)} checkpoint(s), {freed / 1e6:.1f} MB"
+    )
 
 
 def download(
@@ -396,21 +529,6 @@ def download(
     console.print(f"saved {path}")
 
 
-def login(
-    url: Annotated[str, typer.Argument(help="the server, e.g. http://host:8000")],
-    token: Annotated[str | None, typer.Option(help="API token (asked for when not given)")] = None,
-) -> None:
-    """Check a server address and token, and remember them for the CLI and SDK."""
-    if token is None:
-        token = typer.prompt("API token", hide_input=True)
-    with reporting(), Client(url, token) as client:
-        client.get_json("/jobs", limit=1)
-    settings = Settings()
-    path = client_file(settings)
-    write_private_json(path, {"url": url.rstrip("/"), "token": token})
-    console.print(f"logged in to {url}; saved in {path}")
-
-
 def register(app: typer.Typer) -> None:
-    for command in (submit, jobs, show, logs, metrics, cancel, download, login):
+    for command in (submit, jobs, show, logs, metrics, cancel, delete, download):
         app.command()(command)

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import yaml
+from httpx_retries import Retry, RetryTransport
 
 from contract.settings import Settings
 from trainyard.connection import resolve_connection
@@ -39,6 +41,8 @@ from trainyard.models import (
     PredictionOut,
     SweepDetail,
     SweepOut,
+    TokenCreated,
+    TokenOut,
     WebhookCreated,
     WebhookOut,
 )
@@ -47,6 +51,7 @@ from trainyard.sweeps import Sweep
 if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
+    from httpx_sse import ServerSentEvent
 
     from dsl.inference import InferenceNet
     from trainyard.batch_prediction import Prediction
@@ -64,6 +69,20 @@ PROGRESS_METRICS = (
 )
 
 
+# Idempotent requests (GET, PUT, DELETE, ...) are retried on 429, 502, 503, 504 and on
+# connection errors, waiting what Retry-After says (at most MAX_RETRY_WAIT), else backing off
+# exponentially; a submission (POST) is never sent twice.
+RETRIES = 5
+MAX_RETRY_WAIT = 60.0
+
+
+def retrying_transport(retries: int) -> RetryTransport:
+    """httpx-retries' transport: Retry-After honoured, jittered exponential back-off."""
+    return RetryTransport(
+        retry=Retry(total=retries, backoff_factor=0.5, max_backoff_wait=MAX_RETRY_WAIT)
+    )
+
+
 # -- the client ---------------------------------------------------------------------------------
 class Client:
     """A connection to one Trainyard server (thread-safe for concurrent requests, like httpx)."""
@@ -74,6 +93,7 @@ class Client:
         token: str | None = None,
         *,
         timeout: float = 30.0,
+        retries: int = RETRIES,
         settings: Settings | None = None,
     ) -> None:
         if url is None or token is None:
@@ -87,7 +107,12 @@ class Client:
             )
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(base_url=self.url + API_PREFIX, headers=headers, timeout=timeout)
+        self.http = httpx.Client(
+            base_url=self.url + API_PREFIX,
+            headers=headers,
+            timeout=timeout,
+            transport=retrying_transport(retries),
+        )
 
     def close(self) -> None:
         self.http.close()
@@ -156,12 +181,23 @@ class Client:
         self.request("DELETE", f"/webhooks/{webhook_id}")
 
     def jobs(
-        self, state: str | None = None, name: str | None = None, page_size: int = 50
+        self,
+        state: str | Iterable[str] | None = None,
+        name: str | None = None,
+        page_size: int = 50,
     ) -> Iterator[Job]:
-        """Every visible job, newest first, fetched page by page as the caller iterates."""
+        """Every visible job (in one of the `state`s, when given), newest first, fetched page
+        by page as the caller iterates."""
+        states = [state] if isinstance(state, str) else list(state or [])
         cursor: str | None = None
         while True:
-            page = self.get_json("/jobs", state=state, name=name, limit=page_size, cursor=cursor)
+            page = self.get_json(
+                "/jobs",
+                state=[s.upper() for s in states] or None,
+                name=name,
+                limit=page_size,
+                cursor=cursor,
+            )
             for item in page["items"]:
                 yield Job(self, JobOut.model_validate(item))
             cursor = page.get("next_cursor")
@@ -188,6 +224,22 @@ class Client:
         from trainyard.frames import compare
 
         return compare(self, job_ids, names)
+
+    # -- your API tokens -------------------------------------------------------------------------
+    def tokens(self) -> list[TokenOut]:
+        """Your API tokens (never their secrets), oldest first."""
+        return [TokenOut.model_validate(t) for t in self.get_json("/tokens")]
+
+    def create_token(self, name: str, expires_in_days: int | None = None) -> TokenCreated:
+        """A new token of yours; its secret (`.token`) is in this answer only."""
+        body: dict[str, Any] = {"name": name}
+        if expires_in_days is not None:
+            body["expires_in_days"] = expires_in_days
+        return TokenCreated.model_validate(self.request("POST", "/tokens", json=body).json())
+
+    def revoke_token(self, token_id: int) -> None:
+        """Revoke a token of yours (and every token it minted), at once."""
+        self.request("DELETE", f"/tokens/{token_id}")
 
     # -- cluster and datasets --------------------------------------------------------------------
     def cluster(self) -> ClusterOut:
@@ -435,14 +487,15 @@ class Job:
 
     def latest_metrics(self, names: tuple[str, ...] = PROGRESS_METRICS) -> dict[str, float]:
         """The newest value of each named metric (rank 0 of group 0 when several report)."""
+        # Every series near the step, the wanted kept here: asking by name would be refused
+        # for a name an ended job never reported (one the progress bar shows when there).
         data = self.client.get_json(
-            f"/jobs/{self.id}/metrics",
-            name=list(names),
-            start_step=max(self.step - 1, 0),
-            max_points=10,
+            f"/jobs/{self.id}/metrics", start_step=max(self.step - 1, 0), max_points=10
         )
         out: dict[str, float] = {}
         for series in data["series"]:
+            if series["name"] not in names:
+                continue
             if series["points"] and series.get("group", 0) == 0 and series.get("rank", 0) == 0:
                 out[series["name"]] = _value(series["points"][-1][1])
         return out
@@ -458,7 +511,9 @@ class Job:
         rank: int = 0,
     ) -> list[tuple[int, float]]:
         """The points of one metric series as (step, value); every point up to `max_points`,
-        beyond that evenly spaced buckets of steps, each keeping its last point."""
+        beyond that evenly spaced buckets of steps, each keeping its last point. A name the job
+        never reported raises NotFound with a did-you-mean once it has succeeded; while it runs
+        (or after it failed) such a name has no points yet."""
         data = self.client.get_json(
             f"/jobs/{self.id}/metrics",
             name=name,
@@ -515,6 +570,22 @@ class Job:
             out.extend(line.line for line in lines)
             if not lines:
                 return out
+
+    def stream(self, last_event_id: str | None = None) -> Iterator[ServerSentEvent]:
+        """The job's live events (state, metric, log, checkpoint, event, ... end) as they
+        come, reconnecting after a dropped connection (trainyard/streaming.py)."""
+        from trainyard.streaming import stream_events
+
+        return stream_events(self.client, self.id, last_event_id=last_event_id)
+
+    def follow_logs(
+        self, *, tail: int | None = None, grep: re.Pattern[str] | str | None = None
+    ) -> Iterator[LogLineOut]:
+        """Every log line so far (the last `tail`), then each new one as the job prints it,
+        until it ends; with `grep`, only the lines that match it."""
+        from trainyard.streaming import follow_log_lines
+
+        return follow_log_lines(self.client, self.id, tail=tail, grep=grep)
 
     def events(self) -> list[EventOut]:
         return [EventOut.model_validate(e) for e in self.client.get_json(f"/jobs/{self.id}/events")]

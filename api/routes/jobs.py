@@ -247,7 +247,9 @@ def delete_job(job: VisibleJob, session: SessionDep, services: ServicesDep) -> R
     response_model=MetricsOut,
     summary="Metric series of a job",
     description="One series per (name, worker group, rank). A series longer than max_points "
-    "is cut into max_points equal step ranges, keeping the last point of each.",
+    "is cut into max_points equal step ranges, keeping the last point of each. A name the job "
+    "never reported is a 404 with a did-you-mean once the job has SUCCEEDED (or was PRUNED); "
+    "before that it reads as no series (the job may report it later).",
     responses=errors(401, 404, 422),
 )
 def job_metrics(
@@ -261,6 +263,7 @@ def job_metrics(
     group: Annotated[int | None, Query(ge=0, le=MAX_INT, description="worker group")] = None,
     max_points: Annotated[int, Query(ge=1, le=100_000, description="per series")] = 1000,
 ) -> MetricsOut:
+    report_store.check_metric_names(session, job, name or [])
     series = report_store.metric_series(
         session,
         job.id,

@@ -132,6 +132,7 @@ def submit_sweep(
 @router.get(
     "",
     response_model=SweepPage,
+    name="list",  # the operation id: sweeps-list (api/openapi.py)
     summary="List sweeps",
     description="Newest first. A user sees their own sweeps, an admin every sweep.",
     responses=errors(401, 422),
@@ -155,6 +156,7 @@ def list_all(
 @router.get(
     "/{sweep_id}",
     response_model=SweepDetail,
+    name="get",  # sweeps-get
     summary="Get a sweep",
     description="Its trials (parameters, state, metric values, the rung a pruned one stopped "
     "at), the best trial with its whole job, and the Pareto front for several objectives.",

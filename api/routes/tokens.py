@@ -36,7 +36,7 @@ def token_out(token: ApiToken, owner: str) -> TokenOut:
     "user (`?user=`), or list everyone's with `?all=true`.",
     responses=errors(401, 403, 404, 422),
 )
-def get_tokens(
+def list_tokens(
     session: SessionDep,
     caller: CurrentUser,
     user: Annotated[str | None, Query(max_length=100, description="admins: whose")] = None,
@@ -86,7 +86,7 @@ def create_token(
     "user's for an admin (404 otherwise, as for an id that does not exist).",
     responses=errors(401, 404, 422),
 )
-def delete_token(
+def revoke_token(
     token_id: TokenId, session: SessionDep, caller: CurrentUser, services: ServicesDep
 ) -> Response:
     tokens.revoke(

@@ -117,6 +117,9 @@ def validate(
             f"size on {PROFILE_BATCHES} batches of its data, and cut the stages by them",
         ),
     ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print the result as one JSON object instead")
+    ] = False,
 ) -> None:
     """Check a job: its layer table (name, type, sources, output shape, parameters), totals and
     resolved topology, and a pipelined job's stages; with --server, its placement on the
@@ -127,7 +130,7 @@ def validate(
         if profile:
             err_console.print("[bold red]error[/] --profile measures here, not on the server")
             raise typer.Exit(2)
-        validate_on_server(job, set_)
+        validate_on_server(job, set_, as_json=as_json)
         return
     import torch
 
@@ -146,21 +149,29 @@ def validate(
     # Planned before anything is printed: a cap no cut fits is an error like the others.
     plan = _plan(compiled, dataset if profile else None, str(job)) if spec.pipeline else None
     rows = [row.__dict__ for row in compiled.table]
+    topology = resolve_topology(spec.cluster, spec.pipeline)
+    stages = plan.layer_lists() if plan is not None else None
+    memory = estimate_memory(compiled, topology, dataset.nbytes, stages)
+    memory_mb = {"total_mb": memory.total_mb, **{f"{k}_mb": v for k, v in memory.parts().items()}}
+    if as_json:
+        result = {
+            "name": spec.name,
+            "layers": rows,
+            "total_params": compiled.total_params,
+            "topology": topology.to_dict(),
+            "memory": memory_mb,
+            "pipeline": plan.to_dict() if plan is not None else None,
+        }
+        sys.stdout.write(json.dumps(result, default=str) + "\n")
+        return
     console.print(layer_table(rows, f"{spec.name}: {len(rows)} layers"))
     console.print(
         f"total parameters: [bold]{compiled.total_params:,}[/]   "
         f"algorithm: {spec.train_one_batch.alg}   updater: {spec.updater.type}"
         f"   framework: {spec.cluster.framework}"
     )
-    topology = resolve_topology(spec.cluster, spec.pipeline)
     console.print(describe_topology(topology.to_dict()))
-    stages = plan.layer_lists() if plan is not None else None
-    memory = estimate_memory(compiled, topology, dataset.nbytes, stages)
-    console.print(
-        describe_memory(
-            {"total_mb": memory.total_mb, **{f"{k}_mb": v for k, v in memory.parts().items()}}
-        )
-    )
+    console.print(describe_memory(memory_mb))
     if plan is not None:
         console.print(pipeline_table(plan.to_dict()))
         console.print(describe_pipeline(plan.to_dict()))

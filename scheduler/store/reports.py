@@ -9,9 +9,11 @@ from pathlib import Path
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
+from dsl.registry import did_you_mean
 from scheduler.store.artifacts import UnsafePath, confine_to_job
 from scheduler.store.errors import NotFound
-from scheduler.store.models import CheckpointRecord, LogLine, Metric, PipelineTimeline
+from scheduler.store.models import CheckpointRecord, Job, LogLine, Metric, PipelineTimeline
+from scheduler.store.states import JobState
 
 
 def log_lines(
@@ -117,6 +119,35 @@ def metric_names(session: Session, job_id: int) -> list[str]:
         session.scalars(
             select(Metric.name).where(Metric.job_id == job_id).distinct().order_by(Metric.name)
         )
+    )
+
+
+# A job in these states reported every metric it will: a name it never reported is a mistake. A
+# running job may report one later; a failed or cancelled one stopped before it perhaps could.
+COMPLETE_STATES = frozenset({JobState.SUCCEEDED, JobState.PRUNED})
+SHOWN_NAMES = 20  # of a job's metric names in the message
+
+
+def check_metric_names(session: Session, job: Job, names: list[str]) -> None:
+    """Raise NotFound, with a did-you-mean and the names it has, for a name `job` never
+    reported, once it has done its work (COMPLETE_STATES)."""
+    if not names or JobState(job.state) not in COMPLETE_STATES:
+        return
+    known = metric_names(session, job.id)
+    unknown = [name for name in names if name not in known]
+    if not unknown:
+        return
+    name = unknown[0]
+    hint = did_you_mean(name, known)
+    shown = known[:SHOWN_NAMES]
+    reported = ", ".join(shown) + (
+        f", ... ({len(known)} in all)" if len(known) > len(shown) else ""
+    )
+    reported = reported or "none"
+    raise NotFound(
+        f"job {job.id} has no metric '{name}'"
+        + (f"; {hint}" if hint else "")
+        + f" (it reported: {reported})"
     )
 
 

@@ -78,7 +78,9 @@ def test_submit_wait_and_read_the_results(finished: Job) -> None:
     assert loss[-1][1] < loss[0][1]  # it learned something
     assert "test/accuracy" in finished.metric_names()
     assert finished.metrics("train/loss", max_points=2)[-1] == loss[-1]
-    assert finished.metrics("no/such/metric") == []
+    # A name the finished job never reported: refused, with what was meant.
+    with pytest.raises(NotFound, match=r"no metric 'train/los'; did you mean 'train/loss'\?"):
+        finished.metrics("train/los")
 
 
 def test_events_record_the_lifecycle(finished: Job) -> None:
