@@ -10,9 +10,10 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from dsl.flatten import flatten_document
 from scheduler.store import environments as environment_store
 from scheduler.store import reports
-from scheduler.store.diff import Difference, differences, flatten
+from scheduler.store.diff import Difference, differences
 from scheduler.store.errors import InvalidRequest
 from scheduler.store.jobs import get_job
 from scheduler.store.models import Job, Metric, User
@@ -72,7 +73,7 @@ def compare_jobs(
 ) -> Comparison:
     jobs = [get_job(session, user, job_id) for job_id in job_ids]
     out = Comparison(jobs=jobs)
-    out.settings, out.same_settings = differences([flatten(job.spec) for job in jobs])
+    out.settings, out.same_settings = differences([flatten_document(job.spec) for job in jobs])
     finals: dict[str, dict[int, float]] = {}
     for job in jobs:
         for series in reports.metric_series(session, job.id, group=0, max_points=max_points):

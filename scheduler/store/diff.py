@@ -15,23 +15,6 @@ class Difference:
     values: list[Any]
 
 
-def flatten(document: Any, prefix: str = "") -> dict[str, Any]:
-    """A document as dotted keys to scalars: `{"a": {"b": [1, {"c": 2}]}}` gives `a.b.0: 1`
-    and `a.b.1.c: 2`."""
-    if isinstance(document, dict):
-        items: list[tuple[str, Any]] = [(str(k), v) for k, v in document.items()]
-    elif isinstance(document, list):
-        items = [(str(i), v) for i, v in enumerate(document)]
-    else:
-        return {prefix: document}
-    if not items:
-        return {prefix: document} if prefix else {}
-    out: dict[str, Any] = {}
-    for key, value in items:
-        out.update(flatten(value, f"{prefix}.{key}" if prefix else key))
-    return out
-
-
 def differences(documents: list[dict[str, Any] | None]) -> tuple[list[Difference], int]:
     """The keys whose values are not all the same, in the order first seen, and how many
     keys are the same everywhere."""
