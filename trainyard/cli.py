@@ -16,7 +16,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from trainyard import cli_client, cli_models, cli_registry, cli_sweeps
+from trainyard import cli_client, cli_datasets, cli_models, cli_registry, cli_sweeps
 
 err_console = Console(stderr=True)
 
@@ -67,6 +67,7 @@ def register(app: typer.Typer) -> None:
     cli_sweeps.register(app)
     cli_models.register(app)
     cli_registry.register_commands(app)
+    cli_datasets.register_commands(app)
 
 
 def run(app: typer.Typer) -> None:
