@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import httpx
+
 from trainyard.errors import Conflict
 from trainyard.models import DatasetOut, UploadOut
 
@@ -22,6 +24,9 @@ if TYPE_CHECKING:
     from trainyard.client import Client
 
 HASH_CHUNK = 1 << 20
+# Completing reads the whole file on the server (checksum, checks, conversion): minutes for
+# gigabytes, so that one request waits longer than the client's usual timeout.
+COMPLETE_TIMEOUT = httpx.Timeout(30.0, read=3600.0)
 # Bytes sent so far, bytes in all: called after every part (and once before the first).
 Progress = Callable[[int, int], None]
 
@@ -76,7 +81,9 @@ def upload_file(
             done += len(body)
             if progress is not None:
                 progress(done, size)
-    response = client.request("POST", f"/datasets/uploads/{upload.id}/complete")
+    response = client.request(
+        "POST", f"/datasets/uploads/{upload.id}/complete", timeout=COMPLETE_TIMEOUT
+    )
     return DatasetOut.model_validate(response.json())
 
 
