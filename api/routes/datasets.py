@@ -100,7 +100,7 @@ UploadId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$", description="the uploa
     "upload_expiry_seconds without a part). Then PUT each part and POST .../complete. "
     "403 past your quota; 409 if the name is taken or an upload of it is open, or you have "
     "max_open_uploads open; 415 for a kind not taken.",
-    responses=errors(401, 403, 409, 415, 422),
+    responses=errors(400, 401, 403, 409, 415, 422),
 )
 def start_upload(
     body: UploadStart, session: SessionDep, user: CurrentUser, services: ServicesDep
