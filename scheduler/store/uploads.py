@@ -211,11 +211,15 @@ def write_part(
         partial.replace(folder / f"{number:05d}.part")
     finally:
         partial.unlink(missing_ok=True)
-    session.execute(
+    touched = session.execute(
         update(DatasetUpload)
         .where(DatasetUpload.id == upload.id)
         .values(expires_at=utcnow() + expiry)
     )
+    if touched.rowcount != 1:  # type: ignore[attr-defined]
+        # Aborted or completed while the part came in: leave no part behind.
+        shutil.rmtree(folder, ignore_errors=True)
+        raise NotFound(f"upload {upload.id} was aborted or completed meanwhile")
     return written
 
 

@@ -144,14 +144,19 @@ def test_quota_counts_open_uploads_and_refuses_past_it(api: Api) -> None:
         assert user is not None
         set_quotas(session, user, {"dataset_bytes": int(len(content) * 1.5)})
         session.commit()
-    assert start(api, "one", "one.npz", content).status_code == 201
+    one = start(api, "one", "one.npz", content)
+    assert one.status_code == 201
     second = start(api, "two", "two.npz", content)
     assert second.status_code == 403 and "dataset_bytes" in second.json()["detail"]
     assert api.counts()[2] == 0
+    # Aborting an upload frees what it held.
+    aborted = api.client.delete(f"/api/v1/datasets/uploads/{one.json()['id']}", headers=api.auth())
+    assert aborted.status_code == 204 and used(api) == 0
+    assert start(api, "two", "two.npz", content).status_code == 201
     # Bounds: the kind by extension, the part size, the open uploads per user.
     assert start(api, "t", "t.tar", content).status_code == 415
     assert start(api, "p", "p.npz", content, part_size=100).status_code == 422
-    assert start(api, "one", "one.npz", content).status_code == 409
+    assert start(api, "two", "two.npz", content).status_code == 409
     assert start(api, "b1", "b1.npz", b"12", user="bob").status_code == 201
     assert start(api, "b2", "b2.npz", b"12", user="bob").status_code == 201
     third = start(api, "b3", "b3.npz", b"12", user="bob")
