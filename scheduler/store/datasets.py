@@ -85,8 +85,9 @@ def check_name(name: str) -> None:
         )
 
 
-def check_npz_sizes(path: Path, max_bytes: int) -> None:
-    """Refuse an archive whose arrays would unpack past `max_bytes`, before unpacking any.
+def check_npz_sizes(path: Path, max_bytes: int) -> dict[str, tuple[int, ...]]:
+    """Refuse an archive whose arrays would unpack past `max_bytes`, before unpacking any;
+    the shape of each array.
 
     Reads only the zip's directory (each member's declared size, which the zip reader also
     holds it to) and each .npy header (a few hundred bytes at the head of a member): a small
@@ -107,16 +108,32 @@ def check_npz_sizes(path: Path, max_bytes: int) -> None:
             arrays = [member for member in members if member.filename.endswith(".npy")]
             if not arrays:
                 raise InvalidRequest("the .npz archive holds no arrays")
-            for member in arrays:
-                _check_npy_header(archive, member, max_bytes)
+            shapes = {
+                member.filename.removesuffix(".npy"): _check_npy_header(archive, member, max_bytes)
+                for member in arrays
+            }
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as error:
         raise InvalidRequest(
             f"the file is not a readable numpy .npz archive ({error}); write it with "
             "numpy.savez(path, x=..., y=...) and no object arrays"
         ) from None
+    return shapes
 
 
-def _check_npy_header(archive: zipfile.ZipFile, member: zipfile.ZipInfo, max_bytes: int) -> None:
+def check_npz_pairs(shapes: dict[str, tuple[int, ...]]) -> None:
+    """The usual pairs of arrays (x and y, x_test and y_test, x_val and y_val) hold as many
+    samples as labels."""
+    for x, y in (("x", "y"), ("x_test", "y_test"), ("x_val", "y_val")):
+        if x in shapes and y in shapes and shapes[x][:1] != shapes[y][:1]:
+            raise InvalidRequest(
+                f"the .npz archive's '{x}' holds {shapes[x][:1] or 'no'} samples but '{y}' "
+                f"{shapes[y][:1] or 'no'} labels: one label per sample"
+            )
+
+
+def _check_npy_header(
+    archive: zipfile.ZipFile, member: zipfile.ZipInfo, max_bytes: int
+) -> tuple[int, ...]:
     with archive.open(member) as stream:
         version = np.lib.format.read_magic(stream)
         if version == (1, 0):
@@ -136,6 +153,7 @@ def _check_npy_header(archive: zipfile.ZipFile, member: zipfile.ZipInfo, max_byt
             f"{tuple(shape)} of {dtype} ({nbytes} bytes), more than the limit of {max_bytes} "
             "bytes; nothing was unpacked"
         )
+    return tuple(shape)
 
 
 def check_content(path: Path, kind: Kind, max_bytes: int) -> None:
@@ -275,19 +293,15 @@ def _stage(
         survey = survey_table(
             csv_batches(assembled, header), csv_schema(header), label_column=label_column
         )
-        if survey.categorical:
+        # Numbers only and no label chosen: kept as it is, for the csv source's options.
+        if survey.categorical or label_column is not None:
             write_shards(survey, csv_batches(assembled, header), staged)
             return "shards"
-        if label_column is not None:
-            raise InvalidRequest(
-                "label_column converts a table with text columns; a numeric .csv is stored as "
-                "it is, and a job names its label (data.label_column)"
-            )
         check_content(assembled, "csv", max_bytes)
     elif kind == "npz":
         # The archive's directory and each array's header, nothing inflated: a chunked upload
         # may be gigabytes (a job's check reads the arrays).
-        check_npz_sizes(assembled, max_bytes)
+        check_npz_pairs(check_npz_sizes(assembled, max_bytes))
     elif kind == "text":
         check_text(assembled)
     else:

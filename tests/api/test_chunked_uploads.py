@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from sqlalchemy import update
 
 from contract.settings import Settings
+from scheduler.store.models import DatasetUpload, utcnow
 from scheduler.store.quotas import set_quotas
 from scheduler.store.users import get_user
 from tests.api.conftest import Api, make_settings
@@ -34,7 +37,7 @@ def api_settings(tmp_path: Path, migrated_sql_url: str, redis_url: str) -> Setti
         redis_url,
         max_upload_part_bytes=4 * PART,
         max_open_uploads=2,
-        upload_expiry_seconds=1.5,
+        upload_expiry_seconds=3600.0,
     )
 
 
@@ -166,10 +169,19 @@ def test_quota_counts_open_uploads_and_refuses_past_it(api: Api) -> None:
 def test_abandoned_uploads_expire_and_free_their_bytes(api: Api) -> None:
     content = npz_bytes(n=500)
     upload = start(api, "gone", "gone.npz", content).json()
+    time.sleep(0.01)
     put(api, upload["id"], 0, content)
+    state = api.client.get(f"/api/v1/datasets/uploads/{upload['id']}", headers=api.auth())
+    assert state.json()["expires_at"] > upload["expires_at"]  # each part moves it on
     folder = api.settings.artifacts() / "uploads" / str(api.user_ids["alice"]) / upload["id"]
     assert folder.is_dir() and used(api) == len(content)
-    time.sleep(1.6)  # upload_expiry_seconds
+    with api.db.session() as session:  # the hour of upload_expiry_seconds has passed
+        session.execute(
+            update(DatasetUpload)
+            .where(DatasetUpload.id == upload["id"])
+            .values(expires_at=utcnow() - timedelta(seconds=1))
+        )
+        session.commit()
     assert used(api) == 0
     assert api.client.get("/api/v1/datasets/uploads", headers=api.auth()).json() == []
     assert not folder.exists()  # purged by the listing
@@ -268,3 +280,15 @@ def test_delete_frees_the_quota_and_waits_for_the_jobs_reading_it(api: Api) -> N
     assert used(api) == 0 and api.counts()[2] == 0
     assert not any((api.settings.artifacts() / "datasets").rglob("mine.npz"))
     assert api.client.delete("/api/v1/datasets/mine", headers=api.auth()).status_code == 404
+
+
+def test_an_npz_is_checked_from_its_headers(api: Api) -> None:
+    buffer = io.BytesIO()
+    np.savez(buffer, x=np.zeros((10, 3), np.float32), y=np.zeros(9, np.int64))
+    refused = upload_whole(api, "uneven", "uneven.npz", buffer.getvalue())
+    assert refused.status_code == 422 and "one label per sample" in refused.json()["detail"]
+    buffer = io.BytesIO()
+    np.savez(buffer, x=np.array([{"a": 1}, None], dtype=object), y=np.arange(2))
+    refused = upload_whole(api, "pickled", "pickled.npz", buffer.getvalue())
+    assert refused.status_code == 422 and "object arrays" in refused.json()["detail"]
+    assert api.counts()[2] == 0 and used(api) == 0
