@@ -86,8 +86,11 @@ def _as_numbers(array: pa.Array) -> pa.Array | None:
 
 
 def _no_nulls(array: pa.Array, column: str) -> None:
-    if array.null_count:
-        raise BadTable(f"column '{column}' has {array.null_count} empty value(s)")
+    empty = array.null_count
+    if not empty and _text_type(array.type):
+        empty = pc.sum(pc.equal(pc.cast(array, pa.string()), "")).as_py() or 0
+    if empty:
+        raise BadTable(f"column '{column}' has {empty} empty value(s); fill or drop those rows")
 
 
 # -- reading: batches of columns, from either kind ---------------------------------------------
