@@ -206,7 +206,7 @@ def complete_upload(
             f"{len(missing)} part(s) of the upload have not arrived: {shown}; send them "
             "(PUT .../parts/{n}) and complete again"
         )
-    claim_for_completion(session, upload)
+    claim_for_completion(session, upload, upload_limits(settings).expiry)
     name, kind, label_column, declared = (
         upload.name,
         upload.kind,

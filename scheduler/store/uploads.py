@@ -223,24 +223,17 @@ def write_part(
     return written
 
 
-def claim_for_completion(session: Session, upload: DatasetUpload) -> None:
-    """Mark the upload as completing (committed), once: a second completion is a Conflict."""
+def claim_for_completion(session: Session, upload: DatasetUpload, expiry: timedelta) -> None:
+    """Mark the upload as completing (committed), once: a second completion is a Conflict.
+    Its expiry moves on, so that no purge takes its parts while they are put together."""
     claimed = session.execute(
         update(DatasetUpload)
         .where(DatasetUpload.id == upload.id, DatasetUpload.completing.is_(False))
-        .values(completing=True)
+        .values(completing=True, expires_at=utcnow() + expiry)
     )
     if claimed.rowcount != 1:  # type: ignore[attr-defined]
         session.rollback()
         raise Conflict(f"upload {upload.id} is already being completed")
-    session.commit()
-
-
-def release(session: Session, upload_id: str) -> None:
-    """Let a completion that failed be tried again (committed)."""
-    session.execute(
-        update(DatasetUpload).where(DatasetUpload.id == upload_id).values(completing=False)
-    )
     session.commit()
 
 
