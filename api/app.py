@@ -121,7 +121,11 @@ def create_app(settings: Settings | None = None, *, web_dist: Path | None = WEB_
             f"{API_PREFIX}/datasets": (
                 settings.max_dataset_bytes + MULTIPART_OVERHEAD,
                 f"the dataset is larger than the limit of {settings.max_dataset_bytes} bytes",
-            )
+            ),
+            f"{API_PREFIX}/datasets/uploads": (
+                settings.max_upload_part_bytes,
+                f"a part is larger than the limit of {settings.max_upload_part_bytes} bytes",
+            ),
         },
     )
     for router in (

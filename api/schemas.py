@@ -411,10 +411,63 @@ class ClusterOut(BaseModel):
 
 class DatasetOut(BaseModel):
     name: str
-    kind: str = Field(description="npz or csv")
+    kind: str = Field(
+        description="npz, csv (numbers), text (for the text source) or shards (a converted table)"
+    )
     size: int = Field(description="bytes")
     owner: str
     created_at: datetime
+
+
+class UploadStart(BaseModel):
+    name: str = Field(
+        pattern=DATASET_NAME_PATTERN,
+        description="the dataset's name: letters, digits, '_', '.', '-'",
+    )
+    filename: str = Field(
+        min_length=1,
+        max_length=255,
+        description="the file's name; its extension says the kind: .npz, .csv, .parquet, "
+        ".txt (UTF-8 text)",
+    )
+    size: int = Field(ge=1, le=2**62, description="the file's bytes")
+    sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$", description="the file's SHA-256 digest (hex)")
+    part_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=2**31 - 1,
+        description="bytes of every part but the last (at least 65536); default the "
+        "service's largest, max_upload_part_bytes",
+    )
+    label_column: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1000,
+        description="tables with text columns and Parquet files: the label column (default "
+        "y where there is one, else the last)",
+    )
+
+
+class UploadOut(BaseModel):
+    id: str
+    name: str
+    filename: str
+    kind: str = Field(description="npz, csv, parquet or text")
+    size: int = Field(description="the file's bytes, as declared")
+    sha256: str
+    part_size: int = Field(description="bytes of every part but the last")
+    parts: int = Field(description="how many parts the file makes, numbered from 0")
+    received: list[int] = Field(description="the parts that arrived: resume with the others")
+    received_bytes: int
+    completing: bool = Field(description="a completion is under way")
+    created_at: datetime
+    expires_at: datetime = Field(description="when it expires unless another part arrives")
+
+
+class PartOut(BaseModel):
+    upload_id: str
+    part: int
+    size: int = Field(description="bytes stored")
 
 
 class LoopHealth(BaseModel):

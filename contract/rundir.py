@@ -15,7 +15,10 @@ every file name of a run directory is here.
         restart/step-N.safetensors       restart points (every few minutes; the service's own;
                                          the newest two kept)
         restart/attempt-K.safetensors    the point attempt K of the job resumes from
-    <artifacts>/datasets/<user id>/<name>.<kind>   uploaded datasets
+    <artifacts>/datasets/<user id>/<name>.<kind>   uploaded datasets (npz, csv, txt)
+    <artifacts>/datasets/<user id>/<name>/         ... converted tables: NNNNN.x.npy,
+                                                   NNNNN.y.npy, categories.json
+    <artifacts>/uploads/<user id>/<upload id>/NNNNN.part   the parts of an open upload
     <artifacts>/models/<user id>/<name>-v<version>.safetensors   registered models' checkpoints
 
 Restart points are kept apart from the user's checkpoints: they are not listed as the job's
@@ -29,6 +32,8 @@ from pathlib import Path
 
 RUNS = "jobs"
 DATASETS = "datasets"
+UPLOADS = "uploads"
+CATEGORIES = "categories.json"
 MODELS = "models"
 METRICS = "metrics.jsonl"
 TIMELINE = "timeline.jsonl"
@@ -50,6 +55,16 @@ def job_run_dir(artifacts: Path, job_id: int) -> Path:
 def dataset_dir(artifacts: Path, owner_id: int) -> Path:
     """Where a user's uploaded datasets are kept."""
     return artifacts / DATASETS / str(owner_id)
+
+
+def upload_dir(artifacts: Path, owner_id: int, upload_id: str) -> Path:
+    """Where the parts of one of a user's chunked uploads wait for its completion."""
+    return artifacts / UPLOADS / str(owner_id) / upload_id
+
+
+def shard_names(index: int) -> tuple[str, str]:
+    """The x and y files of a shard folder's shard `index`: 00000.x.npy, 00000.y.npy."""
+    return f"{index:05d}.x.npy", f"{index:05d}.y.npy"
 
 
 def model_dir(artifacts: Path, owner_id: int) -> Path:

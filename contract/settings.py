@@ -91,7 +91,28 @@ class Settings(BaseSettings):
     host: str = Field(default="127.0.0.1", description="address the API server listens on")
     port: int = Field(default=8000, description="port the API server listens on")
     max_job_bytes: int = Field(default=1_000_000, description="largest job document accepted")
-    max_dataset_bytes: int = Field(default=50_000_000, description="largest dataset upload")
+    max_dataset_bytes: int = Field(
+        default=50_000_000, description="largest dataset sent in one request (POST /datasets)"
+    )
+    max_upload_bytes: int = Field(
+        default=20_000_000_000,
+        gt=0,
+        description="largest dataset sent in parts (POST /datasets/uploads); the user's quota "
+        "dataset_bytes bounds it too",
+    )
+    max_upload_part_bytes: int = Field(
+        default=16 * 2**20, ge=2**16, description="largest part of a chunked upload"
+    )
+    max_upload_parts: int = Field(default=10_000, gt=0, description="most parts of one upload")
+    max_open_uploads: int = Field(
+        default=4, gt=0, description="chunked uploads one user may have open at once"
+    )
+    upload_expiry_seconds: float = Field(
+        default=86_400.0,
+        gt=0,
+        description="an upload no part reached for this long expires: its parts are deleted "
+        "and its bytes no longer count against the quota",
+    )
     max_prediction_workers: int = Field(
         default=8,
         ge=1,

@@ -231,14 +231,24 @@ class CsvData(DataSourceConfig):
         return self
 
 
+DATASET_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$"
+
+
 class TextData(DataSourceConfig):
     """Character-level language modelling: predict every next character of a window."""
 
     source: Literal["text"]
     path: str | None = Field(
         default=None,
-        description="UTF-8 text file, relative to the job file's folder; empty for the built-in "
-        "corpus (docstrings of Python's standard library, about 160 KB of English)",
+        description="UTF-8 text file, relative to the job file's folder; empty (and no "
+        "dataset) for the built-in corpus (docstrings of Python's standard library, about "
+        "160 KB of English)",
+    )
+    dataset: str | None = Field(
+        default=None,
+        pattern=DATASET_NAME_PATTERN,
+        description="instead of path: a text dataset you uploaded (a .txt file, POST "
+        "/api/v1/datasets/uploads); run locally, <dataset>.txt beside the job file",
     )
     seq_len: int = Field(
         default=64, gt=0, le=1_000_000, description="characters per sample; windows do not overlap"
@@ -251,19 +261,25 @@ class TextData(DataSourceConfig):
 
     validation_keys: ClassVar[tuple[str, ...]] = ("val_path",)
 
-
-DATASET_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$"
+    @model_validator(mode="after")
+    def _path_or_dataset(self) -> TextData:
+        if self.path is not None and self.dataset is not None:
+            raise ValueError("give path or dataset (an uploaded text), not both")
+        return self
 
 
 class DatasetData(DataSourceConfig):
     """A dataset uploaded to the service (POST /datasets) and referred to by its name: an .npz
-    archive or a .csv table, read like the npz and csv sources with the options below."""
+    archive or a .csv table, read like the npz and csv sources with the options below, or a
+    folder of npy shards (a table with text columns or a Parquet file, converted at upload),
+    read into memory with its categories."""
 
     source: Literal["dataset"]
     name: str = Field(
         pattern=DATASET_NAME_PATTERN,
         description="the name the dataset was uploaded under (yours; an admin's job may only "
-        "name the admin's own uploads); run locally, <name>.npz or <name>.csv beside the job file",
+        "name the admin's own uploads); run locally, <name>.npz, <name>.csv or the shard "
+        "folder <name>/ beside the job file",
     )
     x_key: str | None = Field(default=None, description="npz datasets: see the npz source")
     y_key: str | None = Field(default=None, description="npz datasets: see the npz source")
@@ -275,11 +291,18 @@ class DatasetData(DataSourceConfig):
         default=None, description="csv datasets: see the csv source"
     )
     header: bool | None = Field(default=None, description="csv datasets: see the csv source")
+    path: str | None = Field(
+        default=None,
+        description="set by the service when it checks the job: the folder of a shards "
+        "dataset (a table converted at upload); leave it out",
+    )
 
-    # The options only one file kind reads; the rest of the keys apply to both.
+    # The options only one file kind reads; the rest of the keys apply to all. A shards
+    # dataset (a table converted at upload, its label chosen then) reads none of them.
     kind_keys: ClassVar[dict[str, tuple[str, ...]]] = {
         "npz": ("x_key", "y_key", "x_test_key", "y_test_key", "x_val_key", "y_val_key"),
         "csv": ("label_column", "header"),
+        "shards": (),
     }
     validation_keys: ClassVar[tuple[str, ...]] = ("x_val_key",)
 

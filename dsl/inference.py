@@ -147,7 +147,8 @@ class InferenceNet(nn.Module):
         return x
 
     def metadata(self) -> dict[str, Any]:
-        """What an export records beside the net: its input, output and vocabulary."""
+        """What an export records beside the net: its input, output, vocabulary and the
+        categories behind an uploaded table's indices."""
         spec = self.card.spec
         return {
             "job": spec.name,
@@ -164,6 +165,7 @@ class InferenceNet(nn.Module):
             },
             "num_classes": self.card.data.num_classes,
             "vocabulary": self.card.data.vocabulary,
+            "categories": self.card.data.categories,
         }
 
 

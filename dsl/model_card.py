@@ -31,6 +31,9 @@ class DataFacts:
     label_shape: tuple[int, ...] = ()
     label_is_index: bool = True
     vocabulary: str | None = None  # the characters behind token ids (text)
+    # The values behind an uploaded table's text columns and label indices:
+    # {"features": {column: [values]}, "label": [values]}.
+    categories: dict[str, Any] | None = None
 
     def build_context(self) -> BuildContext:
         return BuildContext(

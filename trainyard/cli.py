@@ -19,6 +19,7 @@ from rich.console import Console
 from trainyard import (
     cli_account,
     cli_client,
+    cli_datasets,
     cli_models,
     cli_registry,
     cli_sweeps,
@@ -87,6 +88,7 @@ def register(app: typer.Typer) -> None:
     cli_registry.register_commands(app)
     cli_webhooks.register_commands(app)
     cli_tracking.register(app)
+    cli_datasets.register_commands(app)
 
 
 def run(app: typer.Typer) -> None:

@@ -43,10 +43,12 @@ from trainyard.models import (
     SweepOut,
     TokenCreated,
     TokenOut,
+    UploadOut,
     WebhookCreated,
     WebhookOut,
 )
 from trainyard.sweeps import Sweep
+from trainyard.uploads import Progress, open_uploads, upload_file
 
 if TYPE_CHECKING:
     import numpy as np
@@ -245,20 +247,43 @@ class Client:
     def cluster(self) -> ClusterOut:
         return ClusterOut.model_validate(self.get_json("/cluster"))
 
-    def upload_dataset(self, path: str | Path, name: str) -> DatasetOut:
-        """Upload an .npz or .csv file; jobs then use `data: {source: dataset, name: NAME}`."""
-        path = Path(path)
-        with path.open("rb") as handle:
-            response = self.request(
-                "POST",
-                "/datasets",
-                data={"name": name},
-                files={"file": (path.name, handle, "application/octet-stream")},
-            )
-        return DatasetOut.model_validate(response.json())
+    def upload_dataset(
+        self,
+        path: str | Path,
+        name: str,
+        *,
+        part_size: int | None = None,
+        label_column: str | None = None,
+        restart: bool = False,
+        progress: Progress | None = None,
+    ) -> DatasetOut:
+        """Upload a file in parts, resuming an interrupted upload of it (trainyard/uploads.py):
+        .npz, .csv (text columns become indices, `label_column` the label), .parquet, or
+        UTF-8 .txt for the text source. Jobs then use `data: {source: dataset, name: NAME}`
+        (`{source: text, dataset: NAME}` for a text). `progress(sent, total)` follows it."""
+        return upload_file(
+            self,
+            Path(path),
+            name,
+            part_size=part_size,
+            label_column=label_column,
+            restart=restart,
+            progress=progress,
+        )
+
+    def uploads(self) -> list[UploadOut]:
+        """Your uploads not completed: what `upload_dataset` would resume."""
+        return open_uploads(self)
+
+    def abort_upload(self, upload_id: str) -> None:
+        self.request("DELETE", f"/datasets/uploads/{upload_id}")
 
     def datasets(self) -> list[DatasetOut]:
         return [DatasetOut.model_validate(d) for d in self.get_json("/datasets")]
+
+    def delete_dataset(self, name: str) -> None:
+        """Delete your dataset (a Conflict while a queued or running job reads it)."""
+        self.request("DELETE", f"/datasets/{name}")
 
     # -- the model registry ----------------------------------------------------------------------
     def register_model(

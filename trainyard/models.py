@@ -163,7 +163,9 @@ class ComparisonOut(BaseModel):
 
 class DatasetOut(BaseModel):
     name: str
-    kind: str = Field(description="npz or csv")
+    kind: str = Field(
+        description="npz, csv (numbers), text (for the text source) or shards (a converted table)"
+    )
     size: int = Field(description="bytes")
     owner: str
     created_at: datetime
@@ -337,6 +339,12 @@ class ModelVersionOut(BaseModel):
     )
     spec: dict[str, Any] = Field(description="the job's execution spec")
     created_at: datetime
+
+
+class PartOut(BaseModel):
+    upload_id: str
+    part: int
+    size: int = Field(description="bytes stored")
 
 
 class TimelineEventOut(BaseModel):
@@ -528,6 +536,22 @@ class TokenOut(BaseModel):
 
 class TokenCreated(TokenOut):
     token: str = Field(description="the secret: shown this once, only its hash is stored")
+
+
+class UploadOut(BaseModel):
+    id: str
+    name: str
+    filename: str
+    kind: str = Field(description="npz, csv, parquet or text")
+    size: int = Field(description="the file's bytes, as declared")
+    sha256: str
+    part_size: int = Field(description="bytes of every part but the last")
+    parts: int = Field(description="how many parts the file makes, numbered from 0")
+    received: list[int] = Field(description="the parts that arrived: resume with the others")
+    received_bytes: int
+    completing: bool = Field(description="a completion is under way")
+    created_at: datetime
+    expires_at: datetime = Field(description="when it expires unless another part arrives")
 
 
 class LayerOut(BaseModel):

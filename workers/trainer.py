@@ -282,6 +282,7 @@ class Trainer:
             label_shape=info.label_shape,
             label_is_index=info.label_is_index,
             vocabulary=info.vocabulary,
+            categories=info.categories,
         )
         self.model_card = ModelCard(self.spec, facts).to_json()
 

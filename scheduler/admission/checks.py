@@ -43,7 +43,7 @@ from scheduler.store.artifacts import UnsafePath
 from scheduler.store.datasets import dataset_file, dataset_names, get_dataset
 from scheduler.store.errors import NotFound, StoreError
 from scheduler.store.jobs import NewJob, own_job
-from scheduler.store.models import User
+from scheduler.store.models import DatasetRecord, User
 from scheduler.store.registry import get_model, model_file, parse_ref
 from scheduler.store.reports import model_checkpoint
 from scheduler.store.sweeps import NewSweep
@@ -169,6 +169,9 @@ def check_job(
         except DataSourceError as exc:
             if isinstance(spec.data, DatasetData):
                 raise _as_dataset_error(exc) from None
+            if isinstance(spec.data, TextData) and spec.data.dataset is not None:
+                field = "dataset" if exc.field in (None, "path") else exc.field
+                raise DataSourceError(exc.message, exc.hint, field=field) from None
             raise
 
     # Shapes and parameter counts without memory: on torch's meta device a net of a billion
@@ -421,7 +424,11 @@ def _service_rules(owner: User, spec: JobSpec, source: SourceMap) -> list[SpecIs
 def _server_file_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
     issues = []
     data = spec.data
-    if isinstance(data, NpzData | CsvData) or (isinstance(data, TextData) and data.path):
+    if (
+        isinstance(data, NpzData | CsvData)
+        or (isinstance(data, TextData) and data.path)
+        or (isinstance(data, DatasetData) and data.path)
+    ):
         issues.append(
             source.issue(
                 ("data", "path"), f"data source '{data.source}' reads a server file", UPLOAD_HINT
@@ -454,18 +461,28 @@ def _data_to_run(
     in its owner's folder), and relative paths become absolute (workers run elsewhere)."""
     data = spec.data
     if isinstance(data, DatasetData):
-        record = get_dataset(session, owner.id, data.name)
-        if record is None:
-            yours = dataset_names(session, owner.id)
+        record = _own_dataset(session, owner, data.name, "name")
+        stored = dataset_file(record, artifacts)
+        if record.kind == "text":
             raise DataSourceError(
-                f"you have no dataset named '{data.name}'",
-                f"your datasets: {', '.join(yours)}"
-                if yours
-                else "upload it first: POST /api/v1/datasets",
+                f"dataset '{data.name}' is a text, which the text source reads",
+                f"data: {{source: text, dataset: {data.name}}}",
                 field="name",
             )
-        stored = dataset_file(record, artifacts)
+        if record.kind == "shards":
+            return data.model_copy(update={"path": str(stored)})
         return as_file_source(data, "npz" if record.kind == "npz" else "csv", stored)
+    if isinstance(data, TextData) and data.dataset is not None:
+        record = _own_dataset(session, owner, data.dataset, "dataset")
+        if record.kind != "text":
+            raise DataSourceError(
+                f"dataset '{data.dataset}' is a {record.kind} dataset, not a text",
+                f"data: {{source: dataset, name: {data.dataset}}} reads it",
+                field="dataset",
+            )
+        return data.model_copy(
+            update={"path": str(dataset_file(record, artifacts)), "dataset": None}
+        )
     if isinstance(data, NpzData | CsvData | TextData):
         files = {
             key: str((base_dir / path).expanduser().resolve())
@@ -474,6 +491,20 @@ def _data_to_run(
         }
         return data.model_copy(update=files) if files else data
     return data
+
+
+def _own_dataset(session: Session, owner: User, name: str, field: str) -> DatasetRecord:
+    record = get_dataset(session, owner.id, name)
+    if record is None:
+        yours = dataset_names(session, owner.id)
+        raise DataSourceError(
+            f"you have no dataset named '{name}'",
+            f"your datasets: {', '.join(yours)}"
+            if yours
+            else "upload it first: trainyard datasets upload FILE --name NAME",
+            field=field,
+        )
+    return record
 
 
 def _as_dataset_error(exc: DataSourceError) -> DataSourceError:

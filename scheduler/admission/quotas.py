@@ -7,6 +7,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
+from scheduler.store.datasets import remove_stored
 from scheduler.store.errors import StoreError
 from scheduler.store.models import DatasetRecord, User
 from scheduler.store.quotas import Limits, artifact_bytes, dataset_bytes, queued_jobs
@@ -75,7 +76,7 @@ def check_dataset_storage(
         return
     used = dataset_bytes(session, user.id)
     if used > limits.dataset_bytes:
-        Path(record.path).unlink(missing_ok=True)
+        remove_stored(Path(record.path))
         raise QuotaExceeded(
             f"with this upload your datasets would take {used} bytes, over your quota "
             f"dataset_bytes of {limits.dataset_bytes}; delete a dataset first"

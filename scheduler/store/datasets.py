@@ -1,16 +1,21 @@
 """Uploaded datasets: checking a file, storing it for its owner, resolving a job's reference.
 
-Each user's uploads live in `<artifacts>/datasets/<user id>/<name>.<kind>`, the folder the
-`dataset` data source reads, so a worker on any machine sharing the artifact directory finds
-them. A name is unique per owner; uploading it again is a conflict, so a queued job never
-trains on other data than it was checked against.
+Each user's uploads live in `<artifacts>/datasets/<user id>/`, the folder the `dataset` data
+source reads, so a worker on any machine sharing the artifact directory finds them: `<name>.npz`,
+`<name>.csv` (numbers only), `<name>.txt` (UTF-8 text, for the `text` source), or the folder
+`<name>/` of npy shards a table with text columns or a Parquet file becomes
+(scheduler/store/tables.py). A name is unique per owner; uploading it again is a conflict, so a
+queued job never trains on other data than it was checked against.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import os
 import re
+import secrets
+import shutil
 import tempfile
 import zipfile
 from pathlib import Path
@@ -26,9 +31,20 @@ from dsl.data_config import DATASET_NAME_PATTERN
 from scheduler.store.artifacts import confine
 from scheduler.store.errors import Conflict, InvalidRequest
 from scheduler.store.models import DatasetRecord, User
+from scheduler.store.tables import (
+    csv_batches,
+    csv_header,
+    csv_schema,
+    parquet_batches,
+    parquet_file,
+    survey_table,
+    write_shards,
+)
 
 Kind = Literal["npz", "csv"]
 KINDS: tuple[Kind, ...] = ("npz", "csv")
+# What a chunked upload may be, by the file name's extension; `text` is stored as .txt.
+UPLOAD_KINDS = {".npz": "npz", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
 CHUNK = 1 << 20
 CSV_SNIFF_ROWS = 1000
 
@@ -51,6 +67,16 @@ def kind_of(filename: str) -> Kind:
     return suffix
 
 
+def upload_kind_of(filename: str) -> str:
+    suffix = Path(filename).suffix.lower()
+    if suffix not in UPLOAD_KINDS:
+        raise UnsupportedKind(
+            f"'{filename}' is not a dataset file this service takes in parts: "
+            f"{', '.join(UPLOAD_KINDS)} (UTF-8 text for the text source)"
+        )
+    return UPLOAD_KINDS[suffix]
+
+
 def check_name(name: str) -> None:
     if not re.fullmatch(DATASET_NAME_PATTERN, name):
         raise InvalidRequest(
@@ -59,8 +85,9 @@ def check_name(name: str) -> None:
         )
 
 
-def check_npz_sizes(path: Path, max_bytes: int) -> None:
-    """Refuse an archive whose arrays would unpack past `max_bytes`, before unpacking any.
+def check_npz_sizes(path: Path, max_bytes: int) -> dict[str, tuple[int, ...]]:
+    """Refuse an archive whose arrays would unpack past `max_bytes`, before unpacking any;
+    the shape of each array.
 
     Reads only the zip's directory (each member's declared size, which the zip reader also
     holds it to) and each .npy header (a few hundred bytes at the head of a member): a small
@@ -78,23 +105,47 @@ def check_npz_sizes(path: Path, max_bytes: int) -> None:
                         f"{max_bytes} bytes (member '{member.filename}' alone declares "
                         f"{member.file_size} bytes); nothing was unpacked"
                     )
-            for member in members:
-                if member.filename.endswith(".npy"):
-                    _check_npy_header(archive, member, max_bytes)
+            arrays = [member for member in members if member.filename.endswith(".npy")]
+            if not arrays:
+                raise InvalidRequest("the .npz archive holds no arrays")
+            shapes = {
+                member.filename.removesuffix(".npy"): _check_npy_header(archive, member, max_bytes)
+                for member in arrays
+            }
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as error:
         raise InvalidRequest(
             f"the file is not a readable numpy .npz archive ({error}); write it with "
             "numpy.savez(path, x=..., y=...) and no object arrays"
         ) from None
+    return shapes
 
 
-def _check_npy_header(archive: zipfile.ZipFile, member: zipfile.ZipInfo, max_bytes: int) -> None:
+def check_npz_pairs(shapes: dict[str, tuple[int, ...]]) -> None:
+    """The usual pairs of arrays (x and y, x_test and y_test, x_val and y_val) hold as many
+    samples as labels."""
+    for x, y in (("x", "y"), ("x_test", "y_test"), ("x_val", "y_val")):
+        if x in shapes and y in shapes and shapes[x][:1] != shapes[y][:1]:
+            raise InvalidRequest(
+                f"the .npz archive's '{x}' holds {shapes[x][:1] or 'no'} samples but '{y}' "
+                f"{shapes[y][:1] or 'no'} labels: one label per sample"
+            )
+
+
+def _check_npy_header(
+    archive: zipfile.ZipFile, member: zipfile.ZipInfo, max_bytes: int
+) -> tuple[int, ...]:
     with archive.open(member) as stream:
         version = np.lib.format.read_magic(stream)
         if version == (1, 0):
             shape, _, dtype = np.lib.format.read_array_header_1_0(stream)
         else:
             shape, _, dtype = np.lib.format.read_array_header_2_0(stream)
+    if dtype.hasobject:
+        raise InvalidRequest(
+            f"array '{member.filename.removesuffix('.npy')}' of the .npz archive is of Python "
+            "objects, which only pickle reads; object arrays are not accepted: store plain "
+            "numeric arrays"
+        )
     nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
     if nbytes > max_bytes:
         raise TooLarge(
@@ -102,6 +153,7 @@ def _check_npy_header(archive: zipfile.ZipFile, member: zipfile.ZipInfo, max_byt
             f"{tuple(shape)} of {dtype} ({nbytes} bytes), more than the limit of {max_bytes} "
             "bytes; nothing was unpacked"
         )
+    return tuple(shape)
 
 
 def check_content(path: Path, kind: Kind, max_bytes: int) -> None:
@@ -182,6 +234,116 @@ def save_dataset(
     finally:
         partial.unlink(missing_ok=True)
     return record
+
+
+def store_upload(
+    session: Session,
+    owner: User,
+    *,
+    name: str,
+    kind: str,
+    assembled: Path,
+    artifacts: Path,
+    label_column: str | None,
+    max_bytes: int,
+) -> DatasetRecord:
+    """Check and store an assembled upload as the dataset `name`: an .npz or a numeric .csv as
+    it is, text once it reads as UTF-8, a .csv with text columns or a Parquet table converted
+    to a shard folder. The record is flushed (the caller commits); what was stored is removed
+    where anything raises."""
+    check_name(name)
+    if get_dataset(session, owner.id, name) is not None:
+        raise Conflict(_taken(name))
+    folder = dataset_dir(artifacts, owner.id)
+    folder.mkdir(parents=True, exist_ok=True)
+    staged = folder / f".{name}.{secrets.token_hex(6)}.partial"
+    try:
+        stored_kind = _stage(kind, assembled, staged, label_column, max_bytes)
+        final = folder / (name if stored_kind == "shards" else f"{name}.{_SUFFIX[stored_kind]}")
+        record = DatasetRecord(
+            owner_id=owner.id, name=name, kind=stored_kind, path=str(final), size=_size(staged)
+        )
+        session.add(record)
+        try:
+            session.flush()
+        except IntegrityError:
+            raise Conflict(_taken(name)) from None
+        staged.replace(final)
+    finally:
+        remove_stored(staged)
+    return record
+
+
+_SUFFIX = {"npz": "npz", "csv": "csv", "text": "txt"}
+
+
+def _stage(
+    kind: str, assembled: Path, staged: Path, label_column: str | None, max_bytes: int
+) -> str:
+    """Check `assembled` and put what is stored at `staged`; the kind stored."""
+    if kind == "parquet":
+        file = parquet_file(assembled)
+        survey = survey_table(
+            parquet_batches(assembled), file.schema_arrow, label_column=label_column
+        )
+        write_shards(survey, parquet_batches(assembled), staged)
+        return "shards"
+    if kind == "csv":
+        header = csv_header(assembled)
+        survey = survey_table(
+            csv_batches(assembled, header), csv_schema(header), label_column=label_column
+        )
+        # Numbers only and no label chosen: kept as it is, for the csv source's options.
+        if survey.categorical or label_column is not None:
+            write_shards(survey, csv_batches(assembled, header), staged)
+            return "shards"
+        check_content(assembled, "csv", max_bytes)
+    elif kind == "npz":
+        # The archive's directory and each array's header, nothing inflated: a chunked upload
+        # may be gigabytes (a job's check reads the arrays).
+        check_npz_pairs(check_npz_sizes(assembled, max_bytes))
+    elif kind == "text":
+        check_text(assembled)
+    else:
+        raise UnsupportedKind(f"uploads of kind {kind} are not taken")
+    assembled.replace(staged)
+    return kind
+
+
+def check_text(path: Path) -> None:
+    """UTF-8 all through (read a megabyte at a time), and at least 2 characters."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    characters = 0
+    offset = 0
+    with path.open("rb") as handle:
+        while chunk := handle.read(CHUNK):
+            try:
+                characters += len(decoder.decode(chunk))
+            except UnicodeDecodeError as error:
+                raise InvalidRequest(
+                    f"the file is not UTF-8 text: byte {offset + error.start} cannot be decoded"
+                ) from None
+            offset += len(chunk)
+    try:
+        characters += len(decoder.decode(b"", final=True))
+    except UnicodeDecodeError:
+        raise InvalidRequest("the file is not UTF-8 text: it ends inside a character") from None
+    if characters < 2:
+        raise InvalidRequest("the text has fewer than 2 characters")
+
+
+def _size(path: Path) -> int:
+    if path.is_dir():
+        return sum(entry.stat().st_size for entry in path.iterdir() if entry.is_file())
+    return path.stat().st_size
+
+
+def remove_stored(path: Path) -> None:
+    """A dataset's file or shard folder, gone."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _taken(name: str) -> str:

@@ -382,7 +382,7 @@ class DatasetRecord(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
     name: Mapped[str] = mapped_column(String(100))
-    kind: Mapped[str] = mapped_column(String(8))  # npz | csv
+    kind: Mapped[str] = mapped_column(String(8))  # npz | csv | text | shards (a folder)
     path: Mapped[str] = mapped_column(Text)
     size: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -459,3 +459,24 @@ class Prediction(Base):
     workers: Mapped[int] = mapped_column(Integer)
     probabilities: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class DatasetUpload(Base):
+    """A chunked upload not yet completed: its declared size and checksum, its parts' size.
+    Its parts are files in its folder (contract/rundir.py's upload_dir); the declared size
+    counts against the owner's dataset quota until it completes, is aborted or expires."""
+
+    __tablename__ = "dataset_uploads"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)  # a random hex id
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    name: Mapped[str] = mapped_column(String(100))
+    filename: Mapped[str] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(String(8))  # npz | csv | parquet | text
+    size: Mapped[int] = mapped_column(BigInteger)
+    part_size: Mapped[int] = mapped_column(Integer)
+    sha256: Mapped[str] = mapped_column(String(64))
+    label_column: Mapped[str | None] = mapped_column(Text, nullable=True)
+    completing: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    __table_args__ = (UniqueConstraint("owner_id", "name"),)

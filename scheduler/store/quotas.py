@@ -29,6 +29,7 @@ from scheduler.store.models import (
     Allocation,
     CheckpointRecord,
     DatasetRecord,
+    DatasetUpload,
     Job,
     User,
     UserQuota,
@@ -164,12 +165,18 @@ def queued_jobs(session: Session, user_id: int) -> int:
 
 
 def dataset_bytes(session: Session, user_id: int) -> int:
-    total = session.scalar(
+    """The user's datasets, and the declared sizes of their chunked uploads still open."""
+    stored = session.scalar(
         select(func.coalesce(func.sum(DatasetRecord.size), 0)).where(
             DatasetRecord.owner_id == user_id
         )
     )
-    return int(total or 0)
+    uploading = session.scalar(
+        select(func.coalesce(func.sum(DatasetUpload.size), 0)).where(
+            DatasetUpload.owner_id == user_id, DatasetUpload.expires_at > utcnow()
+        )
+    )
+    return int(stored or 0) + int(uploading or 0)
 
 
 def artifact_bytes(session: Session, user_id: int) -> int:

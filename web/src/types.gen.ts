@@ -166,7 +166,7 @@ export interface ComparisonOut {
 
 export interface DatasetOut {
   name: string;
-  /** npz or csv */
+  /** npz, csv (numbers), text (for the text source) or shards (a converted table) */
   kind: string;
   /** bytes */
   size: number;
@@ -362,6 +362,13 @@ export interface ModelVersionOut {
   /** the job's execution spec */
   spec: Record<string, unknown>;
   created_at: string;
+}
+
+export interface PartOut {
+  upload_id: string;
+  part: number;
+  /** bytes stored */
+  size: number;
 }
 
 export interface TimelineEventOut {
@@ -591,6 +598,29 @@ export interface TokenOut {
 export interface TokenCreated extends TokenOut {
   /** the secret: shown this once, only its hash is stored */
   token: string;
+}
+
+export interface UploadOut {
+  id: string;
+  name: string;
+  filename: string;
+  /** npz, csv, parquet or text */
+  kind: string;
+  /** the file's bytes, as declared */
+  size: number;
+  sha256: string;
+  /** bytes of every part but the last */
+  part_size: number;
+  /** how many parts the file makes, numbered from 0 */
+  parts: number;
+  /** the parts that arrived: resume with the others */
+  received: number[];
+  received_bytes: number;
+  /** a completion is under way */
+  completing: boolean;
+  created_at: string;
+  /** when it expires unless another part arrives */
+  expires_at: string;
 }
 
 export interface LayerOut {

@@ -43,6 +43,9 @@ class DataInfo:
     vocabulary: str | None = None
     # The samples of all its splits (None: not known before loading), for the memory estimate.
     num_samples: int | None = None
+    # The values behind the indices of an uploaded table's text columns (categories.json):
+    # {"features": {column: [values]}, "label": [values]}.
+    categories: dict[str, Any] | None = None
 
     @property
     def nbytes(self) -> int | None:

@@ -107,7 +107,7 @@ class TextSource(DataSource[TextData]):
                 f"{where} has {len(ids)} characters: fewer than 2 windows of seq_len {length} "
                 "(plus one character to predict)",
                 hint="use a longer text or a smaller seq_len",
-                field="path" if config.path is not None else "seq_len",
+                field="seq_len" if config.path is None and config.dataset is None else "path",
             )
         info = DataInfo(
             sample_shape=(length,),
@@ -136,6 +136,9 @@ class TextSource(DataSource[TextData]):
         return _read_text(resolve_file(config.val_path, base_dir, field="val_path"), "val_path")
 
     def _text(self, config: TextData, base_dir: Path) -> tuple[str, str]:
+        if config.dataset is not None:  # run locally: the service's jobs have its path
+            path = resolve_file(f"{config.dataset}.txt", base_dir, field="dataset")
+            return _read_text(path, "dataset"), f"dataset '{config.dataset}'"
         if config.path is None:
             text = builtin_corpus()
             if not text:

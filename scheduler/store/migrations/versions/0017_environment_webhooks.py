@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0017_environment_webhooks"
-down_revision = "0015_predictions"
+down_revision = "0016_uploads"
 branch_labels = None
 depends_on = None
 
