@@ -70,7 +70,10 @@ def logs_txt(job: VisibleJob, session: SessionDep, services: ServicesDep) -> Str
     "worker's in `workers/g<G>r<R>/tensorboard/`. Extract it and run `tensorboard --logdir`. "
     "A running job's are at most seconds behind. 413 past max_tensorboard_bytes.",
     responses={
-        200: {"content": {"application/x-tar": {}}, "description": "the tar"},
+        200: {
+            "content": {"application/octet-stream": {}},
+            "description": "the tar (an octet stream, as client generators read it)",
+        },
         **errors(401, 404, 413, 422),
     },
 )
@@ -79,5 +82,7 @@ def tensorboard_tar(job: VisibleJob, services: ServicesDep) -> StreamingResponse
         services.settings.artifacts(), job.id, max_bytes=services.settings.max_tensorboard_bytes
     )
     return StreamingResponse(
-        found.chunks, media_type="application/x-tar", headers=_attachment(job, "-tensorboard.tar")
+        found.chunks,
+        media_type="application/octet-stream",
+        headers=_attachment(job, "-tensorboard.tar"),
     )
