@@ -30,6 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
 
+import smoke
 from overhead import BATCH, JOB
 
 from dsl.compiler import compile_job
@@ -113,7 +114,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--block", type=int, default=50)
     parser.add_argument("--compression", choices=["none", "fp16", "bf16"], default="none")
-    args = parser.parse_args()
+    args = smoke.parse(parser, steps=40, block=10)
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(
             worker,

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sqlalchemy import select
 
+from bench import smoke
 from bench.service_cluster import Cluster, start_cluster, stop_cluster, stop_process
 from scheduler.cli.redis_server import RedisServer
 from scheduler.store.models import Metric
@@ -173,7 +174,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the rows here")
-    args = parser.parse_args()
+    args = smoke.parse(parser, rounds=1)
     random.seed(args.seed)
     with tempfile.TemporaryDirectory(prefix="trainyard-faults-") as tmp:
         rows = campaign(args.rounds, Path(tmp))

@@ -36,6 +36,8 @@ import psutil
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import smoke
 from local_cluster import LocalCluster, prepare_launch
 from overhead import JOB
 
@@ -55,7 +57,7 @@ def main() -> None:
     parser.add_argument("--redis-servers", type=int, default=1, help="REDIS_PS_URLS count")
     parser.add_argument("--compression", default="none", choices=["none", "fp16", "bf16"])
     parser.add_argument("--cpu", action="store_true", help="report CPU per process and step")
-    args = parser.parse_args()
+    args = smoke.parse(parser, steps=20, block=5)
     torch.set_num_threads(1)
     steps = args.steps - args.steps % args.block
     job_doc = {

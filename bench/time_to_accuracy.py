@@ -29,6 +29,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+
+import smoke
 from local_cluster import LaunchError, launch_local
 
 from dsl.compiler import compile_job
@@ -206,7 +208,7 @@ def main() -> None:
     parser.add_argument(
         "--bandwidths", default="1gbit,100mbit", help="with --hosts: comma-separated, or none"
     )
-    args = parser.parse_args()
+    args = smoke.parse(parser, steps=30, test_freq=10, only="local,allreduce,downpour")
     torch.set_num_threads(1)
     wanted = {name for name in args.only.split(",") if name}
     cases = [case for case in CASES if not wanted or case.name in wanted]
