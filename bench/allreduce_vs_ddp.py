@@ -114,7 +114,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--block", type=int, default=50)
     parser.add_argument("--compression", choices=["none", "fp16", "bf16"], default="none")
-    args = smoke.parse(parser, steps=40, block=10)
+    args = smoke.parse(parser, steps=20, block=10)
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(
             worker,

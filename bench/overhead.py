@@ -87,7 +87,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--block", type=int, default=50)
-    args = smoke.parse(parser, steps=120, block=20)
+    args = smoke.parse(parser, steps=60, block=20)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         loaded = TrainingData(cache_dir=Path(tmp))

@@ -135,7 +135,7 @@ def main() -> None:
     parser.add_argument("--command", action="store_true", help="also time the whole command")
     parser.add_argument("--examples", nargs="+", default=list(EXAMPLES), choices=EXAMPLES)
     parser.add_argument("--json", type=Path)
-    args = smoke.parse(parser, samples=4096, repeats=1, steps=20)
+    args = smoke.parse(parser, samples=1024, repeats=1, steps=5, examples=["digits_mlp"])
     torch.set_num_threads(1)
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-predict-") as tmp:

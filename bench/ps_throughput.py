@@ -57,7 +57,7 @@ def main() -> None:
     parser.add_argument("--redis-servers", type=int, default=1, help="REDIS_PS_URLS count")
     parser.add_argument("--compression", default="none", choices=["none", "fp16", "bf16"])
     parser.add_argument("--cpu", action="store_true", help="report CPU per process and step")
-    args = smoke.parse(parser, steps=20, block=5)
+    args = smoke.parse(parser, steps=10, block=5)
     torch.set_num_threads(1)
     steps = args.steps - args.steps % args.block
     job_doc = {

@@ -176,7 +176,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--block", type=int, default=5)
-    args = smoke.parse(parser, steps=15, block=5)
+    args = smoke.parse(parser, steps=10, block=5)
     torch.set_num_threads(1)
     job = yaml.safe_load(EXAMPLE.read_text())
     # The whole test split at the end, nothing evaluated on the way (not timed either way).
