@@ -16,6 +16,7 @@ fork server has done its imports).
 
     .venv/bin/python bench/submit_latency.py [--runs 20] [--gap 5.0] [--data-dir DIR]
 
+`--gpus 1` submits the jobs with cluster.gpus_per_worker: 1 (a GPU node: bench/gpu_check.sh);
 `--data-dir` measures on a stack already running there (its stack.json) instead of starting
 one; `--smoke` (2 runs, the target not judged) is what the tests run.
 """
@@ -99,11 +100,14 @@ def stream_times(
     raise SystemExit(f"job {job_id} reported no step within {timeout} s")
 
 
-def measure(api: Client, broker: redis.Redis, keys: Keys) -> tuple[float, float, float]:
+def measure(
+    api: Client, broker: redis.Redis, keys: Keys, gpus: int = 0
+) -> tuple[float, float, float]:
     """(submit -> first step, of which submit -> the agent starting the process, of which
     the POST itself) in seconds; the clock starts before the request is sent."""
     sent = time.time()
-    job = api.submit(JOB, overrides=OVERRIDES)
+    overrides = {**OVERRIDES, "cluster.gpus_per_worker": gpus} if gpus else OVERRIDES
+    job = api.submit(JOB, overrides=overrides)
     returned = time.time()
     running, first = stream_times(broker, keys, job.id)
     job.wait(timeout=120, poll=0.1)
@@ -116,11 +120,11 @@ def run(found: StackFile, args: argparse.Namespace) -> list[float]:
     broker = redis.Redis.from_url(found.redis_url)
     keys = Keys()
     with Client(found.url, found.token) as api:
-        measure(api, broker, keys)  # warm-up: data caches, first imports
+        measure(api, broker, keys, args.gpus)  # warm-up: data caches, first imports
         latencies = []
         for i in range(args.runs):
             time.sleep(args.gap)
-            total, dispatch, post = measure(api, broker, keys)
+            total, dispatch, post = measure(api, broker, keys, args.gpus)
             latencies.append(total)
             if not args.json:
                 print(
@@ -137,6 +141,7 @@ def main() -> None:
     parser.add_argument("--gap", type=float, default=5.0, help="idle seconds between jobs")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
     parser.add_argument("--data-dir", type=Path, help="a running stack's data directory")
+    parser.add_argument("--gpus", type=int, default=0, help="cluster.gpus_per_worker of the jobs")
     args = smoke.parse(parser, runs=2, gap=0.5)
 
     with tempfile.TemporaryDirectory(prefix="trainyard-bench-") as tmp:

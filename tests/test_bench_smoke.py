@@ -24,6 +24,7 @@ QUICK = ["ingest", "overhead"]
 SLOW = [
     "allreduce_vs_ddp",
     "api_load",
+    "example_throughput",
     "faults",
     "load",
     "pipeline",
