@@ -1,11 +1,11 @@
 """A fault campaign: real service processes killed at random points of running jobs, counted.
 
-For each kind of fault, `--rounds` times: submit examples/digits_mlp.yaml (2000 steps, metrics
-every 50), wait until it has trained a random fraction of its steps (10% to 80%), inject the
-fault, and wait for the job to end. Each row of the table says how often the fault was
-injected, at which steps, how the jobs ended, how many steps were trained again (the restart
-point's distance to where the job was) and how many steps were reported missing or twice (both
-must be 0).
+For each kind of fault, `--rounds` times: submit examples/digits_mlp.yaml (`--steps` steps,
+2000 by default, metrics every 50), wait until it has trained a random fraction of its steps
+(10% to 80%), inject the fault, and wait for the job to end. Each row of the table says how
+often the fault was injected, at which steps, how the jobs ended, how many steps were trained
+again (the restart point's distance to where the job was) and how many steps were reported
+missing or twice (both must be 0).
 
     .venv/bin/python bench/faults.py --rounds 3 [--seed 0] [--restart-interval 300 1]
         [--json out.json]
@@ -44,7 +44,7 @@ from scheduler.cli.redis_server import RedisServer
 from scheduler.store.models import Metric
 from scheduler.store.states import JobState
 
-STEPS, EVERY = 2000, 50
+EVERY = 50
 AGAIN = re.compile(r"\((\d+) steps to train again\)")
 
 
@@ -109,10 +109,15 @@ FAULTS: dict[str, tuple[Fault, dict[str, object]]] = {
 
 
 def one_round(
-    cluster: Cluster, server: RedisServer, row: Row, fault: Fault, overrides: dict[str, object]
+    cluster: Cluster,
+    server: RedisServer,
+    row: Row,
+    fault: Fault,
+    overrides: dict[str, object],
+    steps: int,
 ) -> None:
-    at = random.randint(STEPS // 10, STEPS * 8 // 10) // EVERY * EVERY
-    job_id = cluster.submit(train_steps=STEPS, disp_freq=EVERY, **overrides)
+    at = random.randint(steps // 10, steps * 8 // 10) // EVERY * EVERY
+    job_id = cluster.submit(train_steps=steps, disp_freq=EVERY, **overrides)
     cluster.wait_for(f"job {job_id} at step {at}", lambda: cluster.job(job_id).step >= at)
     row.injected += 1
     row.at_steps.append(cluster.job(job_id).step)
@@ -124,7 +129,7 @@ def one_round(
     for state, reason in cluster.events(job_id):
         found = AGAIN.search(reason) if state == "QUEUED" else None
         row.steps_again += int(found.group(1)) if found else 0
-    expected = set(range(EVERY, STEPS + 1, EVERY))
+    expected = set(range(EVERY, steps + 1, EVERY))
     for steps in worker_steps(cluster, job_id).values():  # every worker reports every 50 steps
         row.missing += len(expected - set(steps))
         row.duplicated += len(steps) - len(set(steps))
@@ -144,7 +149,7 @@ def worker_steps(cluster: Cluster, job_id: int) -> dict[tuple[int, int], list[in
     return found
 
 
-def campaign(rounds: int, workdir: Path, restart_interval: float) -> list[Row]:
+def campaign(rounds: int, workdir: Path, restart_interval: float, steps: int) -> list[Row]:
     server = RedisServer(workdir / "redis", persist=False, password="campaign")
     cluster = start_cluster(
         workdir / "data", server.start(), nodes=2, restart_point_seconds=restart_interval
@@ -154,7 +159,7 @@ def campaign(rounds: int, workdir: Path, restart_interval: float) -> list[Row]:
         for name, (fault, overrides) in FAULTS.items():
             row = Row(name)
             for _ in range(rounds):
-                one_round(cluster, server, row, fault, overrides)
+                one_round(cluster, server, row, fault, overrides, steps)
                 print(f"{name}: {row}", flush=True)
             rows.append(row)
     finally:
@@ -182,6 +187,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=2000, help="train_steps of each job")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument(
         "--restart-interval",
@@ -190,13 +196,13 @@ def main() -> int:
         default=[Settings.model_fields["restart_point_seconds"].default],
         help="restart_point_seconds of the service: one campaign for each (default: its default)",
     )
-    args = smoke.parse(parser, rounds=1)
+    args = smoke.parse(parser, rounds=1, steps=300)
     bad: list[Row] = []
     everything: dict[str, list[dict[str, object]]] = {}
     for interval in args.restart_interval:
         random.seed(args.seed)
         with tempfile.TemporaryDirectory(prefix="trainyard-faults-") as tmp:
-            rows = campaign(args.rounds, Path(tmp), interval)
+            rows = campaign(args.rounds, Path(tmp), interval, args.steps)
         print(f"\nrestart points every {interval:g} s (restart_point_seconds), seed {args.seed}\n")
         print(table(rows))
         everything[f"{interval:g}"] = [asdict(r) for r in rows]

@@ -119,7 +119,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--plot", type=Path, default=None, help="write the speed-up plot here")
-    args = smoke.parse(parser, steps=4, repeats=1)
+    args = smoke.parse(parser, steps=10, repeats=1)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         (root / "cache").mkdir()

@@ -132,7 +132,7 @@ def main() -> None:
     parser.add_argument("--min-steps", type=int, default=MIN_STEPS, help="the first rung")
     parser.add_argument("--reduction-factor", type=int, default=REDUCTION)
     parser.add_argument("--json", type=Path, default=None, help="outcomes and the full curves")
-    args = smoke.parse(parser, seeds=[0], trials=2, steps=100)
+    args = smoke.parse(parser, seeds=[0], trials=2, steps=200)
     outcomes: list[Outcome] = []
     recorded: dict[int, dict[int, list[tuple[int, float]]]] = {}
     with (
