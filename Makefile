@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench install clean web types
+.PHONY: run test lint bench install clean web types wheelhouse gpu-check
 
 $(STAMP): pyproject.toml constraints.txt
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; set PYTHON=/path/to/python3.11"; exit 1; }
@@ -36,6 +36,23 @@ bench: $(STAMP)
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/submit_latency.py
 	$(BIN)/python bench/api_load.py
+
+# Wheels for the lent GPU machines (Python 3.12, no package registry there): what their image
+# lacks (bench/gpu_wheels.txt), carried with the tree (64 MiB in all) by the run of
+# bench/gpu_check.sh. Pinned to this environment's versions.
+WHEELHOUSE := .wheelhouse
+wheelhouse: $(STAMP)
+	rm -rf $(WHEELHOUSE)
+	$(BIN)/python scripts/gpu_wheel_pins.py bench/gpu_wheels.txt > $(VENV)/gpu-wheels.pinned
+	$(PIP) download --quiet --no-deps --dest $(WHEELHOUSE) --python-version 3.12 \
+		--implementation cp --only-binary=:all: --platform manylinux2014_x86_64 \
+		--platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --platform any \
+		-r $(VENV)/gpu-wheels.pinned
+	@du -sh $(WHEELHOUSE)
+
+# On a lent GPU machine: the GPU tests and figures (bench/gpu_check.sh; --dry-run here).
+gpu-check:
+	bash bench/gpu_check.sh
 
 # Regenerate the clients' types (trainyard/models.py, web/src/types.gen.ts) from the API's schemas.
 types: $(STAMP)

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import redis
+import smoke  # bench/smoke.py: run as a script, bench/ is on sys.path
 from sqlalchemy import func, select
 
 from contract.keys import Keys, delete_matching
@@ -114,7 +115,7 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=200_000)
     parser.add_argument("--per-record", type=int, default=4, help="values per metric record")
     parser.add_argument("--redis-url", help="an existing Redis (default: start a private one)")
-    args = parser.parse_args()
+    args = smoke.parse(parser, points=4000)
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         if args.redis_url:

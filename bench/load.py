@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx
 from sqlalchemy import select
 
+from bench import smoke
 from contract.settings import Settings
 from scheduler.cli.redis_server import free_port
 from scheduler.cli.stack import read_stack_file
@@ -310,7 +311,7 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=4, help="the node agent's slots")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for all")
     parser.add_argument("--json", type=Path, help="also write the results here")
-    args = parser.parse_args()
+    args = smoke.parse(parser, users=2, jobs_per_user=2, timeout=300.0)
     result = run(args.users, args.jobs_per_user, args.slots, args.timeout)
     print(json.dumps(result, indent=2))
     if args.json:

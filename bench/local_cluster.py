@@ -22,7 +22,7 @@ import sys
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,9 @@ class LaunchConfig:
     base_dir: str
     ps_urls: list[str] = field(default_factory=list)
     threads: int = 1
+    # Each process on a core of its own (the n-th started on core pin_from + n), for figures
+    # on a machine with the cores (bench/time_to_accuracy.py --scale, ps_throughput.py --pin).
+    pin_from: int | None = None
 
 
 @dataclass
@@ -107,6 +110,10 @@ class LocalCluster:
         self._config_path.write_text(json.dumps(self.config.__dict__))
         for role in self.roles if roles is None else roles:
             self._spawn(role)
+        if self.config.pin_from is not None:
+            cores = sorted(os.sched_getaffinity(0))
+            for n, process in enumerate(self.processes.values(), start=self.config.pin_from):
+                os.sched_setaffinity(process.pid, {cores[n % len(cores)]})
 
     def _spawn(self, role: Role) -> None:
         kind, group, rank = role
@@ -234,6 +241,7 @@ def launch_local(
     ps_urls: Sequence[str] = (),
     timeout: float = 600.0,
     keep_keys: bool = False,
+    pin_from: int | None = None,
 ) -> LocalRun:
     """Run every process of `topology` (default: the job's own) here and wait for the end.
 
@@ -248,6 +256,7 @@ def launch_local(
         overrides=overrides,
         ps_urls=ps_urls,
     )
+    config = replace(config, pin_from=pin_from)
     cluster = LocalCluster(config)
     cluster.start()
     try:

@@ -7,7 +7,14 @@ work on the machine falls on both alike. The trainyard time is everything betwee
 batching, the net, the algorithm, the updater, metric windows and reporting (the final test
 pass and checkpoint, after the last step, are not counted). Target: ratio >= 0.95.
 
-    .venv/bin/python bench/overhead.py [--steps 3000] [--block 50]
+Both update with the same torch kernels (the trainer's updater picks foreach, or fused on CUDA:
+workers/updaters.kernel_options), so the ratio is the trainer's overhead, not a kernel choice.
+`--device cuda`, `--precision bf16` (autocast on both sides) and `--compile` (torch.compile of
+the plain model and `compile: true` of the job) are bench/gpu_check.sh's figures; on CUDA the
+clock waits for the device at each block's edges.
+
+    .venv/bin/python bench/overhead.py [--steps 3000] [--block 50] [--device cuda]
+        [--precision fp32|bf16] [--compile]
 """
 
 from __future__ import annotations
@@ -18,12 +25,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import smoke  # bench/smoke.py: run as a script, bench/ is on sys.path
 import torch
 from torch import nn
 
 from dsl.compiler import compile_job
 from workers.data import Dataset, TrainingData
 from workers.trainer import Trainer, TrainOptions
+from workers.updaters import kernel_options
 
 BATCH = 64
 
@@ -59,12 +68,17 @@ JOB = {
 class PlainLoop:
     """The loop a person would write by hand for the same model and data."""
 
-    def __init__(self, data: Dataset) -> None:
-        self.x, self.y = data.x_train, data.y_train
+    def __init__(self, data: Dataset, device: str, precision: str, compiled: bool) -> None:
+        self.x, self.y = data.x_train.to(device), data.y_train.to(device)
         self.model = nn.Sequential(
             nn.Linear(784, 1000), nn.ReLU(), nn.Linear(1000, 500), nn.ReLU(), nn.Linear(500, 10)
-        )
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        ).to(device)
+        params = list(self.model.parameters())
+        kernel = kernel_options("sgd", params)
+        self.opt = torch.optim.SGD(params, lr=0.01, momentum=0.9, **kernel)
+        self.forward = torch.compile(self.model) if compiled else self.model
+        self.device_type = torch.device(device).type
+        self.autocast = precision == "bf16"
         self.loss_fn = nn.CrossEntropyLoss()
         self.gen = torch.Generator().manual_seed(0)
         self.perm = torch.randperm(len(self.x), generator=self.gen)
@@ -77,7 +91,8 @@ class PlainLoop:
             idx = self.perm[self.pos : self.pos + BATCH]
             self.pos += BATCH
             self.opt.zero_grad(set_to_none=True)
-            loss = self.loss_fn(self.model(self.x[idx]), self.y[idx])
+            with torch.autocast(self.device_type, torch.bfloat16, enabled=self.autocast):
+                loss = self.loss_fn(self.forward(self.x[idx]), self.y[idx])
             loss.backward()
             self.opt.step()
 
@@ -86,15 +101,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--block", type=int, default=50)
-    args = parser.parse_args()
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    parser.add_argument("--compile", action="store_true", help="torch.compile on both sides")
+    args = smoke.parse(parser, steps=60, block=20)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         loaded = TrainingData(cache_dir=Path(tmp))
-        job = compile_job({**JOB, "train_steps": args.steps}, loaded)
+        document = {**JOB, "train_steps": args.steps, "precision": args.precision}
+        job = compile_job({**document, "compile": args.compile}, loaded)
         data = loaded.dataset
-        plain = PlainLoop(data)
-        plain.steps(20)  # warm-up
-        trainer = Trainer(job, data, TrainOptions(run_dir=Path(tmp) / "run"))
+        plain = PlainLoop(data, args.device, args.precision, args.compile)
+        plain.steps(20)  # warm-up (and compilation)
+        options = TrainOptions(run_dir=Path(tmp) / "run", device=args.device)
+        trainer = Trainer(job, data, options)
+        sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
         ours: list[float] = []
         theirs: list[float] = []
         mark = time.perf_counter()
@@ -103,9 +124,11 @@ def main() -> None:
             nonlocal mark
             if step % args.block:
                 return
+            sync()
             now = time.perf_counter()
             ours.append(now - mark)
             plain.steps(args.block)
+            sync()
             theirs.append(time.perf_counter() - now)
             mark = time.perf_counter()
 
@@ -113,7 +136,8 @@ def main() -> None:
     samples = args.block * BATCH
     ratios = [t / o for o, t in zip(ours[1:], theirs[1:], strict=True)]  # first block warms up
     total_ours, total_theirs = sum(ours[1:]), sum(theirs[1:])
-    print(f"blocks: {len(ratios)} of {args.block} steps, batch {BATCH}")
+    print(f"blocks: {len(ratios)} of {args.block} steps, batch {BATCH}, on {args.device}, ", end="")
+    print(f"{args.precision}{', compiled' if args.compile else ''}")
     print(f"trainyard {samples * len(ratios) / total_ours:8.0f} samples/s")
     print(f"plain     {samples * len(ratios) / total_theirs:8.0f} samples/s")
     print(f"ratio of totals trainyard/plain: {total_theirs / total_ours:.3f} (target >= 0.95)")

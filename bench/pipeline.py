@@ -37,6 +37,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
 
+import smoke
 from local_cluster import launch_local
 
 from scheduler.cli.redis_server import RedisServer
@@ -118,7 +119,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--plot", type=Path, default=None, help="write the speed-up plot here")
-    args = parser.parse_args()
+    args = smoke.parse(parser, steps=10, repeats=1)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         (root / "cache").mkdir()

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime
+import smoke  # bench/smoke.py: run as a script, bench/ is on sys.path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -134,7 +135,7 @@ def main() -> None:
     parser.add_argument("--command", action="store_true", help="also time the whole command")
     parser.add_argument("--examples", nargs="+", default=list(EXAMPLES), choices=EXAMPLES)
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+    args = smoke.parse(parser, samples=1024, repeats=1, steps=5, examples=["digits_mlp"])
     torch.set_num_threads(1)
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-predict-") as tmp:

@@ -25,17 +25,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import smoke
 from local_cluster import LocalCluster, prepare_launch
 from overhead import JOB
 
@@ -55,7 +59,12 @@ def main() -> None:
     parser.add_argument("--redis-servers", type=int, default=1, help="REDIS_PS_URLS count")
     parser.add_argument("--compression", default="none", choices=["none", "fp16", "bf16"])
     parser.add_argument("--cpu", action="store_true", help="report CPU per process and step")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="this process, each Redis server and each shard on a core of its own",
+    )
+    args = smoke.parse(parser, steps=10, block=5)
     torch.set_num_threads(1)
     steps = args.steps - args.steps % args.block
     job_doc = {
@@ -69,6 +78,14 @@ def main() -> None:
             RedisServer(Path(tmp) / f"redis{i}", persist=False) for i in range(args.redis_servers)
         ]
         urls = [server.start() for server in servers]
+        if args.pin:
+            cores = sorted(os.sched_getaffinity(0))
+            if len(cores) < 1 + args.redis_servers + args.shards:
+                raise SystemExit("--pin needs a core for this process, each Redis and each shard")
+            os.sched_setaffinity(0, {cores[0]})
+            for n, server in enumerate(servers, start=1):
+                if server.process is not None:
+                    os.sched_setaffinity(server.process.pid, {cores[n]})
         try:
             pids = {
                 f"redis {i}": server.process.pid
@@ -108,6 +125,8 @@ def run(
         ps_urls=urls,
         scope="bench:ps",
     )
+    if args.pin:
+        config = replace(config, pin_from=1 + args.redis_servers)
     cluster = LocalCluster(config)
     cluster.start([("server", 0, s) for s in range(args.shards)])
     connections = Connections(urls[0], urls)

@@ -36,6 +36,8 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+
+import smoke
 from sweep import service
 
 from trainyard import Client
@@ -159,7 +161,7 @@ def main() -> None:
         "--seed", type=int, nargs="+", default=[0], help="the sampler's seed: a sweep for each"
     )
     parser.add_argument("--json", type=Path, default=None, help="write the trials and figures")
-    args = parser.parse_args()
+    args = smoke.parse(parser, max_trials=2)
     runs = []
     with (
         tempfile.TemporaryDirectory(prefix="selection-bias-") as tmp,

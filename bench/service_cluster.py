@@ -194,9 +194,12 @@ def stop_process(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
-def start_cluster(data_dir: Path, redis_url: str, *, nodes: int = 1) -> Cluster:
+def start_cluster(
+    data_dir: Path, redis_url: str, *, nodes: int = 1, restart_point_seconds: float = 1.0
+) -> Cluster:
     """A scheduler and `nodes` node agents ("node-1", ... with 2 slots each), each a process
-    of its own, with short timeouts and restart points every second."""
+    of its own, with short timeouts and restart points every `restart_point_seconds` (the
+    service's default is 300 s: the tests' second makes every fault find one)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     settings = Settings(
         data_dir=data_dir,
@@ -206,7 +209,7 @@ def start_cluster(data_dir: Path, redis_url: str, *, nodes: int = 1) -> Cluster:
         node_timeout_seconds=20.0,  # long enough for an agent killed here to come back first
         schedule_seconds=0.1,
         scheduler_lease_seconds=3.0,
-        restart_point_seconds=1.0,
+        restart_point_seconds=restart_point_seconds,
     )
     migrate(settings.sql_url())
     found = Cluster(

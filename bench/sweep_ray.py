@@ -21,6 +21,7 @@ from workers.trainer import Trainer, TrainOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 METRIC = "test/accuracy"
+WARMUP_STEPS = 20  # a warm-up trial's: its actor imports torch and loads the data, no more
 
 
 @dataclass
@@ -74,7 +75,9 @@ def train_trial(
     torch.set_num_threads(1)
     number = config["trial"]
     data = TrainingData(cache_dir=Path(cache))
-    job = compile_job(base, data, overrides=configs[number])
+    # A warm-up trial (a negative number) trains the base job briefly, before any rung.
+    overrides = configs[number] if number >= 0 else {"train_steps": WARMUP_STEPS}
+    job = compile_job(base, data, overrides=overrides)
     run_dir = Path(runs) / f"trial-{number}-{time.monotonic_ns()}"  # a reused actor's next
     jsonl = JsonlSink(run_dir)
     try:
@@ -95,14 +98,22 @@ def run_ray(
     parallel: int,
     cache: Path,
     workdir: Path,
+    warm: bool = True,
 ) -> RayRun:
     """Ray Tune over `configs` in order (a grid over their indices), `parallel` at a time on
-    a local Ray of `parallel` CPUs, ASHA with the sweep's rungs. ray.init is not timed."""
+    a local Ray of `parallel` CPUs, ASHA with the sweep's rungs, reusing actors. ray.init is
+    not timed.
+
+    `warm`: `parallel` warm-up trials of WARMUP_STEPS steps run first, one on each actor, and
+    the clock starts when the last of them ends, so the timed trials run on actors that have
+    imported torch and loaded the data (as our fork server's workers have). Cold: the clock
+    starts before Tuner.fit(), the actors' start and imports counted."""
     import ray
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
     ended: dict[int, float] = {}
+    warmups = [-(n + 1) for n in range(parallel)] if warm else []
 
     class Ended(tune.Callback):
         def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any):
@@ -127,7 +138,7 @@ def run_ray(
         )
         tuner = tune.Tuner(
             tune.with_resources(trainable, {"cpu": 1}),
-            param_space={"trial": tune.grid_search(list(range(len(configs))))},
+            param_space={"trial": tune.grid_search([*warmups, *range(len(configs))])},
             tune_config=tune.TuneConfig(
                 metric="accuracy",
                 mode="max",
@@ -153,10 +164,14 @@ def run_ray(
         finished = time.time()
     finally:
         ray.shutdown()
+    if warmups:
+        started = max(ended[n] for n in warmups)
     trials = []
     for index in range(len(grid)):
         result = grid[index]
         number = (result.config or {})["trial"]
+        if number < 0:
+            continue
         metrics = result.metrics or {}
         trials.append(
             RayTrial(

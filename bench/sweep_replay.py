@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
+import smoke  # bench/smoke.py: run as a script, bench/ is on sys.path
 from optuna.pruners import SuccessiveHalvingPruner
 
 Curve = list[tuple[int, float]]
@@ -85,7 +86,7 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=2)
     parser.add_argument("--min-steps", type=int, nargs="+", default=[100, 200, 300, 500])
     parser.add_argument("--reduction-factors", type=int, nargs="+", default=[2, 3, 4, 5, 6])
-    args = parser.parse_args()
+    args = smoke.parse(parser, min_steps=[100], reduction_factors=[2])
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     recorded: dict[str, dict[str, Curve]] = json.loads(args.samples.read_text())["curves"]
     seeds = sorted(recorded, key=int)

@@ -29,6 +29,8 @@ from pathlib import Path
 from sqlalchemy import select
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+
+import smoke
 from sweep import MIN_STEPS, REDUCTION, SLOTS, run_sweep, service, sweep_document
 from sweep_report import SweepRun
 
@@ -130,7 +132,7 @@ def main() -> None:
     parser.add_argument("--min-steps", type=int, default=MIN_STEPS, help="the first rung")
     parser.add_argument("--reduction-factor", type=int, default=REDUCTION)
     parser.add_argument("--json", type=Path, default=None, help="outcomes and the full curves")
-    args = parser.parse_args()
+    args = smoke.parse(parser, seeds=[0], trials=2, steps=200)
     outcomes: list[Outcome] = []
     recorded: dict[int, dict[int, list[tuple[int, float]]]] = {}
     with (

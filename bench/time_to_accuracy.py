@@ -12,14 +12,20 @@ With --hosts (root; bench/tta_hosts.py) every case runs instead as a job of the 
 hosts, each process on a host of its own, with the links limited to each of --bandwidths in
 turn: a table per bandwidth, and a plot per bandwidth (docs/img/time_to_accuracy_<bw>.png).
 
+With --scale 1,2,4,8 (a machine with the cores: bench/gpu_check.sh on a lent one) it runs the
+local job, then allreduce with n workers and downpour with n groups of one worker for each n,
+every process pinned to a core of its own, and prints a speed-up table: the local job's time to
+the target over each one's.
+
     .venv/bin/python bench/time_to_accuracy.py [--steps 400] [--test-freq 25]
-        [--only local,sandblaster,...] [--hosts --bandwidths 1gbit,100mbit]
+        [--only local,sandblaster,...] [--hosts --bandwidths 1gbit,100mbit] [--scale 1,2,4,8]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -29,6 +35,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
+
+import smoke
 from local_cluster import LaunchError, launch_local
 
 from dsl.compiler import compile_job
@@ -115,7 +123,13 @@ def run_local(case: Case, overrides: dict[str, object], run_dir: Path, cache: Pa
 
 
 def run_distributed(
-    case: Case, overrides: dict[str, object], run_dir: Path, cache: Path, redis_url: str
+    case: Case,
+    overrides: dict[str, object],
+    run_dir: Path,
+    cache: Path,
+    redis_url: str,
+    *,
+    pin: bool = False,
 ) -> Result:
     started = time.perf_counter()
     try:
@@ -127,6 +141,7 @@ def run_distributed(
             cache_dir=cache,
             overrides={**case.overrides, **overrides},
             timeout=900,
+            pin_from=0 if pin else None,
         )
     except LaunchError as exc:
         last = str(exc).strip().splitlines()[-1]
@@ -195,6 +210,68 @@ def run_here(cases: list[Case], overrides: dict[str, object], tmp: Path) -> list
     return results
 
 
+def scale_cases(workers: list[int]) -> list[Case]:
+    """allreduce with n workers in one group and downpour with n groups of one worker (one
+    shard) for each n: SINGA's first goal, less time to an accuracy with more workers."""
+    cases = []
+    for n in workers:
+        cases.append(
+            Case(
+                f"allreduce-{n}",
+                "mnist1d_cnn.yaml",
+                {"cluster.framework": "allreduce", "cluster.nworkers_per_group": n},
+                f"1 group x {n}",
+            )
+        )
+        cases.append(
+            Case(
+                f"downpour-{n}",
+                "mnist1d_downpour.yaml",
+                {"cluster.nworker_groups": n},
+                f"{n} groups x 1 worker, 1 shard",
+            )
+        )
+    return cases
+
+
+def run_scale(workers: list[int], overrides: dict[str, object], tmp: Path) -> list[Result]:
+    """The local job, then scale_cases(workers), every process pinned to a core of its own."""
+    cache = tmp / "cache"
+    server = RedisServer(tmp / "redis", persist=False)
+    redis_url = server.start()
+    results = [run_local(CASES[0], overrides, tmp / "local", cache)]
+    try:
+        for case in scale_cases(workers):
+            results.append(
+                run_distributed(case, overrides, tmp / case.name, cache, redis_url, pin=True)
+            )
+            shown = results[-1].seconds
+            print(f"{case.name}: {shown if shown is not None else 'not reached'}", flush=True)
+    finally:
+        server.stop()
+    return results
+
+
+def speedup_table(results: list[Result], workers: list[int]) -> None:
+    """Time to TARGET of each framework and n, and the local job's time over it."""
+    by_name = {r.case.name: r for r in results}
+    local = by_name["local"].seconds
+
+    def cell(name: str) -> str:
+        found = by_name[name].seconds
+        if found is None:
+            return "not reached | -"
+        ratio = f"{local / found:.2f}x" if local is not None else "-"
+        return f"{found:.1f} s | {ratio}"
+
+    shown = f"{local:.1f} s" if local is not None else "not reached"
+    print(f"\nthe local job (1 process): {shown} to {TARGET:.0%}\n")
+    print("| workers | allreduce | speed-up | downpour | speed-up |")
+    print("| --- | --- | --- | --- | --- |")
+    for n in workers:
+        print(f"| {n} | {cell(f'allreduce-{n}')} | {cell(f'downpour-{n}')} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--steps", type=int, default=400)
@@ -206,7 +283,13 @@ def main() -> None:
     parser.add_argument(
         "--bandwidths", default="1gbit,100mbit", help="with --hosts: comma-separated, or none"
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--scale",
+        default="",
+        help="comma-separated worker counts (e.g. 1,2,4,8): a speed-up table of allreduce and "
+        "downpour, each process pinned to a core of its own (needs that many cores)",
+    )
+    args = smoke.parse(parser, steps=30, test_freq=10, only="local,allreduce,downpour")
     torch.set_num_threads(1)
     wanted = {name for name in args.only.split(",") if name}
     cases = [case for case in CASES if not wanted or case.name in wanted]
@@ -216,6 +299,17 @@ def main() -> None:
         "disp_freq": 1,
         "checkpoint.freq": 0,
     }
+    if args.scale:
+        workers = [int(n) for n in args.scale.split(",")]
+        needed = max(workers) + 1  # the downpour shard's core
+        if len(os.sched_getaffinity(0)) < needed:
+            raise SystemExit(f"--scale {args.scale} pins each process: it needs {needed} cores")
+        with tempfile.TemporaryDirectory() as tmp:
+            results = run_scale(workers, overrides, Path(tmp))
+        speedup_table(results, workers)
+        if args.json:
+            args.json.write_text(json.dumps({"scale": as_json(results)}, indent=1))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         if args.hosts:
             from tta_hosts import run_on_hosts

@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import smoke  # bench/smoke.py: run as a script, bench/ is on sys.path
 import torch
 import torch.nn.functional as F
 import yaml
@@ -31,6 +32,7 @@ from dsl.compiler import compile_job
 from dsl.net import NeuralNet
 from workers.data import TrainingData
 from workers.trainer import Trainer, TrainOptions
+from workers.updaters import kernel_options
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "char_gpt.yaml"
 
@@ -133,7 +135,10 @@ class PlainLoop:
         self.lr = updater["lr"]
         self.clip = updater["clip"]["grad_norm"]
         self.total = steps
-        self.opt = torch.optim.Adam(model.parameters(), lr=self.lr["base"])
+        params = list(model.parameters())
+        # The trainer's kernels (foreach; fused on CUDA): the same update work on both sides.
+        kernel = kernel_options("adam", params)
+        self.opt = torch.optim.Adam(params, lr=self.lr["base"], **kernel)
         self.gen = torch.Generator().manual_seed(1)
         self.perm = torch.randperm(len(x), generator=self.gen)
         self.pos = self.step = 0
@@ -175,7 +180,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--block", type=int, default=5)
-    args = parser.parse_args()
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (bench/gpu_check.sh)")
+    args = smoke.parse(parser, steps=10, block=5)
     torch.set_num_threads(1)
     job = yaml.safe_load(EXAMPLE.read_text())
     # The whole test split at the end, nothing evaluated on the way (not timed either way).
@@ -194,8 +200,12 @@ def main() -> None:
         dim, heads = inner["proj"]["units"], inner["att"]["heads"]
         model = GPT(vocab, steps, dim, heads, inner["fc"]["units"], block["times"])
         model.copy_from(compiled.net, block["times"])
-        plain = PlainLoop(model, data.x_train, data.y_train, job, args.steps)
-        trainer = Trainer(compiled, data, TrainOptions(run_dir=Path(tmp) / "run"))
+        model.to(args.device)
+        x_train, y_train = data.x_train.to(args.device), data.y_train.to(args.device)
+        plain = PlainLoop(model, x_train, y_train, job, args.steps)
+        options = TrainOptions(run_dir=Path(tmp) / "run", device=args.device)
+        trainer = Trainer(compiled, data, options)
+        sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
         ours: list[float] = []
         theirs: list[float] = []
         mark = time.perf_counter()
@@ -204,16 +214,18 @@ def main() -> None:
             nonlocal mark
             if step % args.block:
                 return
+            sync()
             now = time.perf_counter()
             ours.append(now - mark)
             plain.steps(args.block)
+            sync()
             theirs.append(time.perf_counter() - now)
             mark = time.perf_counter()
 
         summary = trainer.run(on_step=alternate)
         plain.steps(args.steps - plain.step)  # the steps after the last whole block
         job_loss = summary.metrics["test/loss"]
-        plain_loss = plain.test_loss(data.x_test, data.y_test)
+        plain_loss = plain.test_loss(data.x_test.to(args.device), data.y_test.to(args.device))
     samples = args.block * job["data"]["batch_size"]
     blocks = len(ours) - 1  # the first block warms up
     total_ours, total_theirs = sum(ours[1:]), sum(theirs[1:])

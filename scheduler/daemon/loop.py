@@ -64,7 +64,12 @@ from scheduler.placement.cluster import (
     save_plan,
 )
 from scheduler.placement.plan import QueueDecision, plan_queue
-from scheduler.recovery.actions import job_facts, prune_restart_points, worker_step
+from scheduler.recovery.actions import (
+    alone_restart_step,
+    forget_reports_past,
+    job_facts,
+    prune_restart_points,
+)
 from scheduler.recovery.policy import PlaceAgain, Vacant, decide
 from scheduler.store.database import Database
 from scheduler.store.lifecycle import transition
@@ -265,7 +270,10 @@ def replace_processes(session: Session, settings: Settings) -> list[Dispatch]:
         session.flush()
         free[node.name][0] -= old.slots
         free[node.name][1] -= old.gpus
-        start = worker_step(session, job.id, old.group, old.rank) if old.role == "worker" else 0
+        start = 0
+        if old.role == "worker":  # a worker restarted alone reports its last step again
+            start = alone_restart_step(session, job, old.group, old.rank)
+            forget_reports_past(session, job, old.group, old.rank, start)
         info = allocation_info(settings, job, alloc, node, start_step=start)
         dispatches.append(Dispatch(alloc.id, node.queue, info))
     return dispatches

@@ -142,6 +142,11 @@ def truncate_metrics(session: Session, job: Job, step: int) -> None:
     value of the job's objective among them."""
     session.execute(delete(Metric).where(Metric.job_id == job.id, Metric.step > step))
     job.step = step
+    _recount_best(session, job)
+
+
+def _recount_best(session: Session, job: Job) -> None:
+    """The best value of the job's objective among the metrics it keeps."""
     points = session.execute(
         select(Metric.step, Metric.value).where(
             Metric.job_id == job.id,
@@ -186,11 +191,11 @@ def restart_alone(session: Session, job: Job, alloc: Allocation, cause: str) -> 
     its new process is placed by the scheduler): counted against cluster.max_restarts, an
     event, the job's state unchanged."""
     job.restarts += 1
-    step = worker_step(session, job.id, alloc.group, alloc.rank)
     alone = f"{cause}; restart {job.restarts} of {max_restarts(job)}: this worker alone"
     if job.framework == PREDICT:
         reason = f"{alone}, scoring its shard again"
     else:
+        step = alone_restart_step(session, job, alloc.group, alloc.rank)
         reason = f"{alone}, from its step {step} (the server shards keep the parameters)"
     session.add(JobEvent(job_id=job.id, at=utcnow(), state=job.state, reason=reason))
     log.warning("job %s: %s", job.id, reason)
@@ -200,6 +205,36 @@ def replace_shard(session: Session, job: Job, decision: ReplaceShard) -> None:
     """Not a transition: the job runs on, its workers waiting for the shard's updates (the
     scheduler places the shard's new process)."""
     session.add(JobEvent(job_id=job.id, at=utcnow(), state=job.state, reason=decision.note))
+
+
+def alone_restart_step(session: Session, job: Job, group: int, rank: int) -> int:
+    """The step a worker restarted alone goes on from: the last display step (a multiple of
+    disp_freq) before the last step it reported, so that it reports that step again.
+
+    A worker reports one step in several records, one after another: the parameter-server
+    figures (ps/version, ps/staleness) in its update, then the training figures, then any
+    evaluation. A process killed between two of them leaves its last step half reported, and
+    going on from that step would leave the rest of it missing for good (faults.py once found
+    one train/loss missing so). `forget_reports_past` drops what it reported after this step,
+    which the new process reports again: none missing, none twice."""
+    last = worker_step(session, job.id, group, rank)
+    every = int((job.spec or {}).get("disp_freq", 100) or 100)
+    return max(last - 1, 0) // every * every
+
+
+def forget_reports_past(session: Session, job: Job, group: int, rank: int, step: int) -> None:
+    """Delete the metrics worker (group, rank) of `job` reported after `step` (its process
+    restarted alone from there reports them again)."""
+    session.execute(
+        delete(Metric).where(
+            Metric.job_id == job.id,
+            Metric.group == group,
+            Metric.rank == rank,
+            Metric.step > step,
+        )
+    )
+    if group == 0 and rank == 0:  # the objective is read from worker 0/0's reports
+        _recount_best(session, job)
 
 
 def worker_step(session: Session, job_id: int, group: int, rank: int) -> int:

@@ -354,3 +354,33 @@ def test_clip_config_errors(clip: dict[str, float], message: str) -> None:
 def test_invalid_updater_configs(fields: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
         config(**fields)
+
+
+@pytest.mark.parametrize("fields", ROUND_TRIP_CONFIGS, ids=lambda f: f["type"])
+def test_foreach_kernels_give_the_per_tensor_loops_results_to_the_bit(
+    fields: dict[str, Any],
+) -> None:
+    """The updater runs torch's foreach kernels on CPU; the same steps through torch's
+    per-tensor loop (foreach=False) end with the same parameters and state, bit for bit."""
+    entries, params = make_entries(0, list(SHAPES))
+    upd = Updater(entries, config(**fields), total_steps=20)
+    assert all(group["foreach"] for group in upd.optimizer.param_groups)
+    loop_entries, loop_params = make_entries(0, list(SHAPES))
+    loop = Updater(loop_entries, config(**fields), total_steps=20)
+    for group in loop.optimizer.param_groups:
+        group["foreach"] = False  # torch reads it at each step
+    train(upd, params, range(12))
+    train(loop, loop_params, range(12))
+    for name in SHAPES:
+        assert torch.equal(params[name].detach(), loop_params[name].detach()), name
+    ours, theirs = upd.state_tensors(), loop.state_tensors()
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[key], theirs[key]) for key in ours)
+
+
+def test_fused_kernels_only_on_cuda() -> None:
+    from workers.updaters import kernel_options
+
+    cpu = [torch.zeros(3)]
+    assert kernel_options("adam", cpu) == {"foreach": True}
+    assert kernel_options("rmsprop", cpu) == {"foreach": True}

@@ -1,0 +1,123 @@
+"""What needs a GPU, run by bench/gpu_check.sh on a lent one (`-m gpu`); skipped without CUDA.
+
+The trainer on cuda, a checkpoint carried cuda -> cpu -> cuda, bf16 and fp16, `compile: true`,
+the fused updater kernels, and a job through a node agent that pins it to its GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from tests.conftest import RunningStack, compile_with_data
+from workers.checkpoint import load_checkpoint, resolve_checkpoint
+from workers.metrics import JsonlSink
+from workers.trainer import Summary, Trainer, TrainOptions
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="skipped: no GPU"),
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "digits_mlp.yaml"
+SHORT = {"train_steps": 40, "disp_freq": 10, "test.freq": 20, "checkpoint.freq": 20}
+
+
+def run(
+    run_dir: Path,
+    cache_dir: Path,
+    device: str,
+    *,
+    resume: bool = False,
+    **overrides: Any,
+) -> tuple[Summary, Trainer]:
+    document = yaml.safe_load(EXAMPLE.read_text())
+    job, data = compile_with_data(document, cache_dir=cache_dir, overrides={**SHORT, **overrides})
+    sink = JsonlSink(run_dir)
+    options = TrainOptions(run_dir=run_dir, resume=resume, base_dir=run_dir, device=device)
+    trainer = Trainer(job, data, options, sinks=[sink])
+    try:
+        return trainer.run(), trainer
+    finally:
+        sink.close()
+
+
+def finite_loss(summary: Summary) -> bool:
+    return math.isfinite(summary.metrics["train/loss"])
+
+
+def test_the_trainer_trains_on_cuda(tmp_path: Path, cache_dir: Path) -> None:
+    summary, trainer = run(tmp_path, cache_dir, "cuda")
+    assert summary.status == "succeeded" and summary.steps == 40 and finite_loss(summary)
+    assert all(p.device.type == "cuda" for p in trainer.net.parameters())
+    assert summary.metrics["test/accuracy"] > 0.5
+
+
+def test_a_checkpoint_goes_cuda_to_cpu_to_cuda(tmp_path: Path, cache_dir: Path) -> None:
+    first, _ = run(tmp_path, cache_dir, "cuda", train_steps=20)
+    assert first.steps == 20
+    saved = load_checkpoint(resolve_checkpoint(tmp_path))
+    assert saved.step == 20 and all(t.device.type == "cpu" for t in saved.params.values())
+    second, on_cpu = run(tmp_path, cache_dir, "cpu", resume=True)
+    assert second.status == "succeeded" and second.steps == 40 and finite_loss(second)
+    assert all(p.device.type == "cpu" for p in on_cpu.net.parameters())
+    third, on_cuda = run(tmp_path, cache_dir, "cuda", resume=True, train_steps=60)
+    assert third.status == "succeeded" and third.steps == 60 and finite_loss(third)
+    assert all(p.device.type == "cuda" for p in on_cuda.net.parameters())
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_on_cuda(tmp_path: Path, cache_dir: Path, precision: str) -> None:
+    summary, trainer = run(tmp_path, cache_dir, "cuda", precision=precision)
+    assert summary.status == "succeeded" and finite_loss(summary)
+    assert (trainer.updater.scaler is not None) == (precision == "fp16")  # fp16's loss scale
+
+
+def test_compile_on_cuda(tmp_path: Path, cache_dir: Path) -> None:
+    summary, _ = run(tmp_path, cache_dir, "cuda", compile=True)
+    assert summary.status == "succeeded" and finite_loss(summary)
+
+
+def test_the_fused_updater_kernels_on_cuda_match_the_loop() -> None:
+    from pydantic import TypeAdapter
+
+    from dsl.updater_config import UpdaterConfig
+    from workers.updaters import ParamEntry, Updater
+
+    config = TypeAdapter(UpdaterConfig).validate_python({"type": "adam", "lr": {"base": 0.01}})
+    gen = torch.Generator().manual_seed(0)
+    start = [torch.randn(64, 33, generator=gen), torch.randn(33, generator=gen)]
+    fused_params = [torch.nn.Parameter(t.cuda()) for t in start]
+    loop_params = [torch.nn.Parameter(t.cuda()) for t in start]
+    fused = Updater([ParamEntry(f"p{i}", p) for i, p in enumerate(fused_params)], config, 20)
+    loop = Updater([ParamEntry(f"p{i}", p) for i, p in enumerate(loop_params)], config, 20)
+    assert fused.optimizer.defaults["fused"]
+    for group in loop.optimizer.param_groups:
+        group["fused"], group["foreach"] = False, False
+    loop.optimizer.defaults["fused"] = False
+    for step in range(10):
+        grads = [torch.randn(t.shape, generator=gen).cuda() for t in start]
+        for params, updater in ((fused_params, fused), (loop_params, loop)):
+            for p, g in zip(params, grads, strict=True):
+                p.grad = g.clone()
+            updater.step(step)
+    for a, b in zip(fused_params, loop_params, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_job_through_a_node_agent_on_its_pinned_gpu(stack_factory: Any) -> None:
+    from trainyard import Client
+
+    running: RunningStack = stack_factory()
+    with Client(running.url, running.token) as api:
+        job = api.submit(EXAMPLE, overrides={**SHORT, "cluster.gpus_per_worker": 1})
+        job.wait(timeout=300, poll=0.5)
+        assert job.state == "SUCCEEDED", job.error
+        logs = "\n".join(job.logs())
+    assert "CUDA_VISIBLE_DEVICES=" in logs  # the agent pinned the process to its GPU

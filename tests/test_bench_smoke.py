@@ -1,0 +1,102 @@
+"""Every bench script runs with `--smoke` (bench/smoke.py: tiny sizes, the same code path), so
+that none stops working unnoticed. A smoke run's figures mean nothing; only that it ran.
+
+The quick ones run in every `make test`; those that start a service, a cluster or several
+training processes are marked slow. submit_latency measures on the session's shared stack.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RunningStack
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+# The scripts with a main that are not benchmarks: the per-process launcher of local clusters.
+NOT_BENCHES = {"local_cluster.py"}
+QUICK = ["ingest", "overhead"]
+SLOW = [
+    "allreduce_vs_ddp",
+    "api_load",
+    "example_throughput",
+    "faults",
+    "load",
+    "pipeline",
+    "predict",
+    "ps_throughput",
+    "selection_bias",
+    "sweep_samples",
+    "transformer",
+]
+
+
+def run_smoke(script: str, *extra: str, timeout: float = 600.0) -> str:
+    found = subprocess.run(
+        [sys.executable, str(BENCH / f"{script}.py"), "--smoke", *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert found.returncode == 0, (
+        f"{script} --smoke exited {found.returncode}:\n{found.stdout}\n{found.stderr}"
+    )
+    return found.stdout
+
+
+def test_every_bench_script_has_a_smoke_run_here() -> None:
+    scripts = {
+        path.stem
+        for path in BENCH.glob("*.py")
+        if 'if __name__ == "__main__":' in path.read_text() and path.name not in NOT_BENCHES
+    }
+    covered = {*QUICK, *SLOW, "submit_latency", "sweep", "sweep_replay", "time_to_accuracy"}
+    assert scripts == covered
+    for script in scripts:
+        assert "smoke.parse(" in (BENCH / f"{script}.py").read_text() or script == "sweep"
+
+
+@pytest.mark.parametrize("script", QUICK)
+def test_quick_bench_smoke(script: str) -> None:
+    run_smoke(script)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", SLOW)
+def test_bench_smoke(script: str) -> None:
+    run_smoke(script)
+
+
+@pytest.mark.slow
+def test_time_to_accuracy_smoke(tmp_path: Path) -> None:
+    run_smoke("time_to_accuracy", "--plot", str(tmp_path / "tta.png"))  # not docs/img's
+
+
+@pytest.mark.slow
+def test_sweep_smoke() -> None:
+    run_smoke("sweep", "--no-ray")
+
+
+def test_submit_latency_smoke_on_the_shared_stack(stack: RunningStack) -> None:
+    out = run_smoke("submit_latency", "--data-dir", str(stack.data_dir))
+    assert "POST answered after" in out
+
+
+def test_sweep_replay_smoke(tmp_path: Path) -> None:
+    """Recorded curves of two seeds, two trials each (bench/sweep_samples.py --json's form)."""
+    curves = {
+        str(seed): {
+            str(trial): [[step, 0.1 * trial + step / 1000] for step in (100, 200, 300)]
+            for trial in range(2)
+        }
+        for seed in range(2)
+    }
+    samples = tmp_path / "samples.json"
+    samples.write_text(json.dumps({"curves": curves}))
+    assert "| 100 | 2 |" in run_smoke("sweep_replay", str(samples))
