@@ -31,6 +31,8 @@ class DataFacts:
     label_shape: tuple[int, ...] = ()
     label_is_index: bool = True
     vocabulary: str | None = None  # the characters behind token ids (text)
+    # What categorical columns' integer codes stood for: {"features": {...}, "label": [...]}
+    categories: dict[str, Any] | None = None
 
     def build_context(self) -> BuildContext:
         return BuildContext(

@@ -16,6 +16,7 @@ workers/parallel.py before the trainer. Every forward pass runs in the job's
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -43,12 +44,15 @@ from workers.checkpoint import (
     write_json_atomic,
 )
 from workers.compiled_net import CompiledNet
-from workers.data import Dataset, TrainBatches
+from workers.data import Dataset
 from workers.evaluation import evaluate_whole
 from workers.metrics import MetricSink
 from workers.precision import precision_for
 from workers.selection import META_KEY, Selection
 from workers.updaters import ParamEntry, Updater
+
+# The checkpoint's record of the data stream's state (JSON).
+STREAM_KEY = "data_stream"
 
 
 @dataclass
@@ -231,9 +235,7 @@ class Trainer:
         self.y_test = dataset.y_test.to(self.device)
         self.x_val = dataset.x_val.to(self.device) if dataset.x_val is not None else None
         self.y_val = dataset.y_val.to(self.device) if dataset.y_val is not None else None
-        self.batches = TrainBatches(
-            dataset.x_train,
-            dataset.y_train,
+        self.batches = dataset.train_batches(
             self.spec.data.batch_size,
             seed=self.spec.seed,
             rank=options.rank,
@@ -282,6 +284,7 @@ class Trainer:
             label_shape=info.label_shape,
             label_is_index=info.label_is_index,
             vocabulary=info.vocabulary,
+            categories=info.categories,
         )
         self.model_card = ModelCard(self.spec, facts).to_json()
 
@@ -498,6 +501,9 @@ class Trainer:
                 "job": self.spec.name,
                 "epoch": str(self.batches.state()["epoch"]),
                 "position": str(self.batches.state()["position"]),
+                # The whole stream state: a sharded stream's shard order and each worker's
+                # position in its range.
+                STREAM_KEY: json.dumps(self.batches.state()),
                 META_KEY: self.selection.to_meta(),
                 MODEL_KEY: self.model_card,
                 **self.precision.state(),
@@ -533,8 +539,11 @@ class Trainer:
                 kept = checkpoint_path(self.checkpoint_dir, self.selection.best_step)
                 self.best_file = kept if kept.is_file() else None
             self.step = ckpt.step
+            saved = ckpt.meta.get(STREAM_KEY)
             self.batches.restore(
-                {"epoch": int(ckpt.meta["epoch"]), "position": int(ckpt.meta["position"])}
+                json.loads(saved)
+                if saved
+                else {"epoch": int(ckpt.meta["epoch"]), "position": int(ckpt.meta["position"])}
             )
             self.log(f"resumed from {path.name} at step {self.step}")
             return

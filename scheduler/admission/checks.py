@@ -25,7 +25,14 @@ from sqlalchemy.orm import Session
 
 from dsl.budget import CompileBudget
 from dsl.compiler import CompiledJob, compile_job
-from dsl.data_config import CsvData, DatasetData, DataSourceConfig, NpzData, TextData
+from dsl.data_config import (
+    CsvData,
+    DatasetData,
+    DataSourceConfig,
+    NpzData,
+    ShardsData,
+    TextData,
+)
 from dsl.errors import DataSourceError, JobSpecError, SpecIssue
 from dsl.layers.base import BuildContext
 from dsl.memory import MemoryEstimate, estimate_memory
@@ -427,6 +434,17 @@ def _server_file_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
                 ("data", "path"), f"data source '{data.source}' reads a server file", UPLOAD_HINT
             )
         )
+    if isinstance(data, ShardsData):
+        issues.extend(
+            source.issue(
+                ("data", key),
+                f"{key} reads a folder on the server, which only admins may do",
+                "upload the shards (a .tar of them) and write data: {source: shards, "
+                "dataset: <its name>}",
+            )
+            for key in ("path", "test_path")
+            if getattr(data, key) is not None
+        )
     if isinstance(data, CsvData | TextData) and data.val_path:
         issues.append(
             source.issue(
@@ -466,14 +484,41 @@ def _data_to_run(
             )
         stored = dataset_file(record, artifacts)
         return as_file_source(data, "npz" if record.kind == "npz" else "csv", stored)
-    if isinstance(data, NpzData | CsvData | TextData):
+    if isinstance(data, ShardsData) and data.dataset is not None:
+        return data.model_copy(
+            update={"path": str(_shards_folder(session, owner, data, artifacts)), "dataset": None}
+        )
+    if isinstance(data, NpzData | CsvData | TextData | ShardsData):
         files = {
             key: str((base_dir / path).expanduser().resolve())
-            for key in ("path", "val_path")
+            for key in ("path", "val_path", "test_path")
             if (path := getattr(data, key, None))
         }
         return data.model_copy(update=files) if files else data
     return data
+
+
+def _shards_folder(session: Session, owner: User, data: ShardsData, artifacts: Path) -> Path:
+    """The folder of shards of the owner's dataset `data.dataset` (inside their folder)."""
+    assert data.dataset is not None
+    record = get_dataset(session, owner.id, data.dataset)
+    if record is None:
+        yours = dataset_names(session, owner.id)
+        raise DataSourceError(
+            f"you have no dataset named '{data.dataset}'",
+            f"your datasets: {', '.join(yours)}"
+            if yours
+            else "upload it first: POST /api/v1/datasets",
+            field="dataset",
+        )
+    folder = dataset_file(record, artifacts)
+    if not folder.is_dir():
+        raise DataSourceError(
+            f"dataset '{data.dataset}' is a .{record.kind} file, not a folder of shards",
+            hint=f"read it with data: {{source: dataset, name: {data.dataset}}}",
+            field="dataset",
+        )
+    return folder
 
 
 def _as_dataset_error(exc: DataSourceError) -> DataSourceError:
@@ -511,7 +556,7 @@ def _execution_spec(
 
 def _describe(data: DataSourceConfig, seed: int, cache_dir: Path) -> DataInfo:
     stamps: list[tuple[int, int] | None] = []
-    for key in ("path", "val_path"):
+    for key in ("path", "val_path", "test_path"):
         path = getattr(data, key, None)
         if path:
             try:

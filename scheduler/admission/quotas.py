@@ -3,6 +3,7 @@ past the user's storage (the quotas themselves: scheduler/store/quotas.py)."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from sqlalchemy.orm import Session
@@ -75,7 +76,11 @@ def check_dataset_storage(
         return
     used = dataset_bytes(session, user.id)
     if used > limits.dataset_bytes:
-        Path(record.path).unlink(missing_ok=True)
+        stored = Path(record.path)
+        if stored.is_dir():  # a .tar of shards, unpacked
+            shutil.rmtree(stored, ignore_errors=True)
+        else:
+            stored.unlink(missing_ok=True)
         raise QuotaExceeded(
             f"with this upload your datasets would take {used} bytes, over your quota "
             f"dataset_bytes of {limits.dataset_bytes}; delete a dataset first"

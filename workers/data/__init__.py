@@ -12,12 +12,14 @@ from dsl.layers.base import BuildContext
 from dsl.schema import JobSpec
 
 # Imported for their side effect: each module registers its sources.
-from workers.data import builtin, files, synthetic, text, uploaded  # noqa: F401
+from workers.data import builtin, files, shards, synthetic, text, uploaded  # noqa: F401
 from workers.data.base import (
     DATA_SOURCES,
     DataInfo,
     Dataset,
     DataSource,
+    TrainSource,
+    TrainStream,
     counted,
     hold_out_validation,
 )
@@ -29,6 +31,8 @@ __all__ = [
     "DataSource",
     "Dataset",
     "TrainBatches",
+    "TrainSource",
+    "TrainStream",
     "TrainingData",
     "describe",
     "eval_batches",
@@ -47,7 +51,7 @@ def load_dataset(
     dataset = source.load(
         config, seed=seed, cache_dir=Path(cache_dir), base_dir=Path(base_dir or Path.cwd())
     )
-    if config.validation_fraction > 0:
+    if config.validation_fraction > 0 and not source.own_validation:
         dataset = hold_out_validation(dataset, config.validation_fraction, seed)
     return counted(dataset)
 
@@ -81,7 +85,7 @@ class TrainingData:
             spec.data, seed=spec.seed, cache_dir=self.cache_dir, base_dir=self.base_dir
         )
         self._dataset = dataset
-        return dataset.info.build_context(train_samples=len(dataset.x_train))
+        return dataset.info.build_context(train_samples=dataset.train_samples)
 
     @property
     def dataset(self) -> Dataset:
