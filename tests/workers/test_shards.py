@@ -97,7 +97,9 @@ def test_a_shard_that_disagrees_is_refused_with_its_name(tmp_path: Path) -> None
     with pytest.raises(DataSourceError, match="float64"):
         load(tmp_path / "d")
     np.save(tmp_path / "d" / "00001.x.npy", np.zeros((9, 3), dtype=np.float32))
-    with pytest.raises(DataSourceError, match="00001.x.npy has 9 samples but 00001.y.npy has 10"):
+    with pytest.raises(
+        DataSourceError, match=r"00001\.x\.npy has 9 samples but 00001\.y\.npy has 10"
+    ):
         load(tmp_path / "d")
     # Through the compiler: a located error at data.path.
     document = job({"source": "shards", "path": str(tmp_path / "d"), "batch_size": 4})
