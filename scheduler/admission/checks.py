@@ -485,9 +485,10 @@ def _data_to_run(
         stored = dataset_file(record, artifacts)
         return as_file_source(data, "npz" if record.kind == "npz" else "csv", stored)
     if isinstance(data, ShardsData) and data.dataset is not None:
-        return data.model_copy(
-            update={"path": str(_shards_folder(session, owner, data, artifacts)), "dataset": None}
-        )
+        # The stored folder by path, with only the keys that were written.
+        values = data.model_dump(mode="json", exclude_unset=True, exclude={"dataset"})
+        values["path"] = str(_shards_folder(session, owner, data, artifacts))
+        return ShardsData.model_validate(values)
     if isinstance(data, NpzData | CsvData | TextData | ShardsData):
         files = {
             key: str((base_dir / path).expanduser().resolve())
