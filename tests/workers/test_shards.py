@@ -233,5 +233,6 @@ def test_the_benchmark_smoke_resumes_exactly_after_sigkill() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     figures = json.loads(done.stdout.strip().splitlines()[-1])
-    assert figures["kills"] == 2 and figures["attempts"] == 3
+    assert figures["resume_kills"] == 2 and figures["resume_attempts"] == 3
     assert figures["every_sample_once_per_epoch"] is True
+    assert figures["same_batches_as_uninterrupted"] is True

@@ -7,14 +7,15 @@ An epoch's order is a function of (seed, epoch) alone, so a stream restores in O
    the ranges stay disjoint when there are fewer shards than workers); the rows past the last
    whole batch of a range are left out of the epoch;
 3. each range is cut into windows of `shuffle_buffer / world` samples (a multiple of the
-   worker's batch part); a window is read and, with `shuffle`, its rows permuted by
-   (seed, epoch, rank, window); consecutive batches are consecutive slices of it.
+   worker's batch part); a window is read and, with `shuffle`, its rows put in an order drawn
+   from (seed, epoch, rank, window); consecutive batches are consecutive slices of that order.
 
 A background thread reads and assembles the next `PREFETCH` batches while the trainer trains on
-this one; the memory a worker holds for the data is one window (twice, while it is permuted) and
-the queued batches, whatever the dataset's size. Samples are read by memory-mapping just the rows
-of a window (npy) or by row group (parquet), and the mapping is dropped once they are copied, so
-the pages read do not stay in the worker's resident memory.
+this one; the memory a worker holds for the data is a window or two (the next is read while the
+batches of the last are still queued) and the queued batches, whatever the dataset's size.
+Samples are read by memory-mapping just the rows of a window (npy) or by row group (parquet), and
+the mapping is dropped once they are copied, so the pages read do not stay in the worker's
+resident memory.
 
 `state()` holds the epoch, the position (steps into the epoch), the world, the epoch's shard order
 and each worker's position in its range (samples); `restore` continues exactly there.
@@ -336,14 +337,16 @@ class ShardBatches:
             low = window * self._window
             high = min(low + self._window, used)
             x, y = self._rows(order, starts, begin + low, begin + high)
+            rows: np.ndarray | None = None  # the window's order, drawn with the seed
             if self._shuffle:
                 key = [self._seed % 2**63, epoch, self._rank, window, 2]
-                perm = np.random.default_rng(np.random.SeedSequence(key)).permutation(len(x))
-                x, y = x[perm], y[perm]
+                rows = np.random.default_rng(np.random.SeedSequence(key)).permutation(len(x))
             for at in range(sample - low, high - low, self._part):
+                # A gather per batch (one copy), not a permuted copy of the whole window.
+                pick = slice(at, at + self._part) if rows is None else rows[at : at + self._part]
                 yield (
-                    torch.from_numpy(np.ascontiguousarray(x[at : at + self._part])),
-                    torch.from_numpy(np.ascontiguousarray(y[at : at + self._part])),
+                    torch.from_numpy(np.ascontiguousarray(x[pick])),
+                    torch.from_numpy(np.ascontiguousarray(y[pick])),
                 )
             sample = high
 
