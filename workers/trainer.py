@@ -297,7 +297,10 @@ class Trainer:
         for start in self.hooks.at_start:
             start(self)
         self.net.train()
-        status = self.loop(on_step)
+        try:
+            status = self.loop(on_step)
+        finally:
+            self.batches.close()  # a streamed dataset's reader thread
         if status == "succeeded":
             self.finish()
         summary = Summary(

@@ -97,6 +97,12 @@ def plan_shards(config: ShardsData, seed: int, base_dir: Path) -> ShardPlan:
                 field="test",
             )
         test, shards = shards[-count:], shards[:-count]
+    if not any(shard.rows for shard in test):
+        raise DataSourceError(
+            f"the test shards of {folder} hold no samples",
+            hint="the test split is whole shards: the last test.shards by name, or test_path",
+            field="test_path" if config.test_path is not None else "test",
+        )
     val: list[Shard] = []
     if config.validation_fraction > 0:
         count = max(1, round(len(shards) * config.validation_fraction))
