@@ -21,6 +21,7 @@ from dsl.data_config import DataConfig
 from dsl.errors import DataSourceError, JobSpecError
 from workers.data import DATA_SOURCES, Dataset, TrainingData, describe, load_dataset
 from workers.data.shard_stream import ShardBatches
+from workers.trainer import Trainer, TrainOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG: TypeAdapter[Any] = TypeAdapter(DataConfig)
@@ -184,6 +185,11 @@ def test_parquet_shards_with_categories(tmp_path: Path) -> None:
     assert data.info.categories == categories
     ids = epoch_ids(data.train_batches(8, seed=0))
     assert sorted(ids) == list(range(80))
+    # The categories reach the model card of every checkpoint.
+    document = job({"source": "shards", "path": str(folder), "format": "parquet"})
+    loaded = TrainingData(cache_dir=tmp_path, base_dir=tmp_path)
+    trainer = Trainer(compile_job(document, loaded), loaded.dataset, TrainOptions(tmp_path))
+    assert json.loads(trainer.model_card)["data"]["categories"] == categories
     fixed = tmp_path / "fixed"
     fixed.mkdir()
     for index in range(2):
