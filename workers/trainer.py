@@ -16,7 +16,6 @@ workers/parallel.py before the trainer. Every forward pass runs in the job's
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -44,15 +43,12 @@ from workers.checkpoint import (
     write_json_atomic,
 )
 from workers.compiled_net import CompiledNet
-from workers.data import Dataset
+from workers.data import Dataset, restore_stream, stream_meta
 from workers.evaluation import evaluate_whole
 from workers.metrics import MetricSink
 from workers.precision import precision_for
 from workers.selection import META_KEY, Selection
 from workers.updaters import ParamEntry, Updater
-
-# The checkpoint's record of the data stream's state (JSON).
-STREAM_KEY = "data_stream"
 
 
 @dataclass
@@ -502,11 +498,7 @@ class Trainer:
             rng=self._rng_states(),
             meta={
                 "job": self.spec.name,
-                "epoch": str(self.batches.state()["epoch"]),
-                "position": str(self.batches.state()["position"]),
-                # The whole stream state: a sharded stream's shard order and each worker's
-                # position in its range.
-                STREAM_KEY: json.dumps(self.batches.state()),
+                **stream_meta(self.batches),
                 META_KEY: self.selection.to_meta(),
                 MODEL_KEY: self.model_card,
                 **self.precision.state(),
@@ -542,12 +534,7 @@ class Trainer:
                 kept = checkpoint_path(self.checkpoint_dir, self.selection.best_step)
                 self.best_file = kept if kept.is_file() else None
             self.step = ckpt.step
-            saved = ckpt.meta.get(STREAM_KEY)
-            self.batches.restore(
-                json.loads(saved)
-                if saved
-                else {"epoch": int(ckpt.meta["epoch"]), "position": int(ckpt.meta["position"])}
-            )
+            restore_stream(self.batches, ckpt.meta)
             self.log(f"resumed from {path.name} at step {self.step}")
             return
         if self.options.start_step:

@@ -14,7 +14,7 @@ from safetensors import safe_open
 from contract.rundir import CHECKPOINTS, checkpoint_path, job_run_dir
 from tests.conftest import RunningStack
 from tests.trainyard.test_cli_client import run, submitted_id
-from workers.trainer import STREAM_KEY
+from workers.data import STREAM_KEY
 
 pytestmark = pytest.mark.slow
 

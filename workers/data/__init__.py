@@ -15,6 +15,7 @@ from dsl.schema import JobSpec
 from workers.data import builtin, files, shards, synthetic, text, uploaded  # noqa: F401
 from workers.data.base import (
     DATA_SOURCES,
+    STREAM_KEY,
     DataInfo,
     Dataset,
     DataSource,
@@ -22,11 +23,14 @@ from workers.data.base import (
     TrainStream,
     counted,
     hold_out_validation,
+    restore_stream,
+    stream_meta,
 )
 from workers.data.batches import TrainBatches, eval_batches
 
 __all__ = [
     "DATA_SOURCES",
+    "STREAM_KEY",
     "DataInfo",
     "DataSource",
     "Dataset",
@@ -37,6 +41,8 @@ __all__ = [
     "describe",
     "eval_batches",
     "load_dataset",
+    "restore_stream",
+    "stream_meta",
 ]
 
 

@@ -10,6 +10,7 @@ training split (`validation_fraction`) is every source's: `hold_out_validation`,
 
 from __future__ import annotations
 
+import json
 import math
 import zlib
 from abc import ABC, abstractmethod
@@ -181,6 +182,31 @@ class TrainStream(Protocol):
     def __iter__(self) -> Iterator[Batch]: ...
 
     def __next__(self) -> Batch: ...
+
+
+# The checkpoint metadata key of a stream's whole state (JSON): a sharded stream's shard order
+# and each worker's position in its range besides the epoch and position.
+STREAM_KEY = "data_stream"
+
+
+def stream_meta(stream: TrainStream) -> dict[str, str]:
+    """A checkpoint's metadata for where `stream` stands."""
+    state = stream.state()
+    return {
+        "epoch": str(state["epoch"]),
+        "position": str(state["position"]),
+        STREAM_KEY: json.dumps(state),
+    }
+
+
+def restore_stream(stream: TrainStream, meta: Mapping[str, str]) -> None:
+    """Put `stream` where a checkpoint's metadata says it stood (older checkpoints hold only
+    the epoch and position)."""
+    saved = meta.get(STREAM_KEY)
+    if saved:
+        stream.restore(json.loads(saved))
+    else:
+        stream.restore({"epoch": int(meta["epoch"]), "position": int(meta["position"])})
 
 
 class TrainSource(Protocol):
