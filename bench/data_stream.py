@@ -311,6 +311,7 @@ def throughput_and_memory(
         "streamed_samples_per_sec": streamed.result["samples_per_sec"],
         "in_memory_samples_per_sec": baseline,
         "speed_ratio": streamed.result["samples_per_sec"] / baseline,
+        "control_peak_rss_mb": control_one.peak_rss / 2**20,
         "one_worker_data_mb": data_one / 2**20,
         "two_workers_data_mb": data_two / 2**20,
         "memory_ratio": data_two / max(data_one, 1),
