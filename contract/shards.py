@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -110,7 +110,7 @@ def describe_shards(folder: Path, format: ShardFormat) -> ShardsDescription:
                 f"{int(description.y_max)}",
                 CATEGORIES_FILE,
             )
-    return ShardsDescription(**{**vars(description), "categories": categories})
+    return replace(description, categories=categories)
 
 
 def _read_categories(folder: Path) -> dict[str, Any] | None:
@@ -258,25 +258,25 @@ def _describe_parquet(folder: Path) -> ShardsDescription:
     for path in files:
         try:
             meta = pq.ParquetFile(path)
-            schema = meta.schema_arrow
         except (OSError, pa.ArrowException) as error:
             raise ShardError(
                 f"{path.name} is not a readable Parquet file: {error}", path.name
             ) from None
-        facts = _parquet_columns(path.name, schema)
-        if first is None:
-            first = (path.stem, facts)
-        elif facts != first[1]:
-            raise ShardError(
-                f"shard {path.stem} holds {_columns_words(facts)}, but shard {first[0]} holds "
-                f"{_columns_words(first[1])}",
-                path.name,
-            )
-        metadata = meta.metadata
-        groups = tuple(metadata.row_group(i).num_rows for i in range(metadata.num_row_groups))
-        shards.append(Shard(path.stem, metadata.num_rows, path, path, row_groups=groups))
-        group_low, group_high = _parquet_label_range(meta, path.name)
-        low, high = min(low, group_low), max(high, group_high)
+        with meta:
+            facts = _parquet_columns(path.name, meta.schema_arrow)
+            if first is None:
+                first = (path.stem, facts)
+            elif facts != first[1]:
+                raise ShardError(
+                    f"shard {path.stem} holds {_columns_words(facts)}, but shard {first[0]} "
+                    f"holds {_columns_words(first[1])}",
+                    path.name,
+                )
+            metadata = meta.metadata
+            groups = tuple(metadata.row_group(i).num_rows for i in range(metadata.num_row_groups))
+            shards.append(Shard(path.stem, metadata.num_rows, path, path, row_groups=groups))
+            group_low, group_high = _parquet_label_range(meta, path.name)
+            low, high = min(low, group_low), max(high, group_high)
     assert first is not None
     if low == math.inf:
         raise ShardError("the shards hold no samples")

@@ -106,7 +106,8 @@ class ShardReader:
             return self._group[2], self._group[3]
         d = self.description
         columns = list(d.feature_columns) if d.feature_columns else ["x"]
-        table = pq.ParquetFile(shard.x_path).read_row_group(group, columns=[*columns, "y"])
+        with pq.ParquetFile(shard.x_path) as handle:
+            table = handle.read_row_group(group, columns=[*columns, "y"])
 
         def numbers(name: str, shape: tuple[int, ...]) -> np.ndarray:
             array = table.column(name).combine_chunks()
