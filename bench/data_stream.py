@@ -310,6 +310,7 @@ def throughput_and_memory(
         "in_memory_peak_rss_mb": before.peak_rss / 2**20,
         "streamed_samples_per_sec": streamed.result["samples_per_sec"],
         "in_memory_samples_per_sec": baseline,
+        "in_memory_runs_samples_per_sec": [r.result["samples_per_sec"] for r in runs],
         "speed_ratio": streamed.result["samples_per_sec"] / baseline,
         "control_peak_rss_mb": control_one.peak_rss / 2**20,
         "one_worker_data_mb": data_one / 2**20,
