@@ -334,7 +334,88 @@ class DatasetData(DataSourceConfig):
         return CsvData(source="csv", path=path, **values)
 
 
+class ShardTest(StrictModel):
+    """The test split of a sharded dataset: whole shards, the last ones by name."""
+
+    shards: int = Field(
+        default=1,
+        ge=1,
+        le=100_000,
+        description="how many shards (the last by name) are the test split",
+    )
+
+
+class ShardsData(DataSourceConfig):
+    """A folder of shards streamed from disk while training (docs/data.md): each worker reads
+    only its part, a bounded number of batches ahead; a dataset may be larger than memory."""
+
+    source: Literal["shards"]
+    path: str | None = Field(
+        default=None,
+        description="the folder of shards, relative to the job file's folder (a server folder: "
+        "admins only)",
+    )
+    dataset: str | None = Field(
+        default=None,
+        pattern=DATASET_NAME_PATTERN,
+        description="an uploaded dataset stored as a folder of shards (yours); run locally, the "
+        "folder <name>/ beside the job file",
+    )
+    format: Literal["npy", "parquet"] = Field(
+        default="npy",
+        description="npy: NNNNN.x.npy + NNNNN.y.npy pairs, read by memory map; parquet: a "
+        "column x (fixed-size list) or scalar feature columns, and y, read by row group",
+    )
+    shuffle_buffer: int = Field(
+        default=8192,
+        ge=1,
+        le=1_000_000,
+        description="samples shuffled together (with shuffle): the stream is cut into windows "
+        "of this many samples, shared out among the group's workers, each window shuffled with "
+        "the seed; the shard order is reshuffled every epoch",
+    )
+    test: ShardTest | None = Field(
+        default=None,
+        description="the test split as whole shards: {shards: N}, the last N by name "
+        "(default: the last shard, unless test_path is given)",
+    )
+    test_path: str | None = Field(
+        default=None,
+        description="a second folder of shards in the same format, the test split (admins "
+        "only on the service)",
+    )
+    test_fraction: float = Field(
+        default=0.2,
+        gt=0.0,
+        lt=1.0,
+        description="ignored: the test split of a sharded dataset is whole shards (test) or "
+        "test_path",
+    )
+    validation_fraction: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="share of the training shards held out as the validation split: whole "
+        "shards (round(fraction x shards), at least one), chosen with the job seed",
+    )
+
+    @model_validator(mode="after")
+    def _one_folder(self) -> ShardsData:
+        if (self.path is None) == (self.dataset is None):
+            raise ValueError("give the folder of shards as path, or an uploaded one as dataset")
+        if self.test is not None and self.test_path is not None:
+            raise ValueError("give the test split as test: {shards: N} or as test_path, not both")
+        return self
+
+
 DataConfig = Annotated[
-    DigitsData | Mnist1dData | SyntheticData | NpzData | CsvData | TextData | DatasetData,
+    DigitsData
+    | Mnist1dData
+    | SyntheticData
+    | NpzData
+    | CsvData
+    | TextData
+    | DatasetData
+    | ShardsData,
     Field(discriminator="source"),
 ]

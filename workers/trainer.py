@@ -43,7 +43,7 @@ from workers.checkpoint import (
     write_json_atomic,
 )
 from workers.compiled_net import CompiledNet
-from workers.data import Dataset, TrainBatches
+from workers.data import Dataset, restore_stream, stream_meta
 from workers.evaluation import evaluate_whole
 from workers.metrics import MetricSink
 from workers.precision import precision_for
@@ -231,9 +231,7 @@ class Trainer:
         self.y_test = dataset.y_test.to(self.device)
         self.x_val = dataset.x_val.to(self.device) if dataset.x_val is not None else None
         self.y_val = dataset.y_val.to(self.device) if dataset.y_val is not None else None
-        self.batches = TrainBatches(
-            dataset.x_train,
-            dataset.y_train,
+        self.batches = dataset.train_batches(
             self.spec.data.batch_size,
             seed=self.spec.seed,
             rank=options.rank,
@@ -295,7 +293,10 @@ class Trainer:
         for start in self.hooks.at_start:
             start(self)
         self.net.train()
-        status = self.loop(on_step)
+        try:
+            status = self.loop(on_step)
+        finally:
+            self.batches.close()  # a streamed dataset's reader thread
         if status == "succeeded":
             self.finish()
         summary = Summary(
@@ -497,8 +498,7 @@ class Trainer:
             rng=self._rng_states(),
             meta={
                 "job": self.spec.name,
-                "epoch": str(self.batches.state()["epoch"]),
-                "position": str(self.batches.state()["position"]),
+                **stream_meta(self.batches),
                 META_KEY: self.selection.to_meta(),
                 MODEL_KEY: self.model_card,
                 **self.precision.state(),
@@ -534,9 +534,7 @@ class Trainer:
                 kept = checkpoint_path(self.checkpoint_dir, self.selection.best_step)
                 self.best_file = kept if kept.is_file() else None
             self.step = ckpt.step
-            self.batches.restore(
-                {"epoch": int(ckpt.meta["epoch"]), "position": int(ckpt.meta["position"])}
-            )
+            restore_stream(self.batches, ckpt.meta)
             self.log(f"resumed from {path.name} at step {self.step}")
             return
         if self.options.start_step:

@@ -24,11 +24,12 @@ router = APIRouter(prefix="/datasets", tags=["datasets"])
     status_code=201,
     response_model=DatasetOut,
     summary="Upload a dataset",
-    description="A numpy .npz archive (arrays x, y and optionally x_test, y_test) or a numeric "
-    ".csv table, told apart by the file name's extension and checked by content. Jobs use it "
-    "as `data: {source: dataset, name: NAME}`. Names are unique per user (409 if taken); the "
-    "size limit is the server's max_dataset_bytes (413); 403 if the user's datasets would "
-    "pass their quota dataset_bytes.",
+    description="A numpy .npz archive (arrays x, y and optionally x_test, y_test), a numeric "
+    ".csv table or a .tar of shards (unpacked into a folder), told apart by the file name's "
+    "extension and checked by content. Jobs use it as `data: {source: dataset, name: NAME}` "
+    "(a .tar of shards: `data: {source: shards, dataset: NAME}`). Names are unique per user "
+    "(409 if taken); the size limit is the server's max_dataset_bytes (413); 403 if the "
+    "user's datasets would pass their quota dataset_bytes.",
     responses=errors(400, 401, 403, 409, 413, 415, 422),
 )
 def upload_dataset(

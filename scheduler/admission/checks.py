@@ -25,7 +25,14 @@ from sqlalchemy.orm import Session
 
 from dsl.budget import CompileBudget
 from dsl.compiler import CompiledJob, compile_job
-from dsl.data_config import CsvData, DatasetData, DataSourceConfig, NpzData, TextData
+from dsl.data_config import (
+    CsvData,
+    DatasetData,
+    DataSourceConfig,
+    NpzData,
+    ShardsData,
+    TextData,
+)
 from dsl.errors import DataSourceError, JobSpecError, SpecIssue
 from dsl.layers.base import BuildContext
 from dsl.memory import MemoryEstimate, estimate_memory
@@ -434,6 +441,17 @@ def _server_file_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
                 ("data", "path"), f"data source '{data.source}' reads a server file", UPLOAD_HINT
             )
         )
+    if isinstance(data, ShardsData):
+        issues.extend(
+            source.issue(
+                ("data", key),
+                f"{key} reads a folder on the server, which only admins may do",
+                "upload the shards (a .tar of them) and write data: {source: shards, "
+                "dataset: <its name>}",
+            )
+            for key in ("path", "test_path")
+            if getattr(data, key) is not None
+        )
     if isinstance(data, CsvData | TextData) and data.val_path:
         issues.append(
             source.issue(
@@ -483,10 +501,15 @@ def _data_to_run(
         return data.model_copy(
             update={"path": str(dataset_file(record, artifacts)), "dataset": None}
         )
-    if isinstance(data, NpzData | CsvData | TextData):
+    if isinstance(data, ShardsData) and data.dataset is not None:
+        # The stored folder by path, with only the keys that were written.
+        values = data.model_dump(mode="json", exclude_unset=True, exclude={"dataset"})
+        values["path"] = str(_shards_folder(session, owner, data, artifacts))
+        return ShardsData.model_validate(values)
+    if isinstance(data, NpzData | CsvData | TextData | ShardsData):
         files = {
             key: str((base_dir / path).expanduser().resolve())
-            for key in ("path", "val_path")
+            for key in ("path", "val_path", "test_path")
             if (path := getattr(data, key, None))
         }
         return data.model_copy(update=files) if files else data
@@ -505,6 +528,20 @@ def _own_dataset(session: Session, owner: User, name: str, field: str) -> Datase
             field=field,
         )
     return record
+
+
+def _shards_folder(session: Session, owner: User, data: ShardsData, artifacts: Path) -> Path:
+    """The folder of shards of the owner's dataset `data.dataset` (inside their folder)."""
+    assert data.dataset is not None
+    record = _own_dataset(session, owner, data.dataset, "dataset")
+    folder = dataset_file(record, artifacts)
+    if not folder.is_dir():
+        raise DataSourceError(
+            f"dataset '{data.dataset}' is a .{record.kind} file, not a folder of shards",
+            hint=f"read it with data: {{source: dataset, name: {data.dataset}}}",
+            field="dataset",
+        )
+    return folder
 
 
 def _as_dataset_error(exc: DataSourceError) -> DataSourceError:
@@ -542,7 +579,7 @@ def _execution_spec(
 
 def _describe(data: DataSourceConfig, seed: int, cache_dir: Path) -> DataInfo:
     stamps: list[tuple[int, int] | None] = []
-    for key in ("path", "val_path"):
+    for key in ("path", "val_path", "test_path"):
         path = getattr(data, key, None)
         if path:
             try:

@@ -189,14 +189,11 @@ def _plan(compiled: CompiledJob, profile_on: Dataset | None, filename: str) -> P
     (the first few a training run would take) or by estimated ones."""
     from dsl.costs import profile_costs
     from dsl.planner import plan_pipeline
-    from workers.data.batches import TrainBatches
 
     costs = None
     if profile_on is not None:
         spec = compiled.spec
-        batches = TrainBatches(
-            profile_on.x_train,
-            profile_on.y_train,
+        batches = profile_on.train_batches(
             spec.data.batch_size,
             seed=spec.seed,
             shuffle=spec.data.shuffle,

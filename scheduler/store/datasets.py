@@ -16,9 +16,10 @@ import os
 import re
 import secrets
 import shutil
+import tarfile
 import tempfile
 import zipfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Literal
 
 import numpy as np
@@ -27,6 +28,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from contract.rundir import dataset_dir
+from contract.shards import MAX_SHARDS, ShardError, ShardFormat, describe_shards
 from dsl.data_config import DATASET_NAME_PATTERN
 from scheduler.store.artifacts import confine
 from scheduler.store.errors import Conflict, InvalidRequest
@@ -41,12 +43,21 @@ from scheduler.store.tables import (
     write_shards,
 )
 
-Kind = Literal["npz", "csv"]
-KINDS: tuple[Kind, ...] = ("npz", "csv")
+Kind = Literal["npz", "csv", "shards"]
+KINDS: tuple[Kind, ...] = ("npz", "csv", "shards")
+# A .tar of shards is stored unpacked, as the folder `<name>/` that `source: shards` reads.
+SUFFIXES: dict[str, Kind] = {".npz": "npz", ".csv": "csv", ".tar": "shards"}
 # What a chunked upload may be, by the file name's extension; `text` is stored as .txt.
-UPLOAD_KINDS = {".npz": "npz", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
+UPLOAD_KINDS = {
+    ".npz": "npz",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".txt": "text",
+    ".tar": "shards",
+}
 CHUNK = 1 << 20
 CSV_SNIFF_ROWS = 1000
+MAX_TAR_MEMBERS = 2 * MAX_SHARDS + 2
 
 
 class TooLarge(InvalidRequest):
@@ -58,13 +69,13 @@ class UnsupportedKind(InvalidRequest):
 
 
 def kind_of(filename: str) -> Kind:
-    suffix = Path(filename).suffix.lower().lstrip(".")
-    if suffix not in KINDS:
+    suffix = Path(filename).suffix.lower()
+    if suffix not in SUFFIXES:
         raise UnsupportedKind(
-            f"'{filename}' is neither .npz nor .csv; datasets are numpy .npz archives or "
-            "numeric .csv tables"
+            f"'{filename}' is not .npz, .csv or .tar; datasets are numpy .npz archives, "
+            "numeric .csv tables or a .tar of shards"
         )
-    return suffix
+    return SUFFIXES[suffix]
 
 
 def upload_kind_of(filename: str) -> str:
@@ -223,16 +234,22 @@ def save_dataset(
                 out.write(chunk)
         if size == 0:
             raise InvalidRequest("the uploaded file is empty")
-        check_content(partial, kind, max_bytes)
+        if kind == "shards":
+            final = folder / name
+            unpacked = unpack_shards(partial, folder / f".{name}.{partial.name}.d", max_bytes)
+        else:
+            check_content(partial, kind, max_bytes)
         record = DatasetRecord(owner_id=owner.id, name=name, kind=kind, path=str(final), size=size)
         session.add(record)
         try:
             session.flush()
         except IntegrityError:  # the caller's session is spent: it rolls back, not us
             raise Conflict(_taken(name)) from None
-        partial.replace(final)
+        (unpacked if kind == "shards" else partial).replace(final)
     finally:
         partial.unlink(missing_ok=True)
+        if kind == "shards":
+            shutil.rmtree(folder / f".{name}.{partial.name}.d", ignore_errors=True)
     return record
 
 
@@ -304,6 +321,10 @@ def _stage(
         check_npz_pairs(check_npz_sizes(assembled, max_bytes))
     elif kind == "text":
         check_text(assembled)
+    elif kind == "shards":
+        unpack_shards(assembled, staged, max_bytes)
+        assembled.unlink()
+        return "shards"
     else:
         raise UnsupportedKind(f"uploads of kind {kind} are not taken")
     assembled.replace(staged)
@@ -344,6 +365,54 @@ def remove_stored(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
+
+
+def unpack_shards(tar: Path, into: Path, max_bytes: int) -> Path:
+    """Unpack a .tar of shards into the new folder `into` and check it with describe_shards.
+
+    Only regular files are taken, each under its own base name (a leading folder is dropped):
+    no links, devices or paths that climb out. The declared sizes and the member count are
+    held to their limits before anything is written."""
+    try:
+        with tarfile.open(tar, mode="r:") as archive:
+            members = archive.getmembers()
+            if len(members) > MAX_TAR_MEMBERS:
+                raise TooLarge(f"the .tar holds more than {MAX_TAR_MEMBERS} members")
+            files = [member for member in members if not member.isdir()]
+            total = sum(member.size for member in files)
+            if total > max_bytes:
+                raise TooLarge(
+                    f"the shards would unpack to {total} bytes, more than the limit of "
+                    f"{max_bytes}; nothing was unpacked"
+                )
+            names: set[str] = set()
+            into.mkdir()
+            for member in files:
+                base = PurePosixPath(member.name).name
+                if not member.isfile() or not base or base.startswith("."):
+                    raise InvalidRequest(
+                        f"the .tar member '{member.name}' is not a plain file; a .tar of "
+                        "shards holds NNNNN.x.npy / NNNNN.y.npy or .parquet files (and "
+                        "categories.json) only"
+                    )
+                if base in names:
+                    raise InvalidRequest(f"the .tar holds '{base}' twice")
+                names.add(base)
+                source = archive.extractfile(member)
+                assert source is not None  # a regular file
+                with source, (into / base).open("xb") as out:
+                    shutil.copyfileobj(source, out, CHUNK)
+    except (OSError, tarfile.TarError) as error:
+        raise InvalidRequest(f"the file is not a readable .tar archive ({error})") from None
+    shard_format: ShardFormat = (
+        "parquet" if any(name.endswith(".parquet") for name in names) else "npy"
+    )
+    try:
+        describe_shards(into, shard_format)
+    except ShardError as error:
+        where = f"{error.shard}: " if error.shard else ""
+        raise InvalidRequest(f"the .tar is not a valid set of shards: {where}{error}") from None
+    return into
 
 
 def _taken(name: str) -> str:

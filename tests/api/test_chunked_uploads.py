@@ -157,7 +157,7 @@ def test_quota_counts_open_uploads_and_refuses_past_it(api: Api) -> None:
     assert aborted.status_code == 204 and used(api) == 0
     assert start(api, "two", "two.npz", content).status_code == 201
     # Bounds: the kind by extension, the part size, the open uploads per user.
-    assert start(api, "t", "t.tar", content).status_code == 415
+    assert start(api, "t", "t.bin", content).status_code == 415
     assert start(api, "p", "p.npz", content, part_size=100).status_code == 422
     assert start(api, "two", "two.npz", content).status_code == 409
     assert start(api, "b1", "b1.npz", b"12", user="bob").status_code == 201

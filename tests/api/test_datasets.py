@@ -68,8 +68,8 @@ def test_upload_npz_and_csv_then_list(api: Any) -> None:
 @pytest.mark.parametrize(
     ("filename", "content", "status", "message"),
     [
-        ("data.txt", b"1,2\n3,4\n", 415, "neither .npz nor .csv"),
-        ("data", b"1,2\n3,4\n", 415, "neither .npz nor .csv"),
+        ("data.txt", b"1,2\n3,4\n", 415, "is not .npz, .csv or .tar"),
+        ("data", b"1,2\n3,4\n", 415, "is not .npz, .csv or .tar"),
         ("data.npz", b"this is not a zip", 422, "not a readable numpy .npz"),
         ("data.csv", b"\xff\xfe\x00bad", 422, "not UTF-8"),
         ("data.csv", b"1,2,3\n4,5\n", 422, "same number of columns"),

@@ -46,6 +46,7 @@ def test_every_config_source_has_a_loader() -> None:
         "digits",
         "mnist1d",
         "npz",
+        "shards",
         "synthetic",
         "text",
     ]

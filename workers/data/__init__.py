@@ -12,27 +12,37 @@ from dsl.layers.base import BuildContext
 from dsl.schema import JobSpec
 
 # Imported for their side effect: each module registers its sources.
-from workers.data import builtin, files, synthetic, text, uploaded  # noqa: F401
+from workers.data import builtin, files, shards, synthetic, text, uploaded  # noqa: F401
 from workers.data.base import (
     DATA_SOURCES,
+    STREAM_KEY,
     DataInfo,
     Dataset,
     DataSource,
+    TrainSource,
+    TrainStream,
     counted,
     hold_out_validation,
+    restore_stream,
+    stream_meta,
 )
 from workers.data.batches import TrainBatches, eval_batches
 
 __all__ = [
     "DATA_SOURCES",
+    "STREAM_KEY",
     "DataInfo",
     "DataSource",
     "Dataset",
     "TrainBatches",
+    "TrainSource",
+    "TrainStream",
     "TrainingData",
     "describe",
     "eval_batches",
     "load_dataset",
+    "restore_stream",
+    "stream_meta",
 ]
 
 
@@ -47,7 +57,7 @@ def load_dataset(
     dataset = source.load(
         config, seed=seed, cache_dir=Path(cache_dir), base_dir=Path(base_dir or Path.cwd())
     )
-    if config.validation_fraction > 0:
+    if config.validation_fraction > 0 and not source.own_validation:
         dataset = hold_out_validation(dataset, config.validation_fraction, seed)
     return counted(dataset)
 
@@ -81,7 +91,7 @@ class TrainingData:
             spec.data, seed=spec.seed, cache_dir=self.cache_dir, base_dir=self.base_dir
         )
         self._dataset = dataset
-        return dataset.info.build_context(train_samples=len(dataset.x_train))
+        return dataset.info.build_context(train_samples=dataset.train_samples)
 
     @property
     def dataset(self) -> Dataset:

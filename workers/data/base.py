@@ -10,13 +10,14 @@ training split (`validation_fraction`) is every source's: `hold_out_validation`,
 
 from __future__ import annotations
 
+import json
 import math
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -25,6 +26,7 @@ from dsl.data_config import DataSourceConfig
 from dsl.errors import DataSourceError
 from dsl.layers.base import BuildContext
 from dsl.registry import Registry
+from workers.data.batches import Batch, TrainBatches
 
 XDtype = Literal["float32", "int64"]
 
@@ -41,10 +43,13 @@ class DataInfo:
     x_dtype: XDtype
     # The characters behind token ids (text only), to decode what a language model generates.
     vocabulary: str | None = None
-    # The samples of all its splits (None: not known before loading), for the memory estimate.
+    # The samples of all its splits (None: not known before loading), for the memory estimate:
+    # those a worker holds in memory (a sharded dataset's training samples are streamed).
     num_samples: int | None = None
-    # The values behind the indices of an uploaded table's text columns (categories.json):
-    # {"features": {column: [values]}, "label": [values]}.
+    # A sharded dataset's training samples, read from disk while training (not held).
+    streamed_samples: int | None = None
+    # What the integer codes of categorical columns stood for (a dataset's categories.json):
+    # {"features": {column: [values]}, "label": [values]}, carried to the model card.
     categories: dict[str, Any] | None = None
 
     @property
@@ -79,6 +84,9 @@ class Dataset:
     # from the training split (`hold_out_validation`).
     x_val: torch.Tensor | None = None
     y_val: torch.Tensor | None = None
+    # Training samples read while training (a folder of shards); x_train and y_train then hold
+    # no rows, and the training split is not among `splits()`.
+    stream: TrainSource | None = None
 
     def __post_init__(self) -> None:
         # A source that disagrees with its own DataInfo would surface as a baffling shape error
@@ -100,8 +108,10 @@ class Dataset:
                 )
 
     def splits(self) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
-        """(name, samples, labels) of each split: train, test and, if any, val."""
-        out = [("train", self.x_train, self.y_train), ("test", self.x_test, self.y_test)]
+        """(name, samples, labels) of each split held in memory: train (unless streamed),
+        test and, if any, val."""
+        out = [("train", self.x_train, self.y_train)] if self.stream is None else []
+        out.append(("test", self.x_test, self.y_test))
         if self.x_val is not None and self.y_val is not None:
             out.append(("val", self.x_val, self.y_val))
         return out
@@ -111,6 +121,37 @@ class Dataset:
         """What its tensors take in memory."""
         return sum(t.nbytes for _, x, y in self.splits() for t in (x, y))
 
+    @property
+    def train_samples(self) -> int:
+        return len(self.x_train) if self.stream is None else self.stream.samples
+
+    def train_batches(
+        self,
+        batch_size: int,
+        *,
+        seed: int,
+        rank: int = 0,
+        world: int = 1,
+        shuffle: bool = True,
+        device: torch.device | str = "cpu",
+    ) -> TrainStream:
+        """The endless stream of training batches of worker `rank` of `world` (its part of
+        every global batch of `batch_size`), on `device`."""
+        if self.stream is not None:
+            return self.stream.batches(
+                batch_size, seed=seed, rank=rank, world=world, shuffle=shuffle, device=device
+            )
+        return TrainBatches(
+            self.x_train,
+            self.y_train,
+            batch_size,
+            seed=seed,
+            rank=rank,
+            world=world,
+            shuffle=shuffle,
+            device=device,
+        )
+
     def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """The samples and labels of the split `name` (train, val or test)."""
         for split, x, y in self.splits():
@@ -119,11 +160,82 @@ class Dataset:
         raise KeyError(f"the dataset has no {name} split")
 
 
+class TrainStream(Protocol):
+    """What a trainer draws its batches from: endless, seeded, restorable in O(1)."""
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def steps_per_epoch(self) -> int: ...
+
+    def state(self) -> dict[str, Any]:
+        """Where the stream stands (JSON-ready): at least {"epoch": e, "position": p}."""
+        ...
+
+    def restore(self, state: Mapping[str, Any]) -> None: ...
+
+    def close(self) -> None:
+        """Release what reads ahead (a reader thread); the stream may not be drawn from after."""
+        ...
+
+    def __iter__(self) -> Iterator[Batch]: ...
+
+    def __next__(self) -> Batch: ...
+
+
+# The checkpoint metadata key of a stream's whole state (JSON): a sharded stream's shard order
+# and each worker's position in its range besides the epoch and position.
+STREAM_KEY = "data_stream"
+
+
+def stream_meta(stream: TrainStream) -> dict[str, str]:
+    """A checkpoint's metadata for where `stream` stands."""
+    state = stream.state()
+    return {
+        "epoch": str(state["epoch"]),
+        "position": str(state["position"]),
+        STREAM_KEY: json.dumps(state),
+    }
+
+
+def restore_stream(stream: TrainStream, meta: Mapping[str, str]) -> None:
+    """Put `stream` where a checkpoint's metadata says it stood (older checkpoints hold only
+    the epoch and position)."""
+    saved = meta.get(STREAM_KEY)
+    if saved:
+        stream.restore(json.loads(saved))
+    else:
+        stream.restore({"epoch": int(meta["epoch"]), "position": int(meta["position"])})
+
+
+class TrainSource(Protocol):
+    """Training samples that are read while training instead of held (workers/data/shards.py)."""
+
+    @property
+    def samples(self) -> int: ...
+
+    def batches(
+        self,
+        batch_size: int,
+        *,
+        seed: int,
+        rank: int,
+        world: int,
+        shuffle: bool,
+        device: torch.device | str,
+    ) -> TrainStream: ...
+
+
 C = TypeVar("C", bound=DataSourceConfig)
 
 
 class DataSource(ABC, Generic[C]):
     """Loads one kind of `data:` section. Instances are stateless; one is registered per name."""
+
+    # Whether the source holds out `validation_fraction` itself (a sharded dataset: whole
+    # shards), instead of `hold_out_validation` on the training split it loaded.
+    own_validation: ClassVar[bool] = False
 
     @abstractmethod
     def load(self, config: C, *, seed: int, cache_dir: Path, base_dir: Path) -> Dataset:

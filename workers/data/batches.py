@@ -83,6 +83,10 @@ class TrainBatches:
         self._order = self._permutation(epoch)
         self._ahead = None
 
+    def close(self) -> None:
+        """Drop the batch gathered ahead (the samples are the dataset's, held by the caller)."""
+        self._ahead = None
+
     def __iter__(self) -> Iterator[Batch]:
         return self
 
