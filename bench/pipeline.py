@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a pack
 
 from local_cluster import launch_local
 
+from contract.rundir import TIMELINE
 from scheduler.cli.redis_server import RedisServer
 from workers.context import worker_dir
 from workers.metrics import read_metrics
@@ -186,15 +187,39 @@ def smoke(url: str, root: Path) -> dict[str, Any]:
 def paired_speedup(job: dict[str, Any], steps: int, repeats: int, url: str, root: Path) -> float:
     """The median over `repeats` pairs of the pipelined job's throughput over the unpipelined
     job's, run just before it."""
+    return statistics.median(paired_runs(job, steps, repeats, url, root)[0])
+
+
+def paired_runs(
+    job: dict[str, Any], steps: int, repeats: int, url: str, root: Path
+) -> tuple[list[float], list[float]]:
+    """Each pair's ratio (pipelined throughput over the unpipelined run just before it), and
+    each pipelined run's step time in ms from its stages' timelines."""
     plain = {k: v for k, v in job.items() if k != "pipeline"}
-    ratios = []
+    ratios, spans = [], []
     for i in range(repeats):
         pipeline = job["pipeline"]
         pieces = pipeline.get("virtual_stages", 1)
         name = f"{pipeline['schedule']}-v{pieces}-m{pipeline['microbatches']}-{i}"
         base = throughput(run_job(plain, url, root, f"plain-{name}"))
         ratios.append(throughput(run_job(job, url, root, name)) / base)
-    return statistics.median(ratios)
+        spans.append(step_ms(root / name))
+    return ratios, spans
+
+
+def step_ms(run_dir: Path) -> float:
+    """The median, over the timed steps after the first, of the longest stage's span from its
+    first pass's start to its last pass's end: the pipeline's step as its stages timed it,
+    without the data loading and updates between steps."""
+    by_step: dict[int, float] = {}
+    for path in sorted(run_dir.glob(f"workers/*/{TIMELINE}")):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            events = record["events"]
+            span = max(e[3] for e in events) - min(e[2] for e in events)
+            by_step[record["step"]] = max(by_step.get(record["step"], 0.0), span)
+    spans = [by_step[step] for step in sorted(by_step)[1:]] or list(by_step.values())
+    return statistics.median(spans) * 1000
 
 
 def measure_schedules(
@@ -206,14 +231,22 @@ def measure_schedules(
     base: dict[str, Any] = JOB,
 ) -> dict[str, Any]:
     """Each schedule's speed-up at M = 8 (paired with its own unpipelined runs), its share of
-    linear (K) and of 1F1B's speed-up in the same run."""
-    speedups = {}
+    linear (K) and of 1F1B's speed-up in the same run; and its step as the stages timed it,
+    against 1F1B's (a comparison of the pipelined runs alone, without their baselines)."""
+    speedups, spans = {}, {}
     for name, (schedule, pieces) in schedules.items():
         job = pipelined(steps, 8, schedule, False, pieces, base)
-        speedups[name] = paired_speedup(job, steps, repeats, url, root)
+        ratios, timed = paired_runs(job, steps, repeats, url, root)
+        speedups[name], spans[name] = statistics.median(ratios), statistics.median(timed)
     first = speedups["1f1b"]
     return {
-        name: {"speedup": value, "of_linear": value / STAGES, "over_1f1b": value / first}
+        name: {
+            "speedup": value,
+            "of_linear": value / STAGES,
+            "over_1f1b": value / first,
+            "step_ms": spans[name],
+            "timed_over_1f1b": spans["1f1b"] / spans[name],
+        }
         for name, value in speedups.items()
     }
 
