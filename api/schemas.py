@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from contract.allocation import AllocationState
 from dsl.data_config import DATASET_NAME_PATTERN
+from dsl.schema import PipelineSchedule
 from scheduler.store.models import JobOut
 from scheduler.store.states import JobState, NodeState, SweepState
 
@@ -196,6 +197,7 @@ class PlacementOut(BaseModel):
 
 class StageOut(BaseModel):
     layers: list[str] = Field(description="the layers the stage runs, in topological order")
+    rank: int = Field(description="the stage that runs it (itself without virtual stages)")
     params: int
     time_ms: float = Field(
         description="forward and backward time of one batch, estimated or measured"
@@ -207,11 +209,13 @@ class StageOut(BaseModel):
 
 
 class PipelinePlanOut(BaseModel):
-    """The planner's stages (dsl/planner.py PipelinePlan.to_dict)."""
+    """The planner's stages (dsl/planner.py PipelinePlan.to_dict): with virtual stages, the
+    pieces of the net in pipeline order, each with the stage that runs it."""
 
     stages: list[StageOut]
     microbatches: int
-    schedule: Literal["gpipe", "1f1b"]
+    schedule: PipelineSchedule
+    virtual_stages: int = Field(description="pieces of the net each stage runs")
     rematerialize: bool
     max_stage_memory_mb: float | None
     costs: Literal["estimated", "measured"]
@@ -305,8 +309,11 @@ class GraphOut(BaseModel):
 
 
 class TimelineEventOut(BaseModel):
-    kind: Literal["F", "B"] = Field(description="F: a micro-batch's forward, B: its backward")
+    kind: Literal["F", "B", "W"] = Field(
+        description="F: forward, B: backward (input gradients if split), W: weight gradients"
+    )
     microbatch: int
+    piece: int = Field(description="the piece of the net (virtual stage) it ran, in pipeline order")
     start: float = Field(description="seconds from the start of the step")
     end: float = Field(description="seconds from the start of the step")
 
@@ -323,22 +330,33 @@ class StageTimelineOut(BaseModel):
     def of(
         cls, group: int, rank: int, step: int, events: Sequence[Sequence[Any]]
     ) -> StageTimelineOut:
-        """From the (kind, micro-batch, start, end) events of a TimelineRecord or its row."""
+        """From the (kind, micro-batch, start, end, piece) events of a TimelineRecord or its
+        row (rows stored before pieces were recorded lack the piece: the stage's own)."""
         return cls(
             group=group,
             rank=rank,
             step=step,
             events=[
-                TimelineEventOut(kind=kind, microbatch=microbatch, start=start, end=end)
-                for kind, microbatch, start, end in events
+                TimelineEventOut(
+                    kind=kind,
+                    microbatch=microbatch,
+                    start=start,
+                    end=end,
+                    piece=piece[0] if piece else rank,
+                )
+                for kind, microbatch, start, end, *piece in events
             ],
         )
 
 
 class PipelineOut(BaseModel):
-    stages: list[list[str]] = Field(description="the layers of each stage, first stage first")
+    stages: list[list[str]] = Field(
+        description="the layers of each stage (virtual stage), first first"
+    )
     microbatches: int = Field(description="micro-batches per batch")
-    schedule: Literal["gpipe", "1f1b"]
+    schedule: PipelineSchedule
+    virtual_stages: int = Field(description="pieces of the net each stage runs")
+    piece_stages: list[int] = Field(description="the stage that runs each entry of stages")
     rematerialize: bool
     replicas: int = Field(description="pipelines trained side by side (the worker groups)")
     timelines: list[StageTimelineOut] = Field(

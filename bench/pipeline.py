@@ -20,7 +20,14 @@ Target: >= 0.85 of it at M = 8. Memory: the most activation memory a stage holds
 backward passes (pipeline/activation_mb) with and without `rematerialize`; target: at most
 half with it.
 
+Schedules (`--only schedules` runs just these): 1F1B and the schedules with virtual stages
+(interleaved 1F1B and zero bubble with 2 pieces per stage, zero bubble with 1, ZB-V) at K = 2,
+M = 8, each paired with its own unpipelined run and repeated likewise. Targets: the best new
+schedule's speed-up >= 1.1x 1F1B's in the same run, and >= 0.85 of linear (K).
+
     .venv/bin/python bench/pipeline.py [--steps 30] [--repeats 2] [--plot docs/img/pipeline.png]
+    .venv/bin/python bench/pipeline.py --only schedules --steps 20 --repeats 3
+    .venv/bin/python bench/pipeline.py --smoke   # every schedule runs a few steps of a small net
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a pack
 import smoke
 from local_cluster import launch_local
 
+from contract.rundir import TIMELINE
 from scheduler.cli.redis_server import RedisServer
 from workers.context import worker_dir
 from workers.metrics import read_metrics
@@ -106,12 +114,29 @@ def peak_activation_mb(records: dict[tuple[int, int], list[dict[str, float]]]) -
     return [max(r["train/pipeline/activation_mb"] for r in records[key]) for key in sorted(records)]
 
 
+# The schedules compared at M = 8: name -> (schedule, virtual_stages); 1F1B is the baseline.
+SCHEDULES: dict[str, tuple[str, int | None]] = {
+    "1f1b": ("1f1b", None),
+    "interleaved_1f1b_v2": ("interleaved_1f1b", 2),
+    "zero_bubble": ("zero_bubble", None),
+    "zero_bubble_v2": ("zero_bubble", 2),
+    "zbv": ("zbv", None),
+}
+
+
 def pipelined(
-    steps: int, microbatches: int, schedule: str = "gpipe", remat: bool = False
+    steps: int,
+    microbatches: int,
+    schedule: str = "gpipe",
+    remat: bool = False,
+    virtual_stages: int | None = None,
+    base: dict[str, Any] = JOB,
 ) -> dict[str, Any]:
     pipeline = {"stages": STAGES, "microbatches": microbatches, "schedule": schedule,
                 "rematerialize": remat}  # fmt: skip
-    return {**JOB, "train_steps": steps, "pipeline": pipeline}
+    if virtual_stages is not None:
+        pipeline["virtual_stages"] = virtual_stages
+    return {**base, "train_steps": steps, "pipeline": pipeline}
 
 
 def main() -> None:
@@ -119,31 +144,110 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--plot", type=Path, default=None, help="write the speed-up plot here")
-    args = smoke.parse(parser, steps=10, repeats=1)
+    parser.add_argument(
+        "--only", choices=["all", "schedules"], default="all", help="schedules: M = 8 only"
+    )
+    # --smoke: 1F1B against ZB-V, 3 steps of a small net (smoke_run), not the whole comparison.
+    args = smoke.parse(parser)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         (root / "cache").mkdir()
         server = RedisServer(root / "redis", persist=False)
         url = server.start()
         try:
-            results = measure(args.steps, args.repeats, url, root)
+            if args.smoke:
+                results = smoke_run(url, root)
+            elif args.only == "schedules":
+                results = {"schedules_m8": measure_schedules(args.steps, args.repeats, url, root)}
+            else:
+                results = measure(args.steps, args.repeats, url, root)
         finally:
             server.stop()
     print(json.dumps(results, indent=2))
-    if args.plot:
+    if args.plot and "gpipe" in results:
         plot(results, args.plot)
+
+
+def smoke_run(url: str, root: Path) -> dict[str, Any]:
+    """The schedule comparison with 1F1B and ZB-V only, 3 steps of a 16-channel version of the
+    net, one pair each: the script runs end to end, its figures mean nothing."""
+    small: dict[str, Any] = json.loads(json.dumps(JOB))
+    small["data"] |= {"num_samples": 160, "num_features": 16 * 32, "batch_size": 32}
+    for layer in small["neuralnet"]["layers"]:
+        if layer["type"] == "reshape":
+            layer["shape"] = [16, 32]
+        if layer["type"] == "conv1d":
+            layer["filters"] = 16
+    small["disp_freq"] = 1
+    chosen = {name: SCHEDULES[name] for name in ("1f1b", "zbv")}
+    return {"schedules_m8": measure_schedules(3, 1, url, root, chosen, small)}
 
 
 def paired_speedup(job: dict[str, Any], steps: int, repeats: int, url: str, root: Path) -> float:
     """The median over `repeats` pairs of the pipelined job's throughput over the unpipelined
     job's, run just before it."""
-    plain = {**JOB, "train_steps": steps}
-    ratios = []
+    return statistics.median(paired_runs(job, steps, repeats, url, root)[0])
+
+
+def paired_runs(
+    job: dict[str, Any], steps: int, repeats: int, url: str, root: Path
+) -> tuple[list[float], list[float]]:
+    """Each pair's ratio (pipelined throughput over the unpipelined run just before it), and
+    each pipelined run's step time in ms from its stages' timelines."""
+    plain = {k: v for k, v in job.items() if k != "pipeline"}
+    ratios, spans = [], []
     for i in range(repeats):
-        name = f"{job['pipeline']['schedule']}-m{job['pipeline']['microbatches']}-{i}"
+        pipeline = job["pipeline"]
+        pieces = pipeline.get("virtual_stages", 1)
+        name = f"{pipeline['schedule']}-v{pieces}-m{pipeline['microbatches']}-{i}"
         base = throughput(run_job(plain, url, root, f"plain-{name}"))
         ratios.append(throughput(run_job(job, url, root, name)) / base)
-    return statistics.median(ratios)
+        spans.append(step_ms(root / name))
+    return ratios, spans
+
+
+def step_ms(run_dir: Path) -> float:
+    """The median, over the timed steps after the first, of the longest stage's span from its
+    first pass's start to its last pass's end: the pipeline's step as its stages timed it,
+    without the data loading and updates between steps."""
+    by_step: dict[int, float] = {}
+    for path in sorted(run_dir.glob(f"workers/*/{TIMELINE}")):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            events = record["events"]
+            span = max(e[3] for e in events) - min(e[2] for e in events)
+            by_step[record["step"]] = max(by_step.get(record["step"], 0.0), span)
+    spans = [by_step[step] for step in sorted(by_step)[1:]] or list(by_step.values())
+    return statistics.median(spans) * 1000
+
+
+def measure_schedules(
+    steps: int,
+    repeats: int,
+    url: str,
+    root: Path,
+    schedules: dict[str, tuple[str, int | None]] = SCHEDULES,
+    base: dict[str, Any] = JOB,
+) -> dict[str, Any]:
+    """Each schedule's speed-up at M = 8 (paired with its own unpipelined runs), its share of
+    linear (K) and of 1F1B's speed-up in the same run; and its step as the stages timed it,
+    against 1F1B's (a comparison of the pipelined runs alone, without their baselines)."""
+    speedups, spans = {}, {}
+    for name, (schedule, pieces) in schedules.items():
+        job = pipelined(steps, 8, schedule, False, pieces, base)
+        ratios, timed = paired_runs(job, steps, repeats, url, root)
+        speedups[name], spans[name] = statistics.median(ratios), statistics.median(timed)
+    first = speedups["1f1b"]
+    return {
+        name: {
+            "speedup": value,
+            "of_linear": value / STAGES,
+            "over_1f1b": value / first,
+            "step_ms": spans[name],
+            "timed_over_1f1b": spans["1f1b"] / spans[name],
+        }
+        for name, value in speedups.items()
+    }
 
 
 def measure(steps: int, repeats: int, url: str, root: Path) -> dict[str, Any]:
@@ -160,6 +264,7 @@ def measure(steps: int, repeats: int, url: str, root: Path) -> dict[str, Any]:
     return {
         "gpipe": rows,
         "1f1b_m8": {"speedup": one_f_one_b, "of_ideal": one_f_one_b / ideal(STAGES, 8)},
+        "schedules_m8": measure_schedules(steps, repeats, url, root),
         "activation_mb_m8": {"kept": kept, "rematerialized": remat,
                              "ratio": [r / k for r, k in zip(remat, kept, strict=True)]},
     }  # fmt: skip

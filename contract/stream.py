@@ -22,7 +22,7 @@ from contract.keys import Keys
 
 STREAM_MAXLEN = 200_000
 ATTEMPT = "attempt"  # an entry's envelope field: which placement of the job wrote it
-TIMELINE_KINDS = ("F", "B")
+TIMELINE_KINDS = ("F", "B", "W")
 
 
 @dataclass(frozen=True)
@@ -90,19 +90,23 @@ class StateRecord:
 
 @dataclass(frozen=True)
 class TimelineRecord:
-    """When one stage of a pipeline computed in one step: (kind, micro-batch, start, end) with
-    kind "F" (forward) or "B" (backward) and times in seconds from the step's start."""
+    """When one stage of a pipeline computed in one step: (kind, micro-batch, start, end, piece)
+    with kind "F" (forward), "B" (backward; input gradients only where the schedule splits the
+    backward) or "W" (weight gradients), times in seconds from the step's start, and the piece
+    of the net it ran (the stage itself, without virtual stages)."""
 
     kind: ClassVar[str] = "timeline"
     step: int
-    events: tuple[tuple[str, int, float, float], ...]
+    events: tuple[tuple[str, int, float, float, int], ...]
     group: int = 0  # the pipeline (replica)
     rank: int = 0  # the stage
     time: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:
         if any(event[0] not in TIMELINE_KINDS for event in self.events):
-            raise ValueError("an event's kind is neither F (forward) nor B (backward)")
+            raise ValueError(
+                "an event's kind is none of F (forward), B (backward), W (weight gradients)"
+            )
 
     def to_json(self) -> dict[str, object]:
         """The line of timeline.jsonl."""

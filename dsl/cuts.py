@@ -26,7 +26,8 @@ class StageCosts:
     """A net's layers in topological order, their costs, and what any stage of them costs."""
 
     def __init__(self, layers: Sequence[LayerConfig], costs: Costs, config: PipelineConfig) -> None:
-        self.config, self.count = config, config.count
+        # `count` parts: the pieces (stages, without virtual stages).
+        self.config, self.count = config, config.pieces
         self.position = {layer.name: i for i, layer in enumerate(layers)}
         self.sources = {layer.name: sources_of(layer) for layer in layers}
         pinned = last_stage_layers(layers)
@@ -65,10 +66,11 @@ class StageCosts:
         return self.kept(index, sum(self.bytes[name] for name in names), received)
 
     def kept(self, index: int, own: float, received: float) -> float:
-        """Bytes stage `index` keeps at once, from the bytes per batch of its layers' outputs
-        and of what it receives: for each micro-batch in flight (GPipe: all of them; 1F1B: at
-        most one per stage from this one on) both, or with `rematerialize` what it receives and
-        one micro-batch's outputs, recomputed."""
+        """Bytes stage (piece) `index` keeps at once, from the bytes per batch of its layers'
+        outputs and of what it receives: for each micro-batch in flight (GPipe: all of them;
+        1F1B and the others: at most one per piece from this one on, an estimate for the
+        interleaved and zero-bubble schedules) both, or with `rematerialize` what it receives
+        and one micro-batch's outputs, recomputed."""
         micro = self.config.microbatches
         in_flight = micro if self.config.schedule == "gpipe" else min(micro, self.count - index)
         if self.config.rematerialize:

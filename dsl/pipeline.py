@@ -10,6 +10,8 @@ chooses or takes the cuts); the compiler calls `pipeline_issues`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 from dsl.errors import SpecIssue
 from dsl.graph import SourceRef
@@ -25,6 +27,66 @@ UNSUPPORTED_ALGORITHMS = {
     "bptt": "bptt carries the recurrent layers' hidden state from one chunk of a sequence to "
     "the next, and a pipeline's stages do not keep that state per micro-batch",
 }
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """What a pipeline schedule asks of the plan and the job (torch.distributed.pipelining runs
+    it; workers/distributed/pipeline.py maps the name to its class)."""
+
+    name: str
+    least_pieces: int  # pieces of the net per stage (virtual stages): at least
+    most_pieces: int | None  # and at most (None: no limit of its own)
+    must_write_pieces: bool  # virtual_stages has no default: the job must say it
+    layout: Literal["loop", "v"]  # piece p runs on stage p mod K, or down and back up a V
+    split_backward: bool  # the backward runs as input-gradient (B) and weight-gradient (W)
+    in_rounds: bool  # the micro-batches run in rounds of max(1, M // K), which must divide M
+    hint: str  # what the schedule is for, in the errors' hints
+
+    @property
+    def multi(self) -> bool:
+        """Whether a stage may run more than one piece (torch's PipelineScheduleMulti)."""
+        return self.most_pieces != 1
+
+    def pieces_of(self, stage: int, stages: int, per_stage: int) -> list[int]:
+        """The pieces `stage` of `stages` runs, in pipeline order."""
+        if self.layout == "v":
+            return [stage, 2 * stages - 1 - stage]
+        return [stage + stages * i for i in range(per_stage)]
+
+    def stage_of(self, piece: int, stages: int) -> int:
+        """The stage that runs `piece`."""
+        if self.layout == "v" and piece >= stages:
+            return 2 * stages - 1 - piece
+        return piece % stages
+
+    def bubble_units(self, stages: int, per_stage: int) -> float:
+        """The idle time of a stage per step, in one micro-batch's forward and backward on one
+        stage, under the papers' assumption that forward, input-gradient and weight-gradient
+        passes take equal time: K - 1 for GPipe and 1F1B, (K - 1) / V interleaved; a zero-bubble
+        schedule fills two thirds of it with weight-gradient passes, ZB-V all of it."""
+        idle = (stages - 1) / per_stage
+        if self.layout == "v":
+            return 0.0
+        return idle / 3 if self.split_backward else idle
+
+
+SCHEDULE_SPECS = {
+    spec.name: spec
+    for spec in (
+        ScheduleSpec("gpipe", 1, 1, False, "loop", False, False, "all forwards, then backwards"),
+        ScheduleSpec("1f1b", 1, 1, False, "loop", False, False, "one forward, one backward"),
+        ScheduleSpec(
+            "interleaved_1f1b", 2, None, True, "loop", False, True, "1f1b over pieces in turn"
+        ),
+        ScheduleSpec("zero_bubble", 1, None, False, "loop", True, True, "B and W passes"),
+        ScheduleSpec("zbv", 2, 2, False, "v", True, False, "two pieces per stage in a V"),
+    )
+}
+
+
+def schedule_spec(name: str) -> ScheduleSpec:
+    return SCHEDULE_SPECS[name]
 
 
 def last_stage_only(layer: LayerConfig) -> bool:
@@ -75,15 +137,69 @@ def pipeline_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
     if config is None:
         return []
     issues = _algorithm_issues(spec, source)
+    schedule = _schedule_issues(config, source)
+    issues += schedule
+    if schedule:  # the stage count and the rounds depend on the pieces per stage
+        return issues
     issues += _microbatch_issues(spec, config, source)
     issues += _partition_issues(spec, source)
     layers = spec.neuralnet.expanded().layers
     if isinstance(config.stages, int):
-        issues += _count_issues(layers, config.stages, source)
+        issues += _count_issues(layers, config, source)
     else:
         stages = [names for names, _ in spec.stage_lists() or []]
         issues += StageLists(layers, stages, source).issues()
     return issues
+
+
+def _schedule_issues(config: PipelineConfig, source: SourceMap) -> list[SpecIssue]:
+    """virtual_stages against what the schedule runs, and written pieces against it."""
+    spec = SCHEDULE_SPECS[config.schedule]
+    written = config.virtual_stages
+    given = "virtual_stages" in config.model_fields_set and written is not None
+    least, most = spec.least_pieces, spec.most_pieces
+    if spec.must_write_pieces and not given:
+        return [
+            source.issue(
+                ("pipeline", "schedule"),
+                f"schedule {spec.name} needs virtual_stages: the pieces of the net each stage runs",
+                f"add virtual_stages: {least} (or more: a smaller bubble, more messages)",
+            )
+        ]
+    per = config.pieces_per_stage
+    if per < least or (most is not None and per > most):
+        if most == 1:
+            hint = (
+                "drop virtual_stages, or use schedule: interleaved_1f1b, zero_bubble or zbv to "
+                "run several pieces per stage"
+            )
+            needs = "runs one piece of the net per stage"
+        elif most == least:
+            hint = f"use virtual_stages: {least}, or drop it"
+            needs = f"runs exactly {least} pieces of the net per stage"
+        else:
+            hint = f"use virtual_stages: {least} or more"
+            needs = f"runs at least {least} pieces of the net per stage"
+        return [
+            source.issue(
+                ("pipeline", "virtual_stages"),
+                f"schedule {spec.name} ({spec.hint}) {needs}: virtual_stages {per}",
+                hint,
+            )
+        ]
+    if isinstance(config.stages, list) and per > 1:
+        pieces = len(config.stages)
+        if pieces % per or pieces // per < 2:
+            return [
+                source.issue(
+                    ("pipeline", "stages"),
+                    f"{pieces} stage lists with virtual_stages {per}: the lists are the pieces "
+                    f"of the net in pipeline order, {per} for each stage, so their number must "
+                    f"be a multiple of {per} and at least {2 * per}",
+                    f"write {max(2, round(pieces / per)) * per} lists, or change virtual_stages",
+                )
+            ]
+    return []
 
 
 def _algorithm_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
@@ -117,6 +233,7 @@ def _microbatch_issues(spec: JobSpec, config: PipelineConfig, source: SourceMap)
                 f"({_divisors_text(rows)}), or change data.batch_size",
             )
         )
+    issues += _round_issues(config, source)
     if config.schedule == "1f1b" and micro < stages:
         default = "" if "schedule" in config.model_fields_set else " (the default)"
         fit = _divisors(batch, least=stages)
@@ -130,6 +247,27 @@ def _microbatch_issues(spec: JobSpec, config: PipelineConfig, source: SourceMap)
             )
         )
     return issues
+
+
+def _round_issues(config: PipelineConfig, source: SourceMap) -> list[SpecIssue]:
+    """Interleaved and zero-bubble schedules run the micro-batches in rounds of max(1, M // K)
+    (torch.distributed.pipelining), and the rounds must divide M."""
+    spec = SCHEDULE_SPECS[config.schedule]
+    micro, stages = config.microbatches, config.count
+    rounds = max(1, micro // stages)
+    if not spec.in_rounds or micro % rounds == 0:
+        return []
+    fits = [m for m in range(stages, 4 * stages + 1) if m % max(1, m // stages) == 0]
+    return [
+        source.issue(
+            ("pipeline", "microbatches"),
+            f"schedule {spec.name} runs the micro-batches in rounds of max(1, microbatches // "
+            f"stages) = {rounds}, which must divide microbatches: {micro} micro-batches for "
+            f"{stages} stages",
+            f"use microbatches such as {', '.join(str(m) for m in fits[:6])} "
+            "(and a data.batch_size they divide)",
+        )
+    ]
 
 
 # batch_size has no upper bound: the hints try this many candidate divisors at most.
@@ -183,14 +321,26 @@ def _partition_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
     return issues
 
 
-def _count_issues(layers: Sequence[LayerConfig], count: int, source: SourceMap) -> list[SpecIssue]:
-    most = max_stages(layers)
-    if count <= most:
+def _count_issues(
+    layers: Sequence[LayerConfig], config: PipelineConfig, source: SourceMap
+) -> list[SpecIssue]:
+    most, pieces, per = max_stages(layers), config.pieces, config.pieces_per_stage
+    if pieces <= most:
         return []
+    if per > 1:
+        return [
+            source.issue(
+                ("pipeline", "stages"),
+                f"{config.count} stages of {per} pieces each cut the net into {pieces} pieces, "
+                f"and it can be cut into at most {most}: every piece but the last needs a layer "
+                "of its own between the inputs and the losses, metrics and test-only layers",
+                f"use at most {most // per} stages, or fewer virtual_stages",
+            )
+        ]
     return [
         source.issue(
             ("pipeline", "stages"),
-            f"{count} stages for a net that can be cut into at most {most}: every stage but the "
+            f"{pieces} stages for a net that can be cut into at most {most}: every stage but the "
             "last needs a layer of its own between the inputs and the losses, metrics and "
             "test-only layers (which all run on the last stage)",
             f"use at most {most} stages",

@@ -1,12 +1,18 @@
 """The pipeline stage planner: which layers each stage of a pipelined job runs.
 
-A plan lists the layers of every stage in the net's topological order. Input layers go to the
-first stage; losses, metrics and layers that run only in the test phase go to the last, where
-the labels are (dsl/pipeline.py says which). A list of lists of layer names is taken as written
-(dsl/pipeline.py has checked it). `stages: K` is cut where the stages balance: PipeDream's
-objective, the slowest stage's forward and backward time, is minimised by dynamic programming
-(dsl/cuts.py) over the contiguous cuts of the topological order whose every stage keeps at most
-`max_stage_memory_mb` of activations.
+A plan lists the layers of every stage in the net's topological order. With `virtual_stages: V`
+(interleaved and zero-bubble schedules) the net is cut into K·V pieces, each stage running V of
+them: pieces i, i + K, ... (round-robin), or i and 2K - 1 - i for ZB-V's V shape; a plan's
+`stages` are then the pieces in pipeline order, each naming the stage that runs it.
+
+Input layers go to the first piece; losses, metrics and layers that run only in the test
+phase go to the last, where the labels are (dsl/pipeline.py says which). A list of lists of
+layer names is taken as written (dsl/pipeline.py has checked it). `stages: K` is cut where the
+stages balance: PipeDream's objective, the slowest stage's forward and backward time, is
+minimised by dynamic programming (dsl/cuts.py) over the contiguous cuts of the topological
+order whose every stage keeps at most `max_stage_memory_mb` of activations. With pieces, the
+slowest piece is minimised (so the stages, V pieces each, balance too) and each piece may keep
+`max_stage_memory_mb / V`.
 
 A stage's activation memory is what it keeps for its backward passes: the outputs of its layers
 and the tensors it receives, for each micro-batch in flight (GPipe: all M; 1F1B: at most K - i
@@ -26,7 +32,7 @@ from dsl.costs import estimate_costs
 from dsl.cuts import Costs, StageCosts, search_cut
 from dsl.errors import JobSpecError
 from dsl.net import CompiledLayer
-from dsl.pipeline import last_stage_only
+from dsl.pipeline import SCHEDULE_SPECS, last_stage_only
 
 MB = 2**20
 
@@ -38,10 +44,12 @@ class StagePlan:
     time_ms: float  # forward and backward of all of one batch's micro-batches
     activation_mb: float  # the most it keeps at once for its backward passes
     inputs: tuple[str, ...]  # the layers of earlier stages whose outputs it reads
+    rank: int  # the stage (worker of the pipeline) that runs it: itself without virtual stages
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "layers": list(self.layers),
+            "rank": self.rank,
             "params": self.params,
             "time_ms": self.time_ms,
             "activation_mb": self.activation_mb,
@@ -57,34 +65,65 @@ class PipelinePlan:
     rematerialize: bool
     max_stage_memory_mb: float | None
     measured: bool  # the costs were measured (profile_costs), not estimated
+    virtual_stages: int = 1  # pieces each stage runs: `stages` holds count x virtual_stages
+
+    @property
+    def count(self) -> int:
+        """The number of stages: worker processes of one pipeline."""
+        return len(self.stages) // self.virtual_stages
 
     def stage_of(self) -> dict[str, int]:
-        """Layer name -> the stage that runs it."""
+        """Layer name -> the piece that runs it (the stage, without virtual stages)."""
         return {name: i for i, stage in enumerate(self.stages) for name in stage.layers}
 
+    def pieces_of(self, rank: int) -> list[int]:
+        """The pieces stage `rank` runs, in pipeline order."""
+        return [i for i, stage in enumerate(self.stages) if stage.rank == rank]
+
+    def rank_times(self) -> list[float]:
+        """Each stage's time: the sum of its pieces'."""
+        times = [0.0] * self.count
+        for stage in self.stages:
+            times[stage.rank] += stage.time_ms
+        return times
+
+    @property
+    def _idle(self) -> float:
+        """A stage's idle time per step, in micro-batch passes (ScheduleSpec.bubble_units)."""
+        spec = SCHEDULE_SPECS[self.schedule]
+        return spec.bubble_units(self.count, self.virtual_stages)
+
     def layer_lists(self) -> list[list[str]]:
+        """The layers of each piece (each stage, without virtual stages), in pipeline order."""
         return [list(stage.layers) for stage in self.stages]
+
+    def worker_layers(self) -> list[list[str]]:
+        """The layers each stage's worker holds: those of all its pieces."""
+        return [
+            [name for piece in self.pieces_of(rank) for name in self.stages[piece].layers]
+            for rank in range(self.count)
+        ]
 
     @property
     def bubble(self) -> float:
         """The fraction of a batch's time each stage waits while the pipeline fills and
-        drains: (K - 1) / (M + K - 1)."""
-        k, m = len(self.stages), self.microbatches
-        return (k - 1) / (m + k - 1)
+        drains: (K - 1) / (M + K - 1) for GPipe and 1F1B, less for the others."""
+        return self._idle / (self.microbatches + self._idle)
 
     @property
     def ideal_speedup(self) -> float:
-        """K·M / (M + K - 1): the speed-up over one worker of K stages of equal time."""
-        k, m = len(self.stages), self.microbatches
-        return k * m / (m + k - 1)
+        """K·M / (M + idle): the speed-up over one worker of K stages of equal time
+        (K·M / (M + K - 1) for GPipe and 1F1B)."""
+        return self.count * self.microbatches / (self.microbatches + self._idle)
 
     @property
     def balance(self) -> float:
         """The stages' mean time over the slowest's: 1 when they are equal."""
-        slowest = max(stage.time_ms for stage in self.stages)
+        times = self.rank_times()
+        slowest = max(times)
         if slowest <= 0:
             return 1.0
-        return sum(stage.time_ms for stage in self.stages) / (len(self.stages) * slowest)
+        return sum(times) / (len(times) * slowest)
 
     @property
     def expected_speedup(self) -> float:
@@ -96,6 +135,7 @@ class PipelinePlan:
             "stages": [stage.to_dict() for stage in self.stages],
             "microbatches": self.microbatches,
             "schedule": self.schedule,
+            "virtual_stages": self.virtual_stages,
             "rematerialize": self.rematerialize,
             "max_stage_memory_mb": self.max_stage_memory_mb,
             "costs": "measured" if self.measured else "estimated",
@@ -133,6 +173,7 @@ def plan_pipeline(job: CompiledJob, costs: Costs | None = None) -> PipelinePlan:
     else:
         lists = _best_cut(job, model)
     params = {row.name: row.params for row in job.table}
+    spec = SCHEDULE_SPECS[config.schedule]
     stages = tuple(
         StagePlan(
             layers=tuple(names),
@@ -140,17 +181,22 @@ def plan_pipeline(job: CompiledJob, costs: Costs | None = None) -> PipelinePlan:
             time_ms=model.time(names),
             activation_mb=model.memory(i, names) / MB,
             inputs=tuple(model.received(names)),
+            rank=spec.stage_of(i, config.count),
         )
         for i, names in enumerate(lists)
     )
-    return PipelinePlan(
+    plan = PipelinePlan(
         stages,
         config.microbatches,
         config.schedule,
         config.rematerialize,
         config.max_stage_memory_mb,
         measured=costs is not None,
+        virtual_stages=config.pieces_per_stage,
     )
+    if written is None and plan.virtual_stages > 1:
+        _check_cap(job, model, lists)  # the search bounded each piece; a stage holds several
+    return plan
 
 
 # The search asks for `stages` x `layers`^2 / 2 stage costs, about a second per million, and
@@ -172,6 +218,8 @@ def _best_cut(job: CompiledJob, model: StageCosts) -> list[list[str]]:
             )
         )
     cap = model.config.max_stage_memory_mb
+    if cap is not None:
+        cap /= model.config.pieces_per_stage
 
     def slowest(index: int, start: int, stop: int) -> tuple[float, float] | None:
         if cap is not None and model.stage_memory(index, start, stop) > cap * MB:
@@ -201,18 +249,23 @@ def _best_cut(job: CompiledJob, model: StageCosts) -> list[list[str]]:
 
 
 def _check_cap(job: CompiledJob, model: StageCosts, lists: list[list[str]]) -> None:
-    cap = model.config.max_stage_memory_mb
+    config = model.config
+    cap = config.max_stage_memory_mb
     if cap is None:
         return
+    spec = SCHEDULE_SPECS[config.schedule]
+    held = [0.0] * config.count
     for i, names in enumerate(lists):
-        held = model.memory(i, names)
-        if held > cap * MB:
+        held[spec.stage_of(i, config.count)] += model.memory(i, names)
+    for rank, kept in enumerate(held):
+        if kept > cap * MB:
+            pieces = "" if config.pieces_per_stage == 1 else "its pieces' "
             raise _cap_error(
                 job,
-                f"stage {i} keeps {held / MB:.1f} MB of activations, more than "
+                f"stage {rank} keeps {kept / MB:.1f} MB of activations, more than "
                 f"max_stage_memory_mb {cap:g}",
-                held,
-                f"move layers out of stage {i}, or ",
+                kept,
+                f"move layers out of {pieces}stage {rank}, or ",
             )
 
 

@@ -181,6 +181,10 @@ class CheckpointConfig(StrictModel):
     )
 
 
+# How a pipeline's micro-batches run (torch.distributed.pipelining's schedules).
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv"]
+
+
 class PipelineConfig(StrictModel):
     """GPipe / PipeDream pipeline parallelism: the net cut into stages, one worker each, and
     every batch into micro-batches that flow through them."""
@@ -190,10 +194,21 @@ class PipelineConfig(StrictModel):
         "stage, first stage first"
     )
     microbatches: int = Field(default=1, ge=1, description="micro-batches per batch")
-    schedule: Literal["gpipe", "1f1b"] = Field(
+    schedule: PipelineSchedule = Field(
         default="1f1b",
         description="gpipe: all forwards, then all backwards; 1f1b: one forward, one backward "
-        "(bounds the activations in flight)",
+        "(bounds the activations in flight); interleaved_1f1b: 1f1b over virtual_stages pieces "
+        "per stage (a smaller bubble); zero_bubble: backward split into input- and "
+        "weight-gradient passes that fill the bubble (virtual_stages pieces per stage, 1 or "
+        "more); zbv: zero bubble over two pieces per stage in a V",
+    )
+    virtual_stages: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="pieces of the net each stage runs (interleaved_1f1b: 2 or more; "
+        "zero_bubble: 1 or more, default 1; zbv: 2); with written stages, the lists are the "
+        "pieces in pipeline order",
     )
     rematerialize: bool = Field(
         default=False,
@@ -205,9 +220,25 @@ class PipelineConfig(StrictModel):
     )
 
     @property
+    def pieces_per_stage(self) -> int:
+        """The pieces of the net each stage runs: virtual_stages, or the schedule's default."""
+        if self.virtual_stages is not None:
+            return self.virtual_stages
+        return 2 if self.schedule == "zbv" else 1
+
+    @property
+    def pieces(self) -> int:
+        """The number of pieces the net is cut into, over all the stages."""
+        if isinstance(self.stages, int):
+            return self.stages * self.pieces_per_stage
+        return len(self.stages)
+
+    @property
     def count(self) -> int:
-        """The number of stages."""
-        return self.stages if isinstance(self.stages, int) else len(self.stages)
+        """The number of stages (worker processes of one pipeline)."""
+        if isinstance(self.stages, int):
+            return self.stages
+        return max(1, len(self.stages) // self.pieces_per_stage)
 
 
 Precision = Literal["fp32", "bf16", "fp16"]

@@ -84,14 +84,19 @@ def describe_topology(topology: Mapping[str, Any]) -> str:
 def pipeline_table(plan: Mapping[str, Any]) -> Table:
     """A pipeline plan's stages (PipelinePlan.to_dict() form, as the API returns it)."""
     stages = plan["stages"]
+    pieces = plan.get("virtual_stages", 1)
+    count = f"{len(stages)} stages"
+    if pieces > 1:  # the rows are the pieces, each on the stage `rank`
+        count = f"{len(stages) // pieces} stages x {pieces} pieces"
     title = (
-        f"pipeline: {len(stages)} stages x {plan['microbatches']} micro-batches, "
+        f"pipeline: {count} x {plan['microbatches']} micro-batches, "
         f"{plan['schedule']}{', rematerialized' if plan['rematerialize'] else ''} "
         f"({plan['costs']} costs)"
     )
     table = Table(title=title, title_justify="left")
+    columns = [("piece", "right"), ("stage", "right")] if pieces > 1 else [("stage", "right")]
     for column, justify in (
-        ("stage", "right"),
+        *columns,
         ("layers", "left"),
         ("params", "right"),
         ("fwd+bwd ms", "right"),
@@ -99,8 +104,9 @@ def pipeline_table(plan: Mapping[str, Any]) -> Table:
     ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for i, stage in enumerate(stages):
+        where = [str(i), str(stage["rank"])] if pieces > 1 else [str(i)]
         table.add_row(
-            str(i),
+            *where,
             ", ".join(stage["layers"]),
             f"{stage['params']:,}",
             f"{stage['time_ms']:.3f}",

@@ -348,8 +348,11 @@ class PartOut(BaseModel):
 
 
 class TimelineEventOut(BaseModel):
-    kind: Literal["F", "B"] = Field(description="F: a micro-batch's forward, B: its backward")
+    kind: Literal["F", "B", "W"] = Field(
+        description="F: forward, B: backward (input gradients if split), W: weight gradients"
+    )
     microbatch: int
+    piece: int = Field(description="the piece of the net (virtual stage) it ran, in pipeline order")
     start: float = Field(description="seconds from the start of the step")
     end: float = Field(description="seconds from the start of the step")
 
@@ -364,9 +367,13 @@ class StageTimelineOut(BaseModel):
 
 
 class PipelineOut(BaseModel):
-    stages: list[list[str]] = Field(description="the layers of each stage, first stage first")
+    stages: list[list[str]] = Field(
+        description="the layers of each stage (virtual stage), first first"
+    )
     microbatches: int = Field(description="micro-batches per batch")
-    schedule: Literal["gpipe", "1f1b"]
+    schedule: Literal["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv"]
+    virtual_stages: int = Field(description="pieces of the net each stage runs")
+    piece_stages: list[int] = Field(description="the stage that runs each entry of stages")
     rematerialize: bool
     replicas: int = Field(description="pipelines trained side by side (the worker groups)")
     timelines: list[StageTimelineOut] = Field(
@@ -579,6 +586,7 @@ class MemoryOut(BaseModel):
 
 class StageOut(BaseModel):
     layers: list[str] = Field(description="the layers the stage runs, in topological order")
+    rank: int = Field(description="the stage that runs it (itself without virtual stages)")
     params: int
     time_ms: float = Field(
         description="forward and backward time of one batch, estimated or measured"
@@ -590,11 +598,13 @@ class StageOut(BaseModel):
 
 
 class PipelinePlanOut(BaseModel):
-    """The planner's stages (dsl/planner.py PipelinePlan.to_dict)."""
+    """The planner's stages (dsl/planner.py PipelinePlan.to_dict): with virtual stages, the
+    pieces of the net in pipeline order, each with the stage that runs it."""
 
     stages: list[StageOut]
     microbatches: int
-    schedule: Literal["gpipe", "1f1b"]
+    schedule: Literal["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv"]
+    virtual_stages: int = Field(description="pieces of the net each stage runs")
     rematerialize: bool
     max_stage_memory_mb: float | None
     costs: Literal["estimated", "measured"]

@@ -7,6 +7,7 @@ from fastapi import APIRouter
 
 from api.deps import SessionDep, VisibleJob
 from api.schemas import PipelineOut, StageTimelineOut, errors
+from dsl.pipeline import SCHEDULE_SPECS
 from dsl.schema import PipelineConfig
 from dsl.topology import Topology
 from scheduler.store import errors as store_errors
@@ -39,6 +40,11 @@ def pipeline_view(
         stages=stages,
         microbatches=config.microbatches,
         schedule=config.schedule,
+        virtual_stages=config.pieces_per_stage,
+        piece_stages=[
+            SCHEDULE_SPECS[config.schedule].stage_of(piece, config.count)
+            for piece in range(len(stages))
+        ],
         rematerialize=config.rematerialize,
         replicas=Topology.from_dict(job.topology).nworker_groups,
         timelines=[StageTimelineOut.of(r.group, r.rank, r.step, r.events) for r in rows],
@@ -51,7 +57,8 @@ def pipeline_view(
     summary="The pipeline of a pipelined job",
     description="The layers of each stage, the micro-batches, schedule and replicas, and each "
     "stage's latest timeline: when it ran the forward (F) and backward (B) of every "
-    "micro-batch, in seconds from the start of the step. 404 for a job without a pipeline.",
+    "micro-batch, and its weight-gradient pass (W) where the schedule splits the backward, "
+    "in seconds from the start of the step. 404 for a job without a pipeline.",
     responses=errors(401, 404, 422),
 )
 def job_pipeline(job: VisibleJob, session: SessionDep) -> PipelineOut:

@@ -198,7 +198,7 @@ def check_job(
         init_from = starting_checkpoint(session, owner, compiled, artifacts)
     plan = plan_pipeline(compiled) if spec.pipeline is not None else None
     topology = resolve_topology(spec.cluster, spec.pipeline)
-    stages = plan.layer_lists() if plan is not None else None
+    stages = plan.worker_layers() if plan is not None else None
     memory = estimate_memory(compiled, topology, described[0].nbytes, stages)
     if not isinstance(job, JobSpec):
         issues = memory_issues(memory, topology, node_capacities(session), compiled.source)

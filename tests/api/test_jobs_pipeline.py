@@ -34,16 +34,18 @@ def test_a_pipelined_jobs_plan_and_its_stages_latest_timelines(api: Any) -> None
         "stages": STAGES,
         "microbatches": 2,
         "schedule": "1f1b",
+        "virtual_stages": 1,
+        "piece_stages": [0, 1],
         "rematerialize": False,
         "replicas": 1,
         "timelines": [],
     }
     # What the stages publish every disp_freq steps; stage 0's second record replaces its first.
     stream = JobStream(api.redis, api.keys, job_id)
-    stream.publish(TimelineRecord(100, (("F", 0, 0.0, 0.5), ("B", 0, 2.0, 3.0)), rank=0))
-    stream.publish(TimelineRecord(100, (("F", 0, 0.5, 1.0), ("B", 0, 1.0, 2.0)), rank=1))
+    stream.publish(TimelineRecord(100, (("F", 0, 0.0, 0.5, 0), ("B", 0, 2.0, 3.0, 0)), rank=0))
+    stream.publish(TimelineRecord(100, (("F", 0, 0.5, 1.0, 1), ("B", 0, 1.0, 2.0, 1)), rank=1))
     stream.publish(
-        TimelineRecord(200, (("F", 0, 0.0, 0.25), ("F", 1, 0.25, 0.5), ("B", 1, 2.0, 2.5)))
+        TimelineRecord(200, (("F", 0, 0.0, 0.25, 0), ("F", 1, 0.25, 0.5, 0), ("B", 1, 2.0, 2.5, 0)))
     )
     ingest_once(api.db, api.redis, api.keys)
     timelines = get_pipeline(api, job_id).json()["timelines"]
@@ -53,9 +55,9 @@ def test_a_pipelined_jobs_plan_and_its_stages_latest_timelines(api: Any) -> None
             "rank": 0,
             "step": 200,
             "events": [
-                {"kind": "F", "microbatch": 0, "start": 0.0, "end": 0.25},
-                {"kind": "F", "microbatch": 1, "start": 0.25, "end": 0.5},
-                {"kind": "B", "microbatch": 1, "start": 2.0, "end": 2.5},
+                {"kind": "F", "microbatch": 0, "start": 0.0, "end": 0.25, "piece": 0},
+                {"kind": "F", "microbatch": 1, "start": 0.25, "end": 0.5, "piece": 0},
+                {"kind": "B", "microbatch": 1, "start": 2.0, "end": 2.5, "piece": 0},
             ],
         },
         {
@@ -63,8 +65,8 @@ def test_a_pipelined_jobs_plan_and_its_stages_latest_timelines(api: Any) -> None
             "rank": 1,
             "step": 100,
             "events": [
-                {"kind": "F", "microbatch": 0, "start": 0.5, "end": 1.0},
-                {"kind": "B", "microbatch": 0, "start": 1.0, "end": 2.0},
+                {"kind": "F", "microbatch": 0, "start": 0.5, "end": 1.0, "piece": 1},
+                {"kind": "B", "microbatch": 0, "start": 1.0, "end": 2.0, "piece": 1},
             ],
         },
     ]

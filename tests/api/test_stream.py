@@ -129,7 +129,7 @@ def test_resume_after_last_event_id_then_end(api: Any) -> None:
 
 def test_a_stages_timeline_goes_out_as_the_pipeline_endpoint_lists_it(api: Any) -> None:
     job_id = api.submit(MLP)["id"]
-    record = TimelineRecord(10, (("F", 1, 0.0, 0.5), ("B", 1, 0.75, 1.5)), group=1, rank=2)
+    record = TimelineRecord(10, (("F", 1, 0.0, 0.5, 2), ("B", 1, 0.75, 1.5, 2)), group=1, rank=2)
     JobStream(api.redis, api.keys, job_id).publish(record)
     move(api, job_id, JobState.CANCELLED)
     url = f"/api/v1/jobs/{job_id}/stream"
@@ -142,8 +142,8 @@ def test_a_stages_timeline_goes_out_as_the_pipeline_endpoint_lists_it(api: Any) 
         "rank": 2,
         "step": 10,
         "events": [
-            {"kind": "F", "microbatch": 1, "start": 0.0, "end": 0.5},
-            {"kind": "B", "microbatch": 1, "start": 0.75, "end": 1.5},
+            {"kind": "F", "microbatch": 1, "start": 0.0, "end": 0.5, "piece": 2},
+            {"kind": "B", "microbatch": 1, "start": 0.75, "end": 1.5, "piece": 2},
         ],
     }
 

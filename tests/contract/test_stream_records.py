@@ -45,7 +45,9 @@ records = st.one_of(
     st.builds(
         TimelineRecord,
         step=ints,
-        events=st.lists(st.tuples(st.sampled_from(["F", "B"]), ints, times, times)).map(tuple),
+        events=st.lists(st.tuples(st.sampled_from(["F", "B", "W"]), ints, times, times, ints)).map(
+            tuple
+        ),
         group=ints,
         rank=ints,
         time=times,
@@ -166,9 +168,9 @@ def test_a_state_record_without_reason_or_exit_code_still_reads() -> None:
                 "group": "0",
                 "rank": "0",
                 "time": "1",
-                "events": '[["X", 0, 0.0, 1.0]]',
+                "events": '[["X", 0, 0.0, 1.0, 0]]',
             },
-            "neither F (forward) nor B (backward)",
+            "none of F (forward), B (backward), W (weight gradients)",
         ),
     ],
 )

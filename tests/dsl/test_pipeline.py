@@ -251,3 +251,86 @@ train_steps: 1
     readers = {name for name, cls in LAYERS.items() if cls.reads_labels}
     assert readers == {c.config.type for c in job.net.compiled if type(c.config).reads_labels}
     assert torch.isfinite(job.net(torch.randn(2, 1, 8, 8), torch.tensor([1, 2])).loss)
+
+
+def with_pipeline(*lines: str) -> str:
+    """JOB with the pipeline section's lines after `microbatches` (line 13) replaced."""
+    head = JOB[: JOB.index("  stages:\n")]
+    return head + "".join(f"  {line}\n" for line in lines)
+
+
+def test_interleaved_1f1b_needs_virtual_stages() -> None:
+    found = issue(with_pipeline("stages: 2", "schedule: interleaved_1f1b"), "pipeline.schedule")
+    assert found.message == (
+        "schedule interleaved_1f1b needs virtual_stages: the pieces of the net each stage runs"
+    )
+    assert found.hint == "add virtual_stages: 2 (or more: a smaller bubble, more messages)"
+    assert (found.line, found.column) == (15, 3)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "pieces", "message", "hint"),
+    [
+        ("1f1b", 2, "schedule 1f1b (one forward, one backward) runs one piece of the net per "
+         "stage: virtual_stages 2", "drop virtual_stages, or use schedule: interleaved_1f1b, "
+         "zero_bubble or zbv to run several pieces per stage"),
+        ("interleaved_1f1b", 1, "schedule interleaved_1f1b (1f1b over pieces in turn) runs at "
+         "least 2 pieces of the net per stage: virtual_stages 1", "use virtual_stages: 2 or more"),
+        ("zbv", 3, "schedule zbv (two pieces per stage in a V) runs exactly 2 pieces of the net "
+         "per stage: virtual_stages 3", "use virtual_stages: 2, or drop it"),
+    ],
+)  # fmt: skip
+def test_virtual_stages_that_do_not_fit_the_schedule(
+    schedule: str, pieces: int, message: str, hint: str
+) -> None:
+    text = with_pipeline("stages: 2", f"schedule: {schedule}", f"virtual_stages: {pieces}")
+    found = issue(text, "pipeline.virtual_stages")
+    assert (found.message, found.hint) == (message, hint)
+    assert (found.line, found.column) == (16, 3)
+
+
+def test_virtual_stages_cut_the_net_into_more_pieces_than_it_has() -> None:
+    text = with_pipeline("stages: 2", "schedule: zbv", "virtual_stages: 2")
+    text = text.replace("srclayers: [relu1], units: 10}", "srclayers: [fc1], units: 10}")
+    text = text.replace("    - {name: relu1, type: relu, srclayers: [fc1]}\n", "")
+    found = issue(text, "pipeline.stages")
+    assert found.message.startswith(
+        "2 stages of 2 pieces each cut the net into 4 pieces, and it can be cut into at most 3"
+    )
+    assert found.hint == "use at most 1 stages, or fewer virtual_stages"
+
+
+def test_written_pieces_must_be_a_multiple_of_virtual_stages() -> None:
+    text = with_pipeline(
+        "schedule: zero_bubble",
+        "virtual_stages: 2",
+        "stages: [[data, fc1], [relu1], [fc2, loss]]",
+    )
+    found = issue(text, "pipeline.stages")
+    assert found.message.startswith("3 stage lists with virtual_stages 2: the lists are the pieces")
+    assert found.hint == "write 4 lists, or change virtual_stages"
+
+
+def test_zero_bubble_micro_batches_run_in_rounds_that_divide_them() -> None:
+    text = (
+        with_pipeline("stages: 2", "schedule: zero_bubble")
+        .replace("microbatches: 4", "microbatches: 5")
+        .replace("batch_size: 8", "batch_size: 10")
+    )
+    found = issue(text, "pipeline.microbatches")
+    assert found.message == (
+        "schedule zero_bubble runs the micro-batches in rounds of max(1, microbatches // "
+        "stages) = 2, which must divide microbatches: 5 micro-batches for 2 stages"
+    )
+    assert found.hint.startswith("use microbatches such as 2, 3, 4, 6, 8")
+
+
+def test_the_new_schedules_compile_with_their_pieces() -> None:
+    for lines in (
+        ("stages: 2", "schedule: zbv"),
+        ("stages: 2", "schedule: zero_bubble"),
+        ("stages: [[data, fc1], [relu1], [fc2], [loss]]", "schedule: interleaved_1f1b",
+         "virtual_stages: 2"),
+    ):  # fmt: skip
+        job = compile_job(with_pipeline(*lines), CTX)
+        assert job.spec.pipeline is not None and job.spec.pipeline.count == 2

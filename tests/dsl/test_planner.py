@@ -234,6 +234,7 @@ def test_the_plan_s_figures() -> None:
     out = json.loads(json.dumps(plan.to_dict()))
     assert out["stages"][0] == {
         "layers": ["data", "l1"],
+        "rank": 0,
         "params": 64 * 8 + 8,
         "time_ms": 5.0,
         "activation_mb": 0.5,
@@ -287,3 +288,39 @@ def test_profiling_measures_every_layer_on_real_batches() -> None:
     plan = plan_pipeline(job, costs)
     assert plan.measured
     check_invariants(job, plan)
+
+
+def test_virtual_stages_give_each_stage_its_pieces_round_robin_or_in_a_v() -> None:
+    """K = 2 stages of 2 pieces each: the chain's four equal layers one piece each; stage 0
+    runs pieces 0 and 2 round-robin, or 0 and 3 in ZB-V's V (so it also runs the loss)."""
+    for schedule, first in (("interleaved_1f1b", [0, 2]), ("zbv", [0, 3])):
+        job = job_of(
+            CHAIN, f"{{stages: 2, microbatches: 4, schedule: {schedule}, virtual_stages: 2}}"
+        )
+        plan = plan_pipeline(job, CHAIN_COSTS)
+        assert plan.count == 2 and plan.virtual_stages == 2
+        assert [list(s.layers) for s in plan.stages] == [
+            ["data", "l1"],
+            ["l2"],
+            ["l3"],
+            ["l4", "loss"],
+        ]
+        assert plan.pieces_of(0) == first
+        assert plan.worker_layers()[0] == [n for p in first for n in plan.stages[p].layers]
+        assert plan.rank_times() == [2.0, 2.0] and plan.balance == 1.0
+    # The papers' idle time with F = B = W: (K - 1) / V interleaved, a third of it with zero
+    # bubble, none with ZB-V; M = 4.
+    figures = {}
+    for pipeline in (
+        "schedule: 1f1b",
+        "schedule: interleaved_1f1b, virtual_stages: 2",
+        "schedule: zero_bubble",
+        "schedule: zbv",
+    ):
+        plan = plan_pipeline(
+            job_of(CHAIN, f"{{stages: 2, microbatches: 4, {pipeline}}}"), CHAIN_COSTS
+        )
+        figures[plan.schedule] = plan.ideal_speedup
+    assert figures == pytest.approx(
+        {"1f1b": 8 / 5, "interleaved_1f1b": 8 / 4.5, "zero_bubble": 8 / (4 + 1 / 3), "zbv": 2.0}
+    )

@@ -47,8 +47,9 @@ def unsplit_accuracy(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
         ("digits_cnn_pipeline.yaml", {}, {(0, 0), (0, 1)}),
         ("digits_cnn_pipeline.yaml", {"pipeline.schedule": "gpipe"}, {(0, 0), (0, 1)}),
         ("digits_cnn_pipeline_replicas.yaml", {}, {(0, 0), (0, 1), (1, 0), (1, 1)}),
+        ("digits_cnn_pipeline_zbv.yaml", {}, {(0, 0), (0, 1)}),
     ],
-    ids=["1f1b", "gpipe", "replicas"],
+    ids=["1f1b", "gpipe", "replicas", "zbv"],
 )
 def test_a_pipelined_example_trains_through_the_service(
     four_slots: RunningStack,

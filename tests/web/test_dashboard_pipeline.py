@@ -63,6 +63,9 @@ def test_a_pipelined_jobs_stages_and_timeline(signed_in: Page, stack: Stack) -> 
                 "${b.querySelector('text').textContent}`)"
             )
             assert sorted(shown) == ["B0: 0", "B1: 1", "F0: 0", "F1: 1"]
+            # One piece per stage under 1F1B: every bar is the stage's own.
+            pieces = bars.evaluate_all("bars => bars.map(b => b.dataset.piece)")
+            assert set(pieces) == {str(stage)}
         busy = page.locator("#pipeline-timeline .stage-busy")
         page.wait_for_function(
             "() => [...document.querySelectorAll('#pipeline-timeline .stage-busy')]"

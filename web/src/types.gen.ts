@@ -372,9 +372,11 @@ export interface PartOut {
 }
 
 export interface TimelineEventOut {
-  /** F: a micro-batch's forward, B: its backward */
-  kind: "F" | "B";
+  /** F: forward, B: backward (input gradients if split), W: weight gradients */
+  kind: "F" | "B" | "W";
   microbatch: number;
+  /** the piece of the net (virtual stage) it ran, in pipeline order */
+  piece: number;
   /** seconds from the start of the step */
   start: number;
   /** seconds from the start of the step */
@@ -392,11 +394,15 @@ export interface StageTimelineOut {
 }
 
 export interface PipelineOut {
-  /** the layers of each stage, first stage first */
+  /** the layers of each stage (virtual stage), first first */
   stages: string[][];
   /** micro-batches per batch */
   microbatches: number;
-  schedule: "gpipe" | "1f1b";
+  schedule: "gpipe" | "1f1b" | "interleaved_1f1b" | "zero_bubble" | "zbv";
+  /** pieces of the net each stage runs */
+  virtual_stages: number;
+  /** the stage that runs each entry of stages */
+  piece_stages: number[];
   rematerialize: boolean;
   /** pipelines trained side by side (the worker groups) */
   replicas: number;
@@ -652,6 +658,8 @@ export interface MemoryOut {
 export interface StageOut {
   /** the layers the stage runs, in topological order */
   layers: string[];
+  /** the stage that runs it (itself without virtual stages) */
+  rank: number;
   params: number;
   /** forward and backward time of one batch, estimated or measured */
   time_ms: number;
@@ -661,11 +669,14 @@ export interface StageOut {
   inputs: string[];
 }
 
-/** The planner's stages (dsl/planner.py PipelinePlan.to_dict). */
+/** The planner's stages (dsl/planner.py PipelinePlan.to_dict): with virtual stages, the
+pieces of the net in pipeline order, each with the stage that runs it. */
 export interface PipelinePlanOut {
   stages: StageOut[];
   microbatches: number;
-  schedule: "gpipe" | "1f1b";
+  schedule: "gpipe" | "1f1b" | "interleaved_1f1b" | "zero_bubble" | "zbv";
+  /** pieces of the net each stage runs */
+  virtual_stages: number;
   rematerialize: boolean;
   max_stage_memory_mb: number | null;
   costs: "estimated" | "measured";

@@ -1,11 +1,15 @@
-"""Pipeline parallelism: a net cut into stages, one process each (GPipe, PipeDream's 1F1B).
+"""Pipeline parallelism: a net cut into stages, one process each (GPipe, PipeDream's 1F1B,
+interleaved 1F1B, zero bubble, ZB-V).
 
-The planner (dsl/planner.py) lists each stage's layers. Here each stage becomes a module that
-takes the tensors crossing into it and returns those crossing out of it, run by
-torch.distributed.pipelining (`PipelineStage` and `ScheduleGPipe` / `Schedule1F1B`): every batch
-is cut into micro-batches, gradients accumulate over them and are divided by their number, so a
-step equals the unpipelined step on the whole batch. The last stage's labelled layers (losses,
-metrics) run in the schedule's loss function, where the micro-batch's labels are.
+The planner (dsl/planner.py) lists each piece's layers and the stage that runs it: one piece
+per stage, or with virtual stages several (round-robin, or ZB-V's V). Here each piece becomes a
+module that takes the tensors crossing into it and returns those crossing out of it, run by
+torch.distributed.pipelining (`PipelineStage` and a schedule: `ScheduleGPipe`, `Schedule1F1B`,
+`ScheduleInterleaved1F1B`, `ScheduleInterleavedZeroBubble`, `ScheduleZBVZeroBubble`): every
+batch is cut into micro-batches, gradients accumulate over them and are divided by their
+number, so a step equals the unpipelined step on the whole batch. The last piece's labelled
+layers (losses, metrics) run in the schedule's loss function, where the micro-batch's labels
+are.
 
 What crosses a cut, and the module a stage runs, are in workers/distributed/stages.py.
 Evaluation and checkpoints go over the same process group: a forward-only pass hands the
@@ -22,7 +26,16 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+    ScheduleZBVZeroBubble,
+)
+from torch.distributed.pipelining.schedules import _PipelineSchedule
+from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from contract.stream import TimelineRecord
 from dsl.compiler import CompiledJob
@@ -34,12 +47,27 @@ from workers.checkpoint import Checkpoint
 from workers.data import eval_batches
 from workers.distributed.allreduce import GradientSync, broadcast_replicas, replicated_tensors
 from workers.distributed.comm import ProcessGroup
-from workers.distributed.stages import StageModule, run_flow, run_head, stage_flows, stage_job
+from workers.distributed.stages import (
+    SavedActivations,
+    StageFlow,
+    StageModule,
+    run_flow,
+    run_head,
+    stage_flows,
+    stage_job,
+)
 from workers.precision import Precision, PrecisionError, precision_for
 from workers.trainer import StepHooks, Trainer
 
 MB = 1 << 20
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+# One stage per process (PipelineScheduleSingle) or several (PipelineScheduleMulti); the rules
+# of each name are dsl/pipeline.py's ScheduleSpec.
+SINGLE_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+MULTI_SCHEDULES = {
+    "interleaved_1f1b": ScheduleInterleaved1F1B,
+    "zero_bubble": ScheduleInterleavedZeroBubble,
+    "zbv": ScheduleZBVZeroBubble,
+}
 
 
 @dataclass
@@ -84,9 +112,10 @@ class PipelineGroups:
 
 @dataclass
 class Timeline:
-    """When this stage ran each micro-batch's forward and backward, for the latest step."""
+    """When this stage ran each micro-batch's forward and backward (or, split, its input- and
+    weight-gradient passes) on each of its pieces, for the latest step."""
 
-    events: list[tuple[str, int, float, float]] = field(default_factory=list)
+    events: list[tuple[str, int, float, float, int]] = field(default_factory=list)
     started: float = 0.0
     busy: float = 0.0  # seconds of compute in the latest step
 
@@ -95,14 +124,16 @@ class Timeline:
         self.busy = 0.0
         self.started = time.perf_counter()
 
-    def record(self, kind: str, microbatch: int, began: float) -> None:
+    def record(self, kind: str, microbatch: int, began: float, piece: int) -> None:
         now = time.perf_counter()
         self.busy += now - began
-        self.events.append((kind, microbatch, began - self.started, now - self.started))
+        self.events.append((kind, microbatch, began - self.started, now - self.started, piece))
 
 
 class TimedStage(PipelineStage):
-    """A PipelineStage that notes when it computes, for the busy fraction and the timeline."""
+    """A PipelineStage that notes when it computes, for the busy fraction and the timeline:
+    F forward, B backward (input gradients only when the schedule splits it), W weight
+    gradients."""
 
     def __init__(self, *args: object, timeline: Timeline, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -111,17 +142,23 @@ class TimedStage(PipelineStage):
     def forward_one_chunk(self, fwd_chunk_id: int, *args: object, **kwargs: object) -> object:
         began = time.perf_counter()
         out = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)  # type: ignore[arg-type]
-        self.timeline.record("F", fwd_chunk_id, began)
+        self.timeline.record("F", fwd_chunk_id, began, self.stage_index)
         return out
 
     def backward_one_chunk(self, bwd_chunk_id: int, *args: object, **kwargs: object) -> None:
         began = time.perf_counter()
         super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)  # type: ignore[arg-type]
-        self.timeline.record("B", bwd_chunk_id, began)
+        self.timeline.record("B", bwd_chunk_id, began, self.stage_index)
+
+    def backward_weight_one_chunk(self, bwd_chunk_id: int, *args: object, **kwargs: object) -> None:
+        began = time.perf_counter()
+        super().backward_weight_one_chunk(bwd_chunk_id, *args, **kwargs)
+        self.timeline.record("W", bwd_chunk_id, began, self.stage_index)
 
 
 class PipelineRunner:
-    """Runs one stage's part of each training step and evaluation for its trainer."""
+    """Runs one stage's part of each training step and evaluation for its trainer: the pieces
+    of the net the plan gives it, under the job's schedule."""
 
     def __init__(
         self,
@@ -142,30 +179,60 @@ class PipelineRunner:
         self.precision = precision
         self.spec: JobSpec = job.spec
         self.groups = groups
-        self.train_flow = stage_flows(job.net, plan, "train")[groups.stage]
-        self.test_flow = stage_flows(job.net, plan, "test")[groups.stage]
-        names = set(plan.stages[groups.stage].layers)
-        layers = nn.ModuleDict({module_key(n): m for n, m in job.net.named_layers() if n in names})
-        self.module = StageModule(
-            layers,
-            self.train_flow,
-            rematerialize=config.rematerialize,
-            autocast=precision.autocast,
-        )
+        self.plan = plan
+        self.pieces = plan.pieces_of(groups.stage)
+        self.last_piece = len(plan.stages) - 1
+        self.train_flows = stage_flows(job.net, plan, "train")
+        self.test_flows = stage_flows(job.net, plan, "test")
+        self.train_flow = self.train_flows[self.last_piece]  # its head: the loss function's
+        self.saved = SavedActivations()  # all this stage's pieces together
         self.timeline = Timeline()
-        stage = TimedStage(
-            self.module,
-            groups.stage,
-            groups.stages,
-            device,
-            group=groups.pipeline,
-            timeline=self.timeline,
-        )
-        self.schedule = SCHEDULES[config.schedule](
-            stage, n_microbatches=config.microbatches, loss_fn=self._loss
-        )
-        self.metric_names: list[str] | None = None
+        named = dict(job.net.named_layers())
+        stages: list[_PipelineStageBase] = []
+        for piece in self.pieces:
+            layers = nn.ModuleDict(
+                {module_key(n): named[n] for n in plan.stages[piece].layers if n in named}
+            )
+            module = StageModule(
+                layers,
+                self.train_flows[piece],
+                rematerialize=config.rematerialize,
+                autocast=precision.autocast,
+                saved=self.saved,
+            )
+            stages.append(
+                TimedStage(
+                    module,
+                    piece,
+                    len(plan.stages),
+                    device,
+                    group=groups.pipeline,
+                    timeline=self.timeline,
+                )
+            )
+        if config.schedule in MULTI_SCHEDULES:
+            self.schedule: _PipelineSchedule = MULTI_SCHEDULES[config.schedule](
+                stages, n_microbatches=config.microbatches, loss_fn=self._loss
+            )
+        else:
+            (stage,) = stages
+            self.schedule = SINGLE_SCHEDULES[config.schedule](
+                stage, n_microbatches=config.microbatches, loss_fn=self._loss
+            )
+        self.metric_names: list[object] | None = None
         self._metrics: list[dict[str, torch.Tensor]] = []
+
+    @property
+    def holds_first(self) -> bool:
+        return 0 in self.pieces
+
+    @property
+    def holds_last(self) -> bool:
+        return self.last_piece in self.pieces
+
+    def rank_of_piece(self, piece: int) -> int:
+        """The global rank of the process of this pipeline that runs `piece`."""
+        return self.groups.rank_of(self.plan.stages[piece].rank)
 
     def _loss(self, sent: torch.Tensor | tuple[torch.Tensor, ...], y: torch.Tensor) -> torch.Tensor:
         outputs = sent if isinstance(sent, tuple) else (sent,)
@@ -177,17 +244,15 @@ class PipelineRunner:
 
     def train_one_batch(self, x: torch.Tensor, y: torch.Tensor) -> BatchResult:
         """The trainer's algorithm for a stage: this stage's part of the schedule, then the
-        last stage's loss and metrics shared with every stage (each reports and checks them)."""
+        last piece's loss and metrics shared with every stage (each reports and checks them)."""
         self.timeline.start()
-        self.module.saved.reset()
-        groups = self.groups
+        self.saved.reset()
         losses: list[torch.Tensor] = []
-        if groups.is_first:
-            self.schedule.step(x)
-        elif groups.is_last:
-            self.schedule.step(target=y, losses=losses)
+        args = (x,) if self.holds_first else ()
+        if self.holds_last:
+            self.schedule.step(*args, target=y, losses=losses)
         else:
-            self.schedule.step()
+            self.schedule.step(*args)
         busy = self.timeline.busy / max(time.perf_counter() - self.timeline.started, 1e-9)
         values = self._share_values(losses)
         metrics = {k: v for k, v in values.items() if k != "loss"}
@@ -196,14 +261,14 @@ class PipelineRunner:
         metrics["pipeline/busy"] = torch.tensor(busy)
         metrics["pipeline/bubble"] = torch.tensor(1.0 - busy)
         # The most activation memory the stage held for backward passes during the step.
-        metrics["pipeline/activation_mb"] = torch.tensor(self.module.saved.peak / MB)
+        metrics["pipeline/activation_mb"] = torch.tensor(self.saved.peak / MB)
         return BatchResult(values["loss"], metrics)
 
     def _share_values(self, losses: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         groups = self.groups
-        last = groups.rank_of(groups.stages - 1)
+        last = self.rank_of_piece(self.last_piece)
         mean: dict[str, torch.Tensor] = {}
-        if groups.is_last:
+        if self.holds_last:
             # The schedule also calls the loss function once on placeholders, to learn the
             # shapes of the gradients: only the step's own micro-batches count.
             count = len(losses)
@@ -217,54 +282,67 @@ class PipelineRunner:
             dist.broadcast_object_list(names, src=last, group=groups.pipeline)
             self.metric_names = list(names[0])  # type: ignore[call-overload]
         flat = torch.zeros(len(self.metric_names))
-        if groups.is_last:
-            flat = torch.stack([mean[name].float().cpu() for name in self.metric_names])
+        if self.holds_last:
+            flat = torch.stack([mean[str(name)].float().cpu() for name in self.metric_names])
         dist.broadcast(flat, src=last, group=groups.pipeline)
-        return dict(zip(self.metric_names, flat, strict=True))
+        return {str(name): value for name, value in zip(self.metric_names, flat, strict=True)}
 
     @torch.no_grad()
     def evaluate(self, trainer: Trainer, split: str) -> dict[str, float]:
-        """A split ("val" or "test") through the stages, forward only; the last stage's
-        figures, shared."""
-        groups = self.groups
-        flow = self.test_flow
+        """A split ("val" or "test") through the pieces in pipeline order, forward only; the
+        last piece's figures, shared."""
         x_split, y_split, limit = trainer.eval_split(split)
         trainer.net.eval()
         sums: dict[str, float] = {}
         seen = 0
         for x, y in eval_batches(x_split, y_split, self.spec.data.batch_size, limit):
-            inputs = [x] if groups.is_first else self._receive(len(flow.receives))
-            with self.precision.autocast():
-                values = run_flow(flow, inputs)
-            sent = [values[key] for key in flow.sends]
-            if not groups.is_last:
-                self._send(sent)
-                continue
-            with self.precision.autocast():
-                loss, metrics = run_head(flow, sent, y, with_metrics=True)
-            figures = {k: float(v) for k, v in metrics.items()}
-            if loss is not None:
-                figures["loss"] = float(loss)
+            figures = self._evaluate_batch(x, y)
             for key, value in figures.items():
                 sums[key] = sums.get(key, 0.0) + value * len(x)
             seen += len(x)
         trainer.net.train()
         result: list[object] = [{f"{split}/{k}": v / max(seen, 1) for k, v in sums.items()}]
         dist.broadcast_object_list(
-            result, src=groups.rank_of(groups.stages - 1), group=groups.pipeline
+            result, src=self.rank_of_piece(self.last_piece), group=self.groups.pipeline
         )
         return dict(result[0])  # type: ignore[call-overload]
 
-    def _send(self, tensors: Sequence[torch.Tensor]) -> None:
+    def _evaluate_batch(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        """This stage's pieces' part of one batch's forward pass; the figures on the stage of
+        the last piece (none elsewhere). A piece hands on to the next piece's stage, or keeps
+        what it sends when that piece is its own (ZB-V's turn of the V)."""
+        me = self.groups.rank_of(self.groups.stage)
+        sent: list[torch.Tensor] = []
+        for piece in self.pieces:
+            flow: StageFlow = self.test_flows[piece]
+            if piece == 0:
+                inputs = [x]
+            elif self.rank_of_piece(piece - 1) == me:
+                inputs = sent
+            else:
+                inputs = self._receive(len(flow.receives), self.rank_of_piece(piece - 1))
+            with self.precision.autocast():
+                values = run_flow(flow, inputs)
+            sent = [values[key] for key in flow.sends]
+            if piece == self.last_piece:
+                with self.precision.autocast():
+                    loss, metrics = run_head(flow, sent, y, with_metrics=True)
+                figures = {k: float(v) for k, v in metrics.items()}
+                if loss is not None:
+                    figures["loss"] = float(loss)
+                return figures
+            if self.rank_of_piece(piece + 1) != me:
+                self._send(sent, self.rank_of_piece(piece + 1))
+        return {}
+
+    def _send(self, tensors: Sequence[torch.Tensor], to: int) -> None:
         """Shapes and dtypes first (the last test batch may be smaller), then the tensors."""
-        to = self.groups.rank_of(self.groups.stage + 1)
         meta: list[object] = [[(tuple(t.shape), t.dtype) for t in tensors]]
         dist.send_object_list(meta, dst=to, group=self.groups.pipeline)
         for tensor in tensors:
             dist.send(tensor.contiguous(), dst=to, group=self.groups.pipeline)
 
-    def _receive(self, count: int) -> list[torch.Tensor]:
-        source = self.groups.rank_of(self.groups.stage - 1)
+    def _receive(self, count: int, source: int) -> list[torch.Tensor]:
         meta: list[object] = [None]
         dist.recv_object_list(meta, src=source, group=self.groups.pipeline)
         shapes: list[tuple[tuple[int, ...], torch.dtype]] = meta[0]  # type: ignore[assignment]

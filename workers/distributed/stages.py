@@ -1,4 +1,5 @@
 """A pipeline stage's share of a net: what it runs, receives and sends (pipeline.py runs it).
+With virtual stages a "stage" here is one piece of the net (a stage's worker runs several).
 
 What crosses a cut is computed per phase from the layers' sources: every output of a layer of
 an earlier stage that a layer of this stage or a later one reads, so a skip connection over a
@@ -154,13 +155,15 @@ class StageModule(nn.Module):
         *,
         rematerialize: bool,
         autocast: Callable[[], AbstractContextManager[object]] = nullcontext,
+        saved: SavedActivations | None = None,
     ) -> None:
         super().__init__()
         self.layers = layers
         self.flow = flow
         self.rematerialize = rematerialize
         self.autocast = autocast  # the job's precision
-        self.saved = SavedActivations()
+        # Shared by the pieces of one stage: what the stage keeps, all its pieces together.
+        self.saved = saved if saved is not None else SavedActivations()
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         with torch.autograd.graph.saved_tensors_hooks(self.saved.pack, self.saved.unpack):
@@ -186,9 +189,9 @@ class StageModule(nn.Module):
         return tuple(values[key].contiguous() for key in self.flow.sends)
 
 
-def stage_job(job: CompiledJob, plan: PipelinePlan, index: int) -> CompiledJob:
-    """The job as stage `index` holds it: a net of the stage's layers only (the same modules,
+def stage_job(job: CompiledJob, plan: PipelinePlan, rank: int) -> CompiledJob:
+    """The job as stage `rank` holds it: a net of its pieces' layers only (the same modules,
     so its parameters keep their names), which its trainer and updater are built over."""
-    names = set(plan.stages[index].layers)
+    names = {name for piece in plan.pieces_of(rank) for name in plan.stages[piece].layers}
     layers: list[CompiledLayer] = [c for c in job.net.compiled if c.config.name in names]
     return replace(job, net=NeuralNet(layers))

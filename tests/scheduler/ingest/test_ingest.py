@@ -231,7 +231,12 @@ def test_logs_checkpoints_and_malformed_records(env: Env, tmp_path: Path) -> Non
 def timeline(step: int, group: int = 0, rank: int = 0) -> TimelineRecord:
     """A stage's two micro-batches, forwards then backwards, each `step` milliseconds long."""
     f, b = step / 1000, 2 * step / 1000
-    events = (("F", 0, 0.0, f), ("F", 1, f, 2 * f), ("B", 0, 2 * f, b + f), ("B", 1, b + f, 2 * b))
+    events = (
+        ("F", 0, 0.0, f, rank),
+        ("F", 1, f, 2 * f, rank),
+        ("B", 0, 2 * f, b + f, rank),
+        ("B", 1, b + f, 2 * b, rank),
+    )
     return TimelineRecord(step, events, group=group, rank=rank)
 
 
@@ -255,7 +260,8 @@ def test_the_latest_timeline_of_each_stage_is_kept(env: Env, tmp_path: Path) -> 
         (job_id, 1, 0): 20,
     }
     assert stored[(job_id, 0, 1)][1] == [
-        ["F", 0, 0.0, 0.01], ["F", 1, 0.01, 0.02], ["B", 0, 0.02, 0.03], ["B", 1, 0.03, 0.04]
+        ["F", 0, 0.0, 0.01, 1], ["F", 1, 0.01, 0.02, 1], ["B", 0, 0.02, 0.03, 1],
+        ["B", 1, 0.03, 0.04, 1],
     ]  # fmt: skip
     # Later batches replace a stage's row; a job placed again reports lower steps, and they win.
     stream.publish(timeline(30, rank=1))
@@ -263,7 +269,7 @@ def test_the_latest_timeline_of_each_stage_is_kept(env: Env, tmp_path: Path) -> 
     ingest_once(env.db, env.client, env.keys)
     stored = stored_timelines(env)
     assert stored[(job_id, 0, 1)][0] == 30 and stored[(job_id, 0, 0)][0] == 5
-    assert stored[(job_id, 0, 0)][1][-1] == ["B", 1, 0.015, 0.02]
+    assert stored[(job_id, 0, 0)][1][-1] == ["B", 1, 0.015, 0.02, 0]
     # Deleting the job deletes its timelines.
     with env.db.session() as session:
         job = session.get(Job, job_id)

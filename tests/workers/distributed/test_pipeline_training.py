@@ -7,6 +7,7 @@ checkpoints are the unpipelined job's, both ways."""
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +171,56 @@ def test_a_pipelined_job_ends_with_the_unpipelined_parameters(
         records = read_metrics(worker_dir(tmp_path / "pipeline", 0, stage))
         busy = [r["train/pipeline/busy"] for r in records if "train/pipeline/busy" in r]
         assert busy and all(0.0 < b <= 1.0 for b in busy)
+
+
+@pytest.mark.parametrize(
+    ("base", "pipeline", "kinds"),
+    [
+        (MLP, {"stages": 2, "schedule": "interleaved_1f1b", "virtual_stages": 2}, "FB"),
+        (MLP, {"stages": 2, "schedule": "zero_bubble", "rematerialize": True}, "FBW"),
+        (MLP, {"stages": 2, "schedule": "zbv", "rematerialize": True}, "FBW"),
+        (
+            DAG,
+            {
+                "stages": [DAG_STAGES[0], DAG_STAGES[1], DAG_STAGES[2][:1], DAG_STAGES[2][1:]],
+                "schedule": "zero_bubble",
+                "virtual_stages": 2,
+            },
+            "FBW",
+        ),
+    ],
+    ids=["mlp-k2v2-interleaved", "mlp-k2-zb-remat", "mlp-k2-zbv-remat", "dag-k2v2-zb"],
+)
+def test_virtual_stage_schedules_end_with_the_unpipelined_parameters(
+    base: dict[str, Any],
+    pipeline: dict[str, Any],
+    kinds: str,
+    redis_url: str,
+    cache_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """Interleaved 1F1B, zero bubble and ZB-V: two stages run their pieces (round-robin or in
+    a V, where the first stage also holds the loss) and reach the unpipelined parameters; the
+    timelines show each piece's forward, backward and, split, weight-gradient passes."""
+    job = _pipelined(base, microbatches=4, **pipeline)
+    run = _launch(job, redis_url, cache_dir, tmp_path / "pipeline")
+    local = _local(base, cache_dir, tmp_path / "local")
+    _assert_same_params(tmp_path / "pipeline", local)
+    assert set(run.workers) == {(0, 0), (0, 1)}
+    per_stage = (
+        1 if pipeline["schedule"] == "zero_bubble" and "virtual_stages" not in pipeline else 2
+    )
+    for stage in range(2):
+        metrics = run.workers[(0, stage)]["metrics"]
+        assert metrics["test/loss"] == pytest.approx(local.last_test["test/loss"], rel=1e-4)
+        lines = (worker_dir(tmp_path / "pipeline", 0, stage) / "timeline.jsonl").read_text()
+        events = json.loads(lines.splitlines()[-1])["events"]
+        assert {kind for kind, *_ in events} == set(kinds)
+        pieces = {piece for *_, piece in events}
+        assert len(pieces) == per_stage and stage in pieces
+        # Every piece runs every micro-batch's forward once.
+        forwards = sorted((piece, mb) for kind, mb, _, _, piece in events if kind == "F")
+        assert forwards == sorted((p, mb) for p in pieces for mb in range(4))
 
 
 @pytest.mark.slow

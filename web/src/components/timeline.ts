@@ -1,6 +1,8 @@
-// One pipeline's latest step as an SVG chart: a row per stage, a bar per forward (F) and backward
-// (B) of each micro-batch, labelled with the micro-batch's number; the gaps in a row are the
-// stage's bubble. Each stage times its own step, so the rows share a scale but not a clock.
+// One pipeline's latest step as an SVG chart: a row per stage, a bar per forward (F), backward
+// (B) and, where a zero-bubble schedule splits the backward, weight-gradient pass (W) of each
+// micro-batch, labelled with the micro-batch's number; the gaps in a row are the stage's bubble.
+// A stage that runs several pieces of the net (virtual stages) outlines its later pieces' bars
+// dashed. Each stage times its own step, so the rows share a scale but not a clock.
 
 import type { StageTimeline } from "../api";
 import { svg } from "../dom";
@@ -25,15 +27,26 @@ function formatMs(seconds: number): string {
   return `${Number((seconds * 1000).toPrecision(3))} ms`;
 }
 
+const PASSES: Record<string, string> = {
+  F: "forward",
+  B: "backward",
+  W: "weight gradients",
+};
+
 /**
  * `timelines` are one replica's (by stage, some perhaps missing); `busy` is each stage's latest
- * `train/pipeline/busy`, the fraction of its step it spent computing.
+ * `train/pipeline/busy`, the fraction of its step it spent computing; `pieceStages` the stage
+ * that runs each piece of the net (one piece per stage without virtual stages).
  */
 export function drawTimeline(
   stages: number,
   timelines: StageTimeline[],
   busy: Map<number, number>,
+  pieceStages: number[] = [],
 ): SVGSVGElement {
+  // A piece's place among its stage's pieces: 0 for the first, which is drawn plain.
+  const order = new Map<number, number>();
+  pieceStages.forEach((stage, piece) => order.set(piece, pieceStages.slice(0, piece).filter((s) => s === stage).length));
   const byStage = new Map(timelines.map((t) => [t.rank, t]));
   const span = Math.max(1e-6, ...timelines.flatMap((t) => t.events.map((e) => e.end)));
   const plotW = WIDTH - LABEL_W - BUSY_W - 2 * PAD;
@@ -67,12 +80,19 @@ export function drawTimeline(
     for (const e of timeline?.events ?? []) {
       const left = x(e.start);
       const width = Math.max(2, x(e.end) - left);
-      const what = e.kind === "F" ? "forward" : "backward";
+      const what = PASSES[e.kind] ?? e.kind;
+      const later = (order.get(e.piece) ?? 0) > 0 ? " later-piece" : "";
+      const piece = pieceStages.length > stages ? ` on piece ${e.piece}` : "";
       row.append(
         svg(
           "g",
-          { class: `bar bar-${e.kind}`, "data-kind": e.kind, "data-microbatch": e.microbatch },
-          svg("title", {}, `${what} of micro-batch ${e.microbatch}: ${formatMs(e.start)} – ${formatMs(e.end)}`),
+          {
+            class: `bar bar-${e.kind}${later}`,
+            "data-kind": e.kind,
+            "data-microbatch": e.microbatch,
+            "data-piece": e.piece,
+          },
+          svg("title", {}, `${what} of micro-batch ${e.microbatch}${piece}: ${formatMs(e.start)} – ${formatMs(e.end)}`),
           svg("rect", { x: left, y: barY, width, height: BAR_H, rx: 2 }),
           svg("text", { x: left + width / 2, y: barY + 15, "text-anchor": "middle" }, String(e.microbatch)),
         ),

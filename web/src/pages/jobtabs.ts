@@ -32,10 +32,16 @@ export function graphTab(pane: HTMLElement, ctx: JobContext): void {
   Promise.all([api.graph(ctx.id, ctx.scope.signal), planned])
     .then(([graph, plan]) => {
       const total = graph.nodes.reduce((n, node) => n + node.params, 0);
+      // With virtual stages the plan's lists are pieces; a layer takes the colour of the stage
+      // (worker) that runs its piece.
       const stageOf = plan
-        ? new Map(plan.stages.flatMap((layers, stage) => layers.map((name) => [name, stage] as const)))
+        ? new Map(
+            plan.stages.flatMap((layers, piece) =>
+              layers.map((name) => [name, plan.piece_stages[piece] ?? piece] as const),
+            ),
+          )
         : undefined;
-      if (plan) fill(legend, ...plan.stages.map((_, stage) => stageKey(stage)), note);
+      if (plan) fill(legend, ...Array.from({ length: stageCount(plan) }, (_, stage) => stageKey(stage)), note);
       fill(
         host,
         h("p", { class: "muted" }, `${graph.nodes.length} layers, ${formatCount(total)} parameters`),
@@ -56,6 +62,18 @@ function keepNewer<T>(into: Map<string, Latest<T>>, key: string, step: number, v
   if ((into.get(key)?.step ?? -1) <= step) into.set(key, { step, value });
 }
 
+/** One row of the plan's table: a piece of the net (a stage, without virtual stages). */
+interface PlanRow {
+  piece: number;
+  stage: number;
+  layers: string[];
+}
+
+/** The stages (workers) of a pipeline: its pieces over the pieces each stage runs. */
+function stageCount(p: Pipeline): number {
+  return Math.max(1, Math.floor(p.stages.length / Math.max(1, p.virtual_stages)));
+}
+
 export function pipelineTab(pane: HTMLElement, ctx: JobContext): void {
   const plan = h("div", { id: "pipeline-plan" }, h("p", { class: "muted" }, "loading…"));
   const chart = h("div", { class: "graph-host", id: "pipeline-timeline" });
@@ -66,6 +84,8 @@ export function pipelineTab(pane: HTMLElement, ctx: JobContext): void {
       { class: "legend" },
       h("span", { class: "key forward" }, "forward (F)"),
       h("span", { class: "key backward" }, "backward (B)"),
+      h("span", { class: "key weight" }, "weight gradients (W, zero-bubble schedules)"),
+      h("span", { class: "key later-piece" }, "a stage's later piece"),
       h("span", { class: "muted" }, "each stage's latest timed step; bars are numbered by micro-batch"),
     ),
     chart,
@@ -82,7 +102,8 @@ export function pipelineTab(pane: HTMLElement, ctx: JobContext): void {
       h(
         "div",
         { class: "facts card" },
-        fact("stages", String(p.stages.length)),
+        fact("stages", String(stageCount(p))),
+        p.virtual_stages > 1 ? fact("pieces per stage", String(p.virtual_stages)) : null,
         fact("micro-batches", String(p.microbatches)),
         fact("schedule", p.schedule),
         fact("replicas", String(p.replicas)),
@@ -93,17 +114,18 @@ export function pipelineTab(pane: HTMLElement, ctx: JobContext): void {
         { class: "table-wrap narrow" },
         table(
           [
-            { title: "stage", cell: (s) => stageKey(s.stage) },
-            { title: "layers", cell: (s) => s.layers.join(", ") },
+            ...(p.virtual_stages > 1 ? [{ title: "piece", cell: (s: PlanRow) => String(s.piece) }] : []),
+            { title: "stage", cell: (s: PlanRow) => stageKey(s.stage) },
+            { title: "layers", cell: (s: PlanRow) => s.layers.join(", ") },
           ],
-          p.stages.map((layers, stage) => ({ stage, layers })),
+          p.stages.map((layers, piece) => ({ piece, stage: p.piece_stages[piece] ?? piece, layers })),
         ),
       ),
     );
   const drawChart = () => {
     const p = pipeline;
     if (!p) return;
-    const stages = p.stages.length;
+    const stages = stageCount(p);
     // One chart per replica (each a whole pipeline), its rows the stages.
     const charts = Array.from({ length: p.replicas }, (_, group) => {
       const rows: StageTimeline[] = [];
@@ -118,7 +140,7 @@ export function pipelineTab(pane: HTMLElement, ctx: JobContext): void {
         "div",
         { class: "pipeline-replica", "data-replica": group },
         p.replicas > 1 ? h("h3", {}, `replica ${group}`) : null,
-        drawTimeline(stages, rows, fractions),
+        drawTimeline(stages, rows, fractions, p.piece_stages),
       );
     });
     const waiting = h("p", { class: "muted" }, "No timeline yet: the stages time a step every disp_freq steps.");
