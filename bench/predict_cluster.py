@@ -34,6 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import smoke  # noqa: E402
 from bench.load import START_TIMEOUT, free_port, stack_env  # noqa: E402
 from dsl.model_card import read_model_card  # noqa: E402
 from scheduler.cli.stack import read_stack_file  # noqa: E402
@@ -108,7 +109,7 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+    args = smoke.parse(parser, samples=2000, small=100, repeats=1)
     with tempfile.TemporaryDirectory() as folder:
         data_dir = Path(folder) / "data"
         data_dir.mkdir()
