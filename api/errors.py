@@ -6,6 +6,7 @@ language's located issues ({path, line, column, message, hint}) and is empty oth
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -30,13 +31,23 @@ from scheduler.store.webhooks import TooManyWebhooks
 log = logging.getLogger("trainyard.api")
 
 
+class ErrorResponse(JSONResponse):
+    """An error answer quotes the request, which may hold lone surrogates (a YAML escape such
+    as "\\ud800" in a key): written as ASCII JSON they are escaped, where UTF-8 cannot encode
+    them at all."""
+
+    def render(self, content: Any) -> bytes:
+        text = json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+        return text.encode("ascii")
+
+
 def error_response(
     status: int,
     detail: str,
     errors: list[dict[str, Any]] | None = None,
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
-    return JSONResponse({"detail": detail, "errors": errors or []}, status, headers=headers)
+    return ErrorResponse({"detail": detail, "errors": errors or []}, status, headers=headers)
 
 
 def status_of(error: StoreError) -> int:

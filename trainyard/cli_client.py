@@ -485,7 +485,12 @@ def delete(
     freed = sum(c.size for c in checkpoints)
     if as_json:
         print_json(
-            {"id": job.id, "state": job.state, "checkpoints": len(checkpoints), "bytes": freed}
+            {
+                "id": job.id,
+                "state": job.state,
+                "checkpoints_freed": len(checkpoints),
+                "bytes_freed": freed,
+            }
         )
         return
     console.print(

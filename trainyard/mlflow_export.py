@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
+from contract.rundir import CHECKPOINTS
 from dsl.flatten import flatten_document
 from trainyard.errors import NotFound, TrainyardError
 
@@ -213,7 +214,7 @@ def _log_checkpoint(job: Job, tracker: MlflowClient, run_id: str) -> None:
         except NotFound:  # deleted between the listing and the download (checkpoint.keep)
             tracker.set_tag(run_id, "trainyard.checkpoint", "none")
             return
-        tracker.log_artifact(run_id, str(path), "checkpoints")
+        tracker.log_artifact(run_id, str(path), CHECKPOINTS)
     which = "best" if best else "latest"
     tracker.set_tag(run_id, "trainyard.checkpoint", f"{which} ({path.name})")
 

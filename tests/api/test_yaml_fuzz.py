@@ -218,3 +218,16 @@ def test_mutated_example_texts_never_500(api: Any, text: str) -> None:
 def test_documents_from_the_yaml_grammar_never_500(api: Any, text: str) -> None:
     post_both_ways(api, text, "/api/v1/jobs/validate")
     post_both_ways(api, text, "/api/v1/jobs")
+
+
+def test_an_error_quoting_a_lone_surrogate_is_escaped_json(api: Any) -> None:
+    """The fuzzer's find: a key written as "\\ud800" (a lone surrogate) quoted in a 422's
+    message could not be encoded as UTF-8 and gave a 500."""
+    text = 'train_steps: 10\ntrain_steps: {"\\ud800x": 2026-01-01 00:00:00 +99:00}\n'
+    answer = api.client.post(
+        "/api/v1/jobs/validate",
+        content=text.encode("utf-8"),
+        headers=api.yaml_headers(),
+    )
+    assert answer.status_code == 422
+    assert "\\ud800" in answer.text and "timestamp" in answer.json()["detail"]

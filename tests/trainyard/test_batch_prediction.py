@@ -166,3 +166,18 @@ def test_other_users_runs_answer_404_and_bad_requests_4xx(
     np.testing.assert_allclose(by_model.scores(), run.scores(), atol=1e-6)
     with pytest.raises(TrainyardError):  # a model is one checkpoint
         client.predict_dataset("model:predict-digits@1", "digits-many", checkpoint="latest")
+
+
+def test_a_cnn_scores_on_two_workers_as_load_model_does(client: Client, tmp_path: Path) -> None:
+    """examples/mnist1d_cnn.yaml (convolutions, pooling, a reshape) through the SDK: the cluster's
+    2-worker scores equal the loaded module's on this machine."""
+    submitted = client.submit(EXAMPLES / "mnist1d_cnn.yaml", overrides=QUICK)
+    assert isinstance(submitted, Job)
+    job = submitted.wait(timeout=180, poll=0.2)
+    assert job.state == "SUCCEEDED", job.error
+    x = np.random.default_rng(1).standard_normal((3000, 1, 40)).astype(np.float32)
+    np.savez(tmp_path / "signals.npz", x=x)
+    client.upload_dataset(tmp_path / "signals.npz", "signals")
+    run = job.predict_dataset("signals", workers=2).wait(timeout=180, poll=0.2)
+    assert run.state == "SUCCEEDED", run.info
+    np.testing.assert_allclose(run.scores(), job.predict(x), atol=1e-4)

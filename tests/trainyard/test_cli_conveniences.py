@@ -138,7 +138,12 @@ def test_delete_refuses_a_running_job_unless_cancelled(stack: RunningStack) -> N
         cancelled = as_json(stack, "cancel", str(job_id))
         assert isinstance(cancelled, dict) and cancelled["id"] == job_id
         deleted = as_json(stack, "delete", str(job_id), "--cancel")
-        assert deleted == {"id": job_id, "state": "CANCELLED", "checkpoints": 0, "bytes": 0}
+        assert deleted == {
+            "id": job_id,
+            "state": "CANCELLED",
+            "checkpoints_freed": 0,
+            "bytes_freed": 0,
+        }
         gone = run(stack, "show", str(job_id))
         assert gone.exit_code == 1 and "404" in gone.stderr
     finally:  # never left holding the node's slots for the tests after this one
