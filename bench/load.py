@@ -96,15 +96,19 @@ def stack_env(**extra: str) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if not k.startswith(drop)}, **extra}
 
 
-def start_stack(data_dir: Path, slots: int, log: Path) -> tuple[subprocess.Popen[bytes], str, str]:
-    """`trainyard up` on a free port with one node agent of `slots` slots: (process, URL,
-    admin token) once its stack file says it is up."""
+def start_stack(
+    data_dir: Path, slots: int, log: Path, **settings: str
+) -> tuple[subprocess.Popen[bytes], str, str]:
+    """`trainyard up` on a free port with one node agent of `slots` slots (and the `settings`,
+    TRAINYARD_... variables): (process, URL, admin token) once its stack file says it is up."""
     port = free_port()
     with log.open("wb") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "scheduler", "up", "--port", str(port), "--data-dir", data_dir],
             cwd=ROOT,
-            env=stack_env(TRAINYARD_NODE_SLOTS=str(slots), TRAINYARD_HEARTBEAT_SECONDS="1"),
+            env=stack_env(
+                TRAINYARD_NODE_SLOTS=str(slots), TRAINYARD_HEARTBEAT_SECONDS="1", **settings
+            ),
             stdout=sink,
             stderr=subprocess.STDOUT,
         )

@@ -35,40 +35,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import smoke  # noqa: E402
-from bench.load import START_TIMEOUT, free_port, stack_env  # noqa: E402
+from bench.load import start_stack  # noqa: E402
 from dsl.model_card import read_model_card  # noqa: E402
-from scheduler.cli.stack import read_stack_file  # noqa: E402
 
 TRAIN = {"train_steps": 20, "test.freq": 0, "checkpoint.freq": 20}
 
 
 def start(data_dir: Path, log: Path) -> tuple[subprocess.Popen[bytes], str, str]:
     """`trainyard up` with one node of 2 slots, taking datasets up to 1 GiB."""
-    env = stack_env(
-        TRAINYARD_NODE_SLOTS="2",
-        TRAINYARD_HEARTBEAT_SECONDS="1",
-        TRAINYARD_MAX_DATASET_BYTES=str(1 << 30),
-    )
-    port = free_port()
-    command = [sys.executable, "-m", "scheduler", "up", "--port", str(port)]
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [*command, "--data-dir", str(data_dir)],
-            cwd=ROOT,
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
-        found = read_stack_file(data_dir / "stack.json")
-        if found is not None and found.pid == process.pid:
-            return process, found.url, found.token
-        if process.poll() is not None:
-            break
-        time.sleep(0.2)
-    process.kill()
-    raise RuntimeError(f"trainyard up did not come up:\n{log.read_text()}")
+    return start_stack(data_dir, 2, log, TRAINYARD_MAX_DATASET_BYTES=str(1 << 30))
 
 
 def wait_job(api: httpx.Client, job_id: int) -> dict[str, object]:
