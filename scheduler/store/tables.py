@@ -75,10 +75,7 @@ class Column:
 
 
 def _as_numbers(array: pa.Array) -> pa.Array | None:
-    if pa.types.is_integer(array.type) or pa.types.is_floating(array.type):
-        return pc.cast(array, pa.float64())
-    if pa.types.is_boolean(array.type):
-        return pc.cast(array, pa.float64())
+    """The column as float64; None where it does not read as numbers (a text column)."""
     try:
         return pc.cast(array, pa.float64())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
