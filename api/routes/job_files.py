@@ -15,9 +15,14 @@ from scheduler.store.models import Job
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 
-def _attachment(job: Job, suffix: str) -> dict[str, str]:
+def _download(
+    job: Job, found: downloads.Download, media_type: str, suffix: str
+) -> StreamingResponse:
+    """The file streamed as it is read, named after the job."""
     # A job's name is [A-Za-z0-9_.-] (the job language's rule), safe in a header.
-    return {"Content-Disposition": f'attachment; filename="{job.name}-job{job.id}{suffix}"'}
+    name = f"{job.name}-job{job.id}{suffix}"
+    headers = {"Content-Disposition": f'attachment; filename="{name}"'}
+    return StreamingResponse(found.chunks, media_type=media_type, headers=headers)
 
 
 @router.get(
@@ -36,9 +41,7 @@ def metrics_csv(job: VisibleJob, session: SessionDep, services: ServicesDep) -> 
     found = downloads.metrics_csv(
         services.db.sessions, session, job.id, max_rows=services.settings.max_download_rows
     )
-    return StreamingResponse(
-        found.chunks, media_type="text/csv; charset=utf-8", headers=_attachment(job, ".csv")
-    )
+    return _download(job, found, "text/csv; charset=utf-8", ".csv")
 
 
 @router.get(
@@ -56,9 +59,7 @@ def logs_txt(job: VisibleJob, session: SessionDep, services: ServicesDep) -> Str
     found = downloads.logs_text(
         services.db.sessions, session, job.id, max_rows=services.settings.max_download_rows
     )
-    return StreamingResponse(
-        found.chunks, media_type="text/plain; charset=utf-8", headers=_attachment(job, ".log")
-    )
+    return _download(job, found, "text/plain; charset=utf-8", ".log")
 
 
 @router.get(
@@ -81,8 +82,4 @@ def tensorboard_tar(job: VisibleJob, services: ServicesDep) -> StreamingResponse
     found = downloads.tensorboard_tar(
         services.settings.artifacts(), job.id, max_bytes=services.settings.max_tensorboard_bytes
     )
-    return StreamingResponse(
-        found.chunks,
-        media_type="application/octet-stream",
-        headers=_attachment(job, "-tensorboard.tar"),
-    )
+    return _download(job, found, "application/octet-stream", "-tensorboard.tar")
