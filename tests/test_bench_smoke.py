@@ -33,6 +33,7 @@ SLOW = [
     "faults",
     "sweep",
     "load",
+    "data_stream_stack",
     "time_to_accuracy",
     "pipeline",
     "allreduce_vs_ddp",

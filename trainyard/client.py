@@ -258,9 +258,11 @@ class Client:
         progress: Progress | None = None,
     ) -> DatasetOut:
         """Upload a file in parts, resuming an interrupted upload of it (trainyard/uploads.py):
-        .npz, .csv (text columns become indices, `label_column` the label), .parquet, or
-        UTF-8 .txt for the text source. Jobs then use `data: {source: dataset, name: NAME}`
-        (`{source: text, dataset: NAME}` for a text). `progress(sent, total)` follows it."""
+        .npz, .csv (text columns become indices, `label_column` the label), .parquet, UTF-8
+        .txt for the text source, or a .tar of npy shards. Jobs then use
+        `data: {source: dataset, name: NAME}` (`{source: text, dataset: NAME}` for a text;
+        `{source: shards, dataset: NAME}` streams a .tar's, a .parquet's or a text-column
+        .csv's shards). `progress(sent, total)` follows it."""
         return upload_file(
             self,
             Path(path),

@@ -32,6 +32,10 @@ from scheduler.store.errors import InvalidRequest
 MAX_CATEGORIES = 10_000  # distinct values of one text column
 MAX_COLUMNS = 10_000
 SHARD_BYTES = 64 * 2**20  # x bytes per shard
+# A small table is still cut into this many shards (when it has the rows): a streamed job
+# (`source: shards`) holds whole shards out, the last for its test split by default and
+# round(fraction x shards) for validation, so one shard would leave nothing to train on.
+MIN_SHARDS = 10
 READ_BLOCK = 8 * 2**20  # CSV bytes per block read
 BATCH_ROWS = 65_536  # Parquet rows per batch read
 
@@ -223,7 +227,7 @@ def write_shards(survey: Survey, batches: Iterator[pa.RecordBatch], folder: Path
     folder.mkdir(parents=True)
     categories = json.dumps(survey.categories, indent=1, sort_keys=True)
     (folder / CATEGORIES).write_text(categories, encoding="utf-8")
-    writer = _ShardWriter(folder, survey.width)
+    writer = _ShardWriter(folder, survey.width, survey.rows)
     features = [name for name in survey.names if name != survey.label]
     label = survey.columns[survey.label]
     for batch in batches:
@@ -283,11 +287,12 @@ def _vectors(array: pa.Array, width: int) -> np.ndarray:
 
 
 class _ShardWriter:
-    """Rows gathered into shards of about SHARD_BYTES of x, each written as an npy pair."""
+    """Rows gathered into shards of about SHARD_BYTES of x (fewer rows where the table would
+    make less than MIN_SHARDS), each written as an npy pair."""
 
-    def __init__(self, folder: Path, width: int) -> None:
+    def __init__(self, folder: Path, width: int, rows: int) -> None:
         self.folder, self.width = folder, width
-        self.rows_per_shard = max(1, SHARD_BYTES // (4 * width))
+        self.rows_per_shard = max(1, min(SHARD_BYTES // (4 * width), -(-rows // MIN_SHARDS)))
         self.pending: list[tuple[np.ndarray, np.ndarray]] = []
         self.pending_rows = 0
         self.written = 0

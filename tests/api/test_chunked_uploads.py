@@ -41,6 +41,15 @@ def api_settings(tmp_path: Path, migrated_sql_url: str, redis_url: str) -> Setti
     )
 
 
+def stored_shards(folder: Path) -> tuple[np.ndarray, np.ndarray]:
+    """A converted table's x and y, its shards end to end; a small table makes 10 shards."""
+    names = sorted(path.name for path in folder.glob("*.x.npy"))
+    assert names == [f"{index:05d}.x.npy" for index in range(10)]
+    xs = [np.load(folder / name) for name in names]
+    ys = [np.load(folder / name.replace(".x.", ".y.")) for name in names]
+    return np.concatenate(xs), np.concatenate(ys)
+
+
 def npz_bytes(n: int = 3000, features: int = 20) -> bytes:
     rng = np.random.default_rng(0)
     buffer = io.BytesIO()
@@ -205,7 +214,7 @@ def test_a_csv_with_text_columns_becomes_shards_with_categories(api: Api) -> Non
         "features": {"colour": ["green", "red", "yellow"]},
         "label": ["apple", "banana", "pear"],
     }
-    x, y = np.load(folder / "00000.x.npy"), np.load(folder / "00000.y.npy")
+    x, y = stored_shards(folder)
     assert x.shape == (300, 3) and x.dtype == np.float32 and y.dtype == np.int64
     colours = [line.split(",")[0] for line in rows[1:]]
     assert [categories["features"]["colour"][int(i)] for i in x[:, 0]] == colours
@@ -233,7 +242,7 @@ def test_parquet_tables_scalar_and_vector(api: Api, tmp_path: Path) -> None:
     categories = json.loads((folder / "categories.json").read_text())
     assert categories["features"] == {"city": ["lima", "oslo", "rome"]}
     assert categories["label"] == ["cold", "warm"]
-    assert np.load(folder / "00000.x.npy").shape == (200, 3)
+    assert stored_shards(folder)[0].shape == (200, 3)
 
     x = np.arange(40 * 5, dtype=np.float32).reshape(40, 5)
     vectors = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), 5)
@@ -241,8 +250,9 @@ def test_parquet_tables_scalar_and_vector(api: Api, tmp_path: Path) -> None:
     done = upload_whole(api, "vectors", "vectors.parquet", path.read_bytes())
     assert done.status_code == 201, done.text
     folder = folder.with_name("vectors")
-    assert np.array_equal(np.load(folder / "00000.x.npy"), x)
-    assert np.load(folder / "00000.y.npy").dtype == np.float32  # a regression target
+    stored_x, stored_y = stored_shards(folder)
+    assert np.array_equal(stored_x, x)
+    assert stored_y.dtype == np.float32  # a regression target
 
     pq.write_table(pa.table({"when": pa.array([1, 2], pa.timestamp("s")), "y": [0, 1]}), path)
     refused = upload_whole(api, "dates", "dates.parquet", path.read_bytes())
