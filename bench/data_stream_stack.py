@@ -258,6 +258,7 @@ def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         "share_of_an_epoch": args.steps / steps_per_epoch,
         "killed_rank_1_at_step": killed_at,
         "restarts": job.info.restarts,
+        "resumed_at_steps": _resumed_at(trace, workers),
         "worker_processes": len(workers),
         "peak_rss_mb_by_rank": peaks,
         "samples_trained": samples,
@@ -281,6 +282,16 @@ def epoch_steps(args: argparse.Namespace) -> int:
 
 def _epochs(steps: int, per_epoch: int) -> list[range]:
     return [range(s + 1, min(s + per_epoch, steps) + 1) for s in range(0, steps, per_epoch)]
+
+
+def _resumed_at(trace: Path, workers: list[Worker]) -> list[int]:
+    """The steps restarted workers went on from: their first step recorded, less one."""
+    firsts = {
+        int(path.read_text().split(maxsplit=1)[0]) - 1
+        for w in workers
+        if (path := trace / f"{w.pid}.txt").is_file() and path.stat().st_size
+    }
+    return sorted(firsts - {0})
 
 
 def _last_step(path: Path) -> int:
