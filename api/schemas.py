@@ -470,7 +470,7 @@ class UploadOut(BaseModel):
     id: str
     name: str
     filename: str
-    kind: str = Field(description="npz, csv, parquet or text")
+    kind: str = Field(description="npz, csv, parquet, text or shards (a .tar of shards)")
     size: int = Field(description="the file's bytes, as declared")
     sha256: str
     part_size: int = Field(description="bytes of every part but the last")

@@ -610,7 +610,7 @@ export interface UploadOut {
   id: string;
   name: string;
   filename: string;
-  /** npz, csv, parquet or text */
+  /** npz, csv, parquet, text or shards (a .tar of shards) */
   kind: string;
   /** the file's bytes, as declared */
   size: number;
