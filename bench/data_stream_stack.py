@@ -198,11 +198,11 @@ def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         TRAINYARD_PLUGINS=str(PLUGIN),
         TRAINYARD_RESTART_POINT_SECONDS=repr(args.restart_seconds),
     )
+    stack = read_stack_file(data_dir / "stack.json")
+    assert stack is not None
+    settings = Settings(data_dir=data_dir, redis_url=stack.redis_url)
+    db = Database(settings.sql_url())
     try:
-        stack = read_stack_file(data_dir / "stack.json")
-        assert stack is not None
-        settings = Settings(data_dir=data_dir, redis_url=stack.redis_url)
-        db = Database(settings.sql_url())
         client = Client(url, token)
         spec = document(shards, test, trace, args)
         load_at_start = machine_load()
@@ -232,12 +232,12 @@ def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         if job.state != "SUCCEEDED":
             raise RuntimeError(f"job {job.id} ended {job.state}: {job.error}\n{_tail(work)}")
         workers = list(watch.workers.values())
-        seen = history(trace, workers)
-        expected = uninterrupted(spec, args.steps)
-        db.dispose()
     finally:
+        db.dispose()
         process.terminate()
         process.wait(timeout=60)
+    seen = history(trace, workers)
+    expected = uninterrupted(spec, args.steps)
     steps_per_epoch = epoch_steps(args)
     epochs = [
         [i for rank in range(WORLD) for k in steps for i in seen.get((rank, k), [])]
