@@ -86,6 +86,10 @@ class AllocationInfo:
     # An asynchronous framework's worker restarted alone continues from this step, with the
     # parameters the server shards hold.
     start_step: int = 0
+    # How many processes held this place (role, group, rank) before this one: 0 when the job
+    # is placed, n for its n-th replacement. A pipeline restarted alone meets under a key of
+    # its own, never the one of its stopped stages.
+    replacement: int = 0
     # The most memory (MB) the process may use: the job's cluster.resources.memory_mb, else
     # its slots' share of its node's memory (0: no limit, a node that does not say).
     memory_mb: int = 0

@@ -56,7 +56,12 @@ def resolve_topology(cluster: ClusterConfig, pipeline: PipelineConfig | None = N
     preset = framework.preset
     stages = pipeline.count if pipeline is not None else 1
     if pipeline is not None:
-        preset = replace(preset, nworker_groups=1, nworkers_per_group=stages)
+        if framework.needs_servers and not framework.synchronous:
+            # Asynchronous pipelines (replicas through the shards): the framework's replicas,
+            # and a shard per stage, since each shard holds the layers of one stage.
+            preset = replace(preset, nworkers_per_group=stages, nservers_per_group=stages)
+        else:
+            preset = replace(preset, nworker_groups=1, nworkers_per_group=stages)
         # Replicas of a pipeline exchange updates by all-reduce between their stages, never
         # through shards unless the framework is a parameter-server one.
         if not framework.needs_servers:
@@ -203,12 +208,48 @@ def _pipeline_problems(t: Topology, sync: Sync) -> list[tuple[str, str, str]]:
             )
         )
     if sync is Sync.SERVERS:
-        problems.append(
+        problems += _server_pipeline_problems(t)
+    return problems
+
+
+def _server_pipeline_problems(t: Topology) -> list[tuple[str, str, str]]:
+    """Asynchronous pipelines: each replica's stages push and pull their own layers through
+    shards that hold only that stage's layers."""
+    if FRAMEWORK_SPECS.get(t.framework).synchronous:
+        return [
             (
                 "framework",
-                f"pipelines whose replicas exchange updates through server shards (framework "
-                f"{t.framework}) are not built yet",
-                "use framework local (one pipeline) or allreduce (replicas by all-reduce)",
+                f"pipelines that average every step through server shards (framework "
+                f"{t.framework}) are not built",
+                "use framework allreduce for synchronous replicas of the pipeline, or downpour "
+                "or hogwild for asynchronous ones",
             )
-        )
-    return problems
+        ]
+    if not t.server_worker_separate:
+        return [
+            (
+                "server_worker_separate",
+                f"framework {t.framework} runs its server shards as processes of their own; "
+                "shards inside the workers (server_worker_separate: false) are not built",
+                "drop server_worker_separate (true is the default)",
+            )
+        ]
+    if t.nserver_groups < 1 or t.nworker_groups < t.nserver_groups:
+        return [
+            (
+                "nserver_groups",
+                f"{t.nserver_groups} server groups for {t.nworker_groups} pipeline(s): each "
+                "server group needs at least one pipeline, and there must be one server group",
+                f"set nserver_groups between 1 and {t.nworker_groups}",
+            )
+        ]
+    if t.nservers_per_group < t.stages:
+        return [
+            (
+                "nservers_per_group",
+                f"each of the {t.stages} stages keeps its layers on shards of its own, and the "
+                f"cluster section gives {t.nservers_per_group} shard(s) per server group",
+                f"drop nservers_per_group (one shard per stage), or set it to {t.stages} or more",
+            )
+        ]
+    return []

@@ -60,6 +60,7 @@ class RunContext(Place):
     resume_from: Path | None = None  # the service's restart point for this attempt
     restart_seconds: float = 0.0
     start_step: int = 0  # an asynchronous worker restarted alone
+    replacement: int = 0  # the processes that held this place before (AllocationInfo's)
     attempt: int = 0  # the service's placement of the job this process belongs to
 
     @property

@@ -184,6 +184,7 @@ def train(
         resume_from=Path(info.resume_from) if info.resume_from else None,
         restart_seconds=info.restart_seconds,
         start_step=info.start_step,
+        replacement=info.replacement,
         attempt=info.attempt,
     )
     try:

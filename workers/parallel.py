@@ -49,10 +49,11 @@ from workers.distributed.allreduce import (
 )
 from workers.distributed.comm import ProcessGroup
 from workers.distributed.partition import PartitionedNet, partition_net, sharded_params
-from workers.distributed.pipeline import PipelineGroups, pipeline_stage
-from workers.distributed.ps.client import PSClient
+from workers.distributed.pipeline import PipelineGroups, cut_stage, pipeline_stage
+from workers.distributed.ps.client import PSClient, net_params
 from workers.distributed.ps.plan import Connections, PSKeys, PSPlan
 from workers.distributed.ps.shard import ShardReport, run_shard
+from workers.distributed.ps.slicing import SliceMap, plan_stage_slices
 from workers.distributed.rendezvous import (
     GroupMember,
     join_group,
@@ -60,6 +61,7 @@ from workers.distributed.rendezvous import (
     reachable_address,
     redis_store,
 )
+from workers.distributed.stages import stage_job
 from workers.metrics import MetricRecord, MetricSink
 from workers.precision import precision_for
 from workers.trainer import StepHooks, Summary, Trainer, TrainOptions, selection_due
@@ -266,8 +268,11 @@ def group_trainer(
 
 
 def group_pushers(topology: Topology) -> int | None:
-    """Workers per group that push gradients to the shards (the framework's descriptor);
-    None leaves the parameter server's default (every worker pushes)."""
+    """Workers per group whose pushes make one update of a shard (the framework's
+    descriptor); None leaves the parameter server's default (every worker of the group). Each
+    stage of a pipeline has shards of its own, so one push completes each shard's update."""
+    if topology.stages > 1:
+        return 1
     return FRAMEWORK_SPECS.get(topology.framework).pushers_per_group
 
 
@@ -379,8 +384,11 @@ def _allreduce(ctx: RunContext, cleanup: ExitStack) -> Worker:
 def _pipeline(ctx: RunContext, cleanup: ExitStack) -> Worker:
     """Each worker group is one pipeline and its workers the stages; the stages of all the
     groups form one process group, from which each pipeline and each stage's replicas get
-    their own. Replicas average each stage's gradients by all-reduce."""
+    their own. Replicas average each stage's gradients by all-reduce, or exchange them
+    through server shards (`_pipeline_through_servers`)."""
     t = ctx.topology
+    if FRAMEWORK_SPECS.get(t.framework).needs_servers:
+        return _pipeline_through_servers(ctx, cleanup)
     member = join_worker_group(
         ctx, cleanup, member=GroupMember(ctx.group * t.stages + ctx.rank, t.workers)
     )
@@ -403,6 +411,51 @@ def _pipeline(ctx: RunContext, cleanup: ExitStack) -> Worker:
     return Worker(trainer, after_run=[dist.barrier])
 
 
+def _pipeline_through_servers(ctx: RunContext, cleanup: ExitStack) -> Worker:
+    """Asynchronous pipelines (downpour, hogwild; SSP with cluster.staleness): each pipeline
+    is a torch.distributed world of its own whose stages run the schedule together, and each
+    stage pushes its layers' gradients to the shards that hold them and pulls their
+    parameters, apart from the other pipelines. A pipeline restarts alone, all its stages."""
+    t = ctx.topology
+    check_topology(t)
+    join_worker_group(ctx, cleanup)  # rank: the stage; world: the pipeline's stages
+    groups = PipelineGroups.alone(
+        replicas=t.nworker_groups, stages=t.stages, replica=ctx.group, stage=ctx.rank
+    )
+    options = replace(
+        ctx.train_options(rank=ctx.group, world=t.nworker_groups),
+        writes=ctx.group == 0 and ctx.rank == 0,
+    )
+    plan = plan_pipeline(ctx.job)
+    stage = cut_stage(ctx.job, plan=plan, stage=ctx.rank, device=ctx.device)
+    # Every stage computes the same map of the whole net: each stage's layers on its shards.
+    slice_map = plan_stage_slices(
+        [net_params(stage_job(ctx.job, plan, s).net) for s in range(t.stages)],
+        t.nservers_per_group,
+    )
+    # The stages clip by the whole pipeline's gradient norm before they push
+    # (pipeline_stage), so the shards, each of which sees one stage's part, leave it as it is.
+    client = _ps_client(
+        ctx, stage.net, PSPlan.from_topology(t), cleanup, slice_map=slice_map, clip=False
+    )
+    hooks = sync_through_servers(StepHooks(), client=client, job=stage, device=ctx.device)
+    stage, hooks = pipeline_stage(
+        ctx.job,
+        plan=plan,
+        groups=groups,
+        device=ctx.device,
+        compression=ctx.spec.cluster.compression,
+        due=lambda done: checkpoint_due(ctx.spec, done),
+        stage=stage,
+        hooks=hooks,
+    )
+    # The pipeline's world: its stages save together, and stop together.
+    hooks = synced_restart_points(hooks, device=ctx.device)
+    hooks = agreed_stops(hooks, device=ctx.device)
+    trainer = Trainer(stage, ctx.dataset, options, ctx.sinks, hooks=hooks)
+    return Worker(trainer, after_run=[client.finish, dist.barrier])
+
+
 def join_worker_group(
     ctx: RunContext, cleanup: ExitStack, *, member: GroupMember | None = None
 ) -> GroupMember:
@@ -412,9 +465,10 @@ def join_worker_group(
     member = member or GroupMember(ctx.rank, ctx.topology.nworkers_per_group, ctx.group)
     rendezvous = redis.Redis.from_url(ctx.redis_url)
     cleanup.callback(rendezvous.close)
-    # Each attempt meets under its own key: a worker placed again must never find the store
-    # of the attempt before, whose rank 0 may live on for a moment after it was stopped.
-    scope = f"{ctx.scope}:attempt:{ctx.attempt}"
+    # Each attempt meets under its own key, and each replacement of a group restarted alone
+    # (an asynchronous pipeline): a worker placed again must never find the store of the
+    # processes before, whose rank 0 may live on for a moment after it was stopped.
+    scope = f"{ctx.scope}:attempt:{ctx.attempt}:replacement:{ctx.replacement}"
     cleanup.callback(leave_group, rendezvous, scope, member.group)
     address = reachable_address(ctx.redis_url)
     store = redis_store(rendezvous, scope, member, advertise=address)
@@ -422,10 +476,20 @@ def join_worker_group(
     return member
 
 
-def _ps_client(ctx: RunContext, net: NeuralNet, plan: PSPlan, cleanup: ExitStack) -> PSClient:
+def _ps_client(
+    ctx: RunContext,
+    net: NeuralNet,
+    plan: PSPlan,
+    cleanup: ExitStack,
+    *,
+    slice_map: SliceMap | None = None,
+    clip: bool = True,
+) -> PSClient:
+    """The worker's parameter-server client; `slice_map`: the job's, of which `net` holds a
+    part; `clip`: whether the shards clip by the norm the worker sends."""
     connections = Connections(ctx.redis_url, ctx.ps_urls)
     cleanup.callback(connections.close)
-    clip = ctx.spec.updater.clip
+    clipping = ctx.spec.updater.clip if clip else None
     client = PSClient(
         net,
         plan=plan,
@@ -434,8 +498,9 @@ def _ps_client(ctx: RunContext, net: NeuralNet, plan: PSPlan, cleanup: ExitStack
         group=ctx.group,
         rank=ctx.rank,
         compression=ctx.spec.cluster.compression,
-        clip_norm=clip.grad_norm if clip is not None else None,
+        clip_norm=clipping.grad_norm if clipping is not None else None,
         staleness=ctx.spec.cluster.staleness,
+        slice_map=slice_map,
     )
     cleanup.callback(client.close)
     return client

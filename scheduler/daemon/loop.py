@@ -24,7 +24,7 @@ from typing import Any
 
 import redis
 from celery import Celery
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from contract.allocation import (
@@ -94,7 +94,13 @@ class Dispatch:
 
 
 def allocation_info(
-    settings: Settings, job: Job, alloc: Allocation, node: Node, *, start_step: int = 0
+    settings: Settings,
+    job: Job,
+    alloc: Allocation,
+    node: Node,
+    *,
+    start_step: int = 0,
+    replacement: int = 0,
 ) -> AllocationInfo:
     topology = job_topology(job)
     return AllocationInfo(
@@ -115,6 +121,7 @@ def allocation_info(
         resume_from=job.restart_from or "",
         restart_seconds=settings.restart_point_seconds,
         start_step=start_step,
+        replacement=replacement,
         memory_mb=memory_limit(topology, alloc.slots, node),
         devices=tuple(int(i) for i in alloc.devices or ()),
     )
@@ -201,6 +208,9 @@ def schedule_once(
     return dispatches
 
 
+Room = dict[str, list[int]]  # node -> [free slots, free GPUs]
+
+
 def replace_processes(session: Session, settings: Settings) -> list[Dispatch]:
     """Failed processes of placed jobs are placed again where the recovery policy says so
     (policy.Vacant): server shards (policy.ReplaceShard), whose new process reads the shard's
@@ -238,44 +248,76 @@ def replace_processes(session: Session, settings: Settings) -> list[Dispatch]:
         for node in session.scalars(select(Node).where(Node.state == NodeState.ALIVE))
         if node.name in free
     }
-    dispatches: list[Dispatch] = []
+    # A pipeline's stages go on only together: they are placed in one pass or not at all,
+    # from one step worked out before any of them forgets its later reports.
+    gangs: dict[tuple[int, str, int], list[tuple[Allocation, Job]]] = {}
     for old, job in dead:
+        together = old.role == "worker" and job_facts(job).pipelined
+        key = (old.job_id, old.role, old.group if together else -1 - old.id)
+        gangs.setdefault(key, []).append((old, job))
+    dispatches: list[Dispatch] = []
+    for gang in gangs.values():
+        spots: list[tuple[Allocation, Job, Node]] = []
+        taken = {name: list(room) for name, room in free.items()}
+        for old, job in gang:
 
-        def fits(node: Node, old: Allocation = old) -> bool:
-            room = free.get(node.name, [0, 0])
-            return room[0] >= old.slots and room[1] >= old.gpus
+            def fits(node: Node, old: Allocation = old, taken: Room = taken) -> bool:
+                room = taken.get(node.name, [0, 0])
+                return room[0] >= old.slots and room[1] >= old.gpus
 
-        same = alive.get(old.node_id)
-        others = sorted(alive.values(), key=lambda node: (-free.get(node.name, [0])[0], node.name))
-        node = same if same is not None and fits(same) else next(filter(fits, others), None)
-        if node is None:
+            same = alive.get(old.node_id)
+            others = sorted(
+                alive.values(), key=lambda node: (-taken.get(node.name, [0])[0], node.name)
+            )
+            node = same if same is not None and fits(same) else next(filter(fits, others), None)
+            if node is None:
+                break
+            taken[node.name][0] -= old.slots
+            taken[node.name][1] -= old.gpus
+            spots.append((old, job, node))
+        if len(spots) < len(gang):
             continue
-        devices = capacities[node.name].free_devices(old.gpus)
-        capacities[node.name] = replace(
-            capacities[node.name],
-            devices_used=capacities[node.name].devices_used | set(devices),
-        )
-        alloc = Allocation(
-            job_id=old.job_id,
-            node_id=node.id,
-            role=old.role,
-            group=old.group,
-            rank=old.rank,
-            slots=old.slots,
-            gpus=old.gpus,
-            devices=list(devices) or None,
-            state=AllocationState.PENDING,
-        )
-        session.add(alloc)
-        session.flush()
-        free[node.name][0] -= old.slots
-        free[node.name][1] -= old.gpus
-        start = 0
-        if old.role == "worker":  # a worker restarted alone reports its last step again
-            start = alone_restart_step(session, job, old.group, old.rank)
-            forget_reports_past(session, job, old.group, old.rank, start)
-        info = allocation_info(settings, job, alloc, node, start_step=start)
-        dispatches.append(Dispatch(alloc.id, node.queue, info))
+        free = taken
+        starts = {
+            (old.group, old.rank): alone_restart_step(session, job, old.group, old.rank)
+            for old, job in gang
+            if old.role == "worker"
+        }
+        for old, job, node in spots:
+            devices = capacities[node.name].free_devices(old.gpus)
+            capacities[node.name] = replace(
+                capacities[node.name],
+                devices_used=capacities[node.name].devices_used | set(devices),
+            )
+            alloc = Allocation(
+                job_id=old.job_id,
+                node_id=node.id,
+                role=old.role,
+                group=old.group,
+                rank=old.rank,
+                slots=old.slots,
+                gpus=old.gpus,
+                devices=list(devices) or None,
+                state=AllocationState.PENDING,
+            )
+            session.add(alloc)
+            session.flush()
+            start = starts.get((old.group, old.rank), 0)
+            if old.role == "worker":  # a worker restarted alone reports its last step again
+                forget_reports_past(session, job, old.group, old.rank, start)
+            before = session.scalar(
+                select(func.count(Allocation.id)).where(
+                    Allocation.job_id == old.job_id,
+                    Allocation.role == old.role,
+                    Allocation.group == old.group,
+                    Allocation.rank == old.rank,
+                    Allocation.id < alloc.id,
+                )
+            )
+            info = allocation_info(
+                settings, job, alloc, node, start_step=start, replacement=int(before or 0)
+            )
+            dispatches.append(Dispatch(alloc.id, node.queue, info))
     return dispatches
 
 

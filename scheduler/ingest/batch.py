@@ -237,8 +237,8 @@ def apply_state(
             effects.stops += requeue(
                 session, job, cause, artifacts=effects.artifacts, counted=counted
             )
-        case RestartAlone(cause=cause):
-            restart_alone(session, job, alloc, cause)
+        case RestartAlone() as alone:
+            effects.stops += restart_alone(session, job, alloc, alone)
         case ReplaceShard() as shard:
             replace_shard(session, job, shard)
 

@@ -19,7 +19,9 @@ node agent stopped cleanly) does not. Restart points are deleted when the job en
 In the asynchronous frameworks (downpour, hogwild) a worker that died restarts alone
 (`restart_alone`): the others train on, the server shards keep the parameters, and the
 scheduler places a new process for it (loop.replace_processes) that continues from the last step
-it reported, pulling the shards' current parameters.
+it reported, pulling the shards' current parameters. A pipeline's stage restarts with the
+other stages of its pipeline (its worker group), which are stopped, and they go on together
+from the earliest of their steps.
 
 `job_facts` reads what the policy needs to know of a job from its row.
 """
@@ -40,7 +42,7 @@ from contract.prediction import PREDICT
 from contract.rundir import RESTART, attempt_point, job_run_dir, latest_restart_point
 from dsl.frameworks import restarting_alone
 from scheduler.placement.cluster import ACTIVE_ALLOCATIONS
-from scheduler.recovery.policy import Fail, JobFacts, ReplaceShard
+from scheduler.recovery.policy import Fail, JobFacts, ReplaceShard, RestartAlone
 from scheduler.store.lifecycle import transition
 from scheduler.store.models import Allocation, Job, JobEvent, Metric, utcnow
 from scheduler.store.states import JobState
@@ -186,12 +188,32 @@ def prune_restart_points(artifacts: Path, job_id: int) -> bool:
     return True
 
 
-def restart_alone(session: Session, job: Job, alloc: Allocation, cause: str) -> None:
+def restart_alone(
+    session: Session, job: Job, alloc: Allocation, decision: RestartAlone
+) -> list[int]:
     """A worker of an asynchronous job restarts alone, as the policy decided (`RestartAlone`;
     its new process is placed by the scheduler): counted against cluster.max_restarts, an
-    event, the job's state unchanged."""
+    event, the job's state unchanged. With `decision.group` the group's other live workers are
+    written off too (their new processes are placed with its); their ids, for the caller to
+    stop."""
     job.restarts += 1
-    alone = f"{cause}; restart {job.restarts} of {max_restarts(job)}: this worker alone"
+    stops: list[int] = []
+    who = "this worker alone"
+    if decision.group:
+        peers = session.scalars(
+            select(Allocation).where(
+                Allocation.job_id == job.id,
+                Allocation.role == "worker",
+                Allocation.group == alloc.group,
+                Allocation.id != alloc.id,
+                Allocation.state.in_(ACTIVE_ALLOCATIONS),
+            )
+        ).all()
+        for peer in peers:
+            peer.state, peer.ended_at = AllocationState.FAILED, utcnow()
+        stops = [peer.id for peer in peers]
+        who = f"pipeline {alloc.group} alone, its {len(peers) + 1} stages"
+    alone = f"{decision.cause}; restart {job.restarts} of {max_restarts(job)}: {who}"
     if job.framework == PREDICT:
         reason = f"{alone}, scoring its shard again"
     else:
@@ -199,6 +221,7 @@ def restart_alone(session: Session, job: Job, alloc: Allocation, cause: str) -> 
         reason = f"{alone}, from its step {step} (the server shards keep the parameters)"
     session.add(JobEvent(job_id=job.id, at=utcnow(), state=job.state, reason=reason))
     log.warning("job %s: %s", job.id, reason)
+    return stops
 
 
 def replace_shard(session: Session, job: Job, decision: ReplaceShard) -> None:
@@ -216,8 +239,12 @@ def alone_restart_step(session: Session, job: Job, group: int, rank: int) -> int
     evaluation. A process killed between two of them leaves its last step half reported, and
     going on from that step would leave the rest of it missing for good (faults.py once found
     one train/loss missing so). `forget_reports_past` drops what it reported after this step,
-    which the new process reports again: none missing, none twice."""
-    last = worker_step(session, job.id, group, rank)
+    which the new process reports again: none missing, none twice.
+
+    A pipeline's stages go on from one step, the earliest of theirs."""
+    stages = int((job.topology or {}).get("stages", 1) or 1)
+    ranks = range(stages) if stages > 1 else (rank,)
+    last = min(worker_step(session, job.id, group, r) for r in ranks)
     every = int((job.spec or {}).get("disp_freq", 100) or 100)
     return max(last - 1, 0) // every * every
 

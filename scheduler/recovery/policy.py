@@ -132,9 +132,11 @@ class Requeue:
 @dataclass(frozen=True)
 class RestartAlone:
     """The failed worker restarts alone (a counted restart) while the others train on; the
-    scheduler places its new process (`PlaceAgain`)."""
+    scheduler places its new process (`PlaceAgain`). With `group`, the other workers of its
+    group (a pipeline's stages, which train only together) are stopped and restart with it."""
 
     cause: str
+    group: bool = False
 
 
 @dataclass(frozen=True)
@@ -214,8 +216,8 @@ def _failed(event: Ended) -> Fail | Requeue | RestartAlone | ReplaceShard:
     if not job.cancel_requested and event.exit_code not in FINAL_EXITS:
         cause = f"{who} {headline(event.reason, event.exit_code)}" if event.reason else reason
         left = job.restarts < job.max_restarts
-        if event.role == "worker" and job.restart == "alone" and not job.pipelined and left:
-            return RestartAlone(cause)
+        if event.role == "worker" and job.restart == "alone" and left:
+            return RestartAlone(cause, group=job.pipelined)
         if left and can_transition(job.state, JobState.QUEUED):
             return Requeue(cause, counted=True)
     return Fail(error=reason, reason=f"{who} failed: {reason}")

@@ -143,3 +143,78 @@ cluster:
     [issue] = caught.value.issues
     assert issue.path == "cluster.resources.gpus_per_worker" and issue.line == 12
     assert "uses 1 GPU" in issue.message
+
+
+@pytest.mark.parametrize(("name", "server_groups"), [("downpour", 1), ("hogwild", 2)])
+def test_an_asynchronous_pipeline_has_its_replicas_and_a_shard_per_stage(
+    name: str, server_groups: int
+) -> None:
+    t = resolve_topology(
+        ClusterConfig.model_validate({"framework": name}), PipelineConfig(stages=3)
+    )
+    counts = (t.nworker_groups, t.nworkers_per_group, t.nserver_groups, t.nservers_per_group)
+    assert counts == (2, 3, server_groups, 3)
+    assert t.stages == 3 and t.server_worker_separate
+    assert topology_problems(t) == []
+
+
+PIPELINED = """
+name: async-pipeline
+data: {source: digits}
+neuralnet:
+  layers:
+    - {name: data, type: input}
+    - {name: fc1, type: innerproduct, srclayers: [data], units: 16}
+    - {name: fc2, type: innerproduct, srclayers: [fc1], units: 10}
+    - {name: loss, type: softmax_loss, srclayers: [fc2]}
+updater: {type: sgd, lr: {base: 0.1}}
+train_steps: 10
+pipeline: {stages: 2, microbatches: 2}
+cluster:
+"""
+
+
+@pytest.mark.parametrize(
+    ("cluster", "path", "line", "message"),
+    [
+        (
+            "  framework: sandblaster",
+            "cluster.framework",
+            14,
+            "pipelines that average every step through server shards (framework sandblaster) "
+            "are not built",
+        ),
+        (
+            "  framework: downpour\n  nservers_per_group: 1",
+            "cluster.nservers_per_group",
+            15,
+            "each of the 2 stages keeps its layers on shards of its own, and the cluster "
+            "section gives 1 shard(s) per server group",
+        ),
+        (
+            "  framework: hogwild\n  nworker_groups: 1",
+            "cluster.nserver_groups",
+            13,  # not written: the cluster section's
+            "2 server groups for 1 pipeline(s): each server group needs at least one pipeline, "
+            "and there must be one server group",
+        ),
+        (
+            "  framework: downpour\n  server_worker_separate: false",
+            "cluster.server_worker_separate",
+            15,
+            "framework downpour runs its server shards as processes of their own; shards inside "
+            "the workers (server_worker_separate: false) are not built",
+        ),
+    ],
+    ids=["sandblaster", "a-shard-short", "no-pipeline-for-a-server-group", "shards-inside"],
+)
+def test_what_an_asynchronous_pipeline_cannot_run_is_refused_where_it_is_written(
+    cluster: str, path: str, line: int, message: str
+) -> None:
+    with pytest.raises(JobSpecError) as caught:
+        compile_job(
+            PIPELINED + cluster + "\n", BuildContext(sample_shape=(1, 8, 8), num_classes=10)
+        )
+    [issue] = [i for i in caught.value.issues if i.path == path]
+    assert issue.message == message
+    assert issue.line == line

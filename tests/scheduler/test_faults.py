@@ -217,6 +217,43 @@ def test_a_killed_worker_of_an_asynchronous_job_restarts_alone(cluster: Cluster)
     assert sorted(steps) == list(range(EVERY, SHORT + 1, EVERY))
 
 
+def test_a_killed_stage_of_an_asynchronous_pipeline_restarts_with_its_pipeline_alone(
+    cluster: Cluster,
+) -> None:
+    """Two downpour pipelines of two stages (6 processes with the shards): a SIGKILLed stage
+    of the second pipeline restarts with that pipeline's other stage, from the shards'
+    parameters, while the first pipeline trains on untouched."""
+    for node in ("node-2", "node-3"):
+        start_agent_unless_running(cluster, node)
+    steps = 600  # a pipelined step (two stage processes, push and pull) takes tens of ms
+    overrides = {"cluster.framework": "downpour", "pipeline.stages": 2}
+    job_id = submit(cluster, steps, **overrides, **{"pipeline.microbatches": 2})
+    running_with_a_restart_point(cluster, job_id)
+    cluster.wait_for("the second pipeline to report", lambda: group_step(cluster, job_id) > 0)
+    first = cluster.allocations(job_id)
+    victim = next(a for a, _ in first if (a.role, a.group, a.rank) == ("worker", 1, 1))
+    os.kill(cluster.pid(victim.id), signal.SIGKILL)
+    cluster.wait_state(job_id, JobState.SUCCEEDED, JobState.FAILED, timeout=240)
+    job = cluster.job(job_id)
+    assert job.state == JobState.SUCCEEDED, (job.error, cluster.events(job_id))
+    assert job.restarts == 1 and job.attempt == 0  # the job was never placed again
+    [reason] = [r for _, r in cluster.events(job_id) if "pipeline 1 alone, its 2 stages" in r]
+    assert int(re.search(r"from its step (\d+)", reason).group(1)) > 0  # type: ignore[union-attr]
+    after = cluster.allocations(job_id)
+    new = [a for a, _ in after if a.id not in {b.id for b, _ in first}]
+    assert sorted((a.role, a.group, a.rank) for a in new) == [("worker", 1, 0), ("worker", 1, 1)]
+    with cluster.db.session() as session:
+        rows = session.execute(
+            select(Metric.group, Metric.rank, Metric.step).where(
+                Metric.job_id == job_id, Metric.name == "train/loss"
+            )
+        ).all()
+    # Every stage of both pipelines reported every step once, none missing.
+    for place in [(0, 0), (0, 1), (1, 0), (1, 1)]:
+        reported = sorted(step for group, rank, step in rows if (group, rank) == place)
+        assert reported == list(range(EVERY, steps + 1, EVERY)), place
+
+
 def group_step(cluster: Cluster, job_id: int) -> int:
     with cluster.db.session() as session:
         step = session.scalar(

@@ -81,6 +81,9 @@ class PipelineGroups:
     stage: int
     pipeline: ProcessGroup
     peers: ProcessGroup = None
+    # The rank of this pipeline's first stage in the process's world: each pipeline of an
+    # asynchronous job is a world of its own, so that it restarts without the others.
+    first_rank: int = 0
 
     @classmethod
     def create(cls, *, replicas: int, stages: int, rank: int) -> PipelineGroups:
@@ -95,11 +98,17 @@ class PipelineGroups:
                 dist.new_group([r * stages + s for r in range(replicas)]) for s in range(stages)
             ]
             peers = by_stage[stage]
-        return cls(replicas, stages, replica, stage, pipelines[replica], peers)
+        return cls(replicas, stages, replica, stage, pipelines[replica], peers, replica * stages)
+
+    @classmethod
+    def alone(cls, *, replicas: int, stages: int, replica: int, stage: int) -> PipelineGroups:
+        """Pipeline `replica` of `replicas` as a world of its own, its stages ranked in order
+        (replicas that exchange their updates through parameter-server shards)."""
+        return cls(replicas, stages, replica, stage, dist.new_group(list(range(stages))))
 
     def rank_of(self, stage: int) -> int:
-        """The global rank of `stage` of this process's pipeline."""
-        return self.replica * self.stages + stage
+        """The rank of `stage` of this process's pipeline in the process's world."""
+        return self.first_rank + stage
 
     @property
     def is_first(self) -> bool:
@@ -422,6 +431,14 @@ def clip_across_stages(
         torch._foreach_mul_(grads, scale)
 
 
+def cut_stage(job: CompiledJob, *, plan: PipelinePlan, stage: int, device: str) -> CompiledJob:
+    """The job cut to stage `stage`'s layers, on the worker's device (moved in place, before
+    anything holds its tensors)."""
+    cut = stage_job(job, plan, stage)
+    cut.net.to(torch.device(device))
+    return cut
+
+
 def pipeline_stage(
     job: CompiledJob,
     *,
@@ -430,14 +447,20 @@ def pipeline_stage(
     device: str,
     compression: str,
     due: Callable[[int], bool],
+    stage: CompiledJob | None = None,
+    hooks: StepHooks | None = None,
 ) -> tuple[CompiledJob, StepHooks]:
     """One stage of the job's pipeline: the job cut to the stage's layers, on the worker's
-    device, and the hooks its trainer takes: run the stage's part of the schedule as its
-    algorithm, evaluate through all the stages, average the gradients with the same stage of
-    the other replicas, clip over the whole pipeline, and save whole-net checkpoints."""
+    device (`stage`, when the caller cut it already), and the hooks its trainer takes: run the
+    stage's part of the schedule as its algorithm, evaluate through all the stages, average the
+    gradients with the same stage of the other replicas, clip over the whole pipeline, and save
+    whole-net checkpoints. `hooks`, the hooks built so far, give the update itself (default: the
+    stage's own updater; the parameter-server client's push and pull) and what runs at the
+    start."""
     where = torch.device(device)
-    stage = stage_job(job, plan, groups.stage)
-    stage.net.to(where)
+    stage = stage or cut_stage(job, plan=plan, stage=groups.stage, device=device)
+    hooks = hooks or StepHooks()
+    update = hooks.apply_update
     runner = PipelineRunner(job, plan, groups, where, precision_for(job.spec.precision, where))
     every = job.spec.disp_freq
 
@@ -469,10 +492,11 @@ def pipeline_stage(
             sync.finish()
         if max_norm is not None:
             clip_across_stages([p for _, p in params], max_norm, groups.pipeline)
-        trainer.updater.step(step)
+        update(trainer, step)
         checkpoints.after_update(trainer, step)
 
-    hooks = StepHooks(
+    hooks = replace(
+        hooks,
         train_one_batch=train_one_batch,
         apply_update=apply_update,
         evaluate=runner.evaluate,

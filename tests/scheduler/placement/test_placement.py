@@ -7,7 +7,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsl.schema import ClusterConfig
+from dsl.schema import ClusterConfig, PipelineConfig
 from dsl.topology import resolve_topology
 from scheduler.placement.plan import (
     NodeCapacity,
@@ -301,3 +301,20 @@ def test_a_node_whose_plugin_failed_takes_no_jobs_and_says_why() -> None:
         8: f"needs plugin layer 'rmsnorm' (trainyard_rmsnorm 1.2); no node has it; "
         f"a takes no jobs: {BROKEN}"
     }
+
+
+def test_an_asynchronous_pipelines_stages_go_together_and_its_shards_apart() -> None:
+    """2 downpour pipelines of 2 stages and a shard per stage: each pipeline's stages on one
+    node (they talk at every micro-batch), the shards spread over what is left."""
+    topology = resolve_topology(ClusterConfig(framework="downpour"), PipelineConfig(stages=2))
+    request = PlacementRequest.from_topology(10, topology)
+    assert request.workers == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert request.servers == [(0, 0), (0, 1)] and request.slots == 6
+    plan = plan_placement(request, [node("a", 3), node("b", 3)])
+    assert plan is not None
+    where = {(a.role, a.group, a.rank): a.node for a in plan.assignments}
+    assert where[("worker", 0, 0)] == where[("worker", 0, 1)]
+    assert where[("worker", 1, 0)] == where[("worker", 1, 1)]
+    assert where[("worker", 0, 0)] != where[("worker", 1, 0)]
+    assert usage(plan) == {"a": (3, 0), "b": (3, 0)}
+    assert plan_placement(request, [node("a", 5)]) is None  # all or nothing

@@ -137,7 +137,7 @@ CASES: list[tuple[str, Event, Decision]] = [
         ended(exit_code=1, reason="a\nb", restarts=3),
         fail("a\nb"),
     ),
-    # an asynchronous worker restarts alone; a pipelined one cannot
+    # an asynchronous worker restarts alone; a pipelined one with its pipeline's other stages
     ("asynchronous worker", ended(job=ALONE), RestartAlone(f"{WHO} {KILLED}")),
     (
         "asynchronous worker, last restart",
@@ -150,8 +150,14 @@ CASES: list[tuple[str, Event, Decision]] = [
     (
         "pipelined asynchronous worker",
         ended(job=ALONE, pipelined=True),
-        Requeue(f"{WHO} {KILLED}", counted=True),
+        RestartAlone(f"{WHO} {KILLED}", group=True),
     ),
+    (
+        "pipelined asynchronous worker, no restarts left",
+        ended(job=ALONE, pipelined=True, restarts=3),
+        fail(),
+    ),
+    ("pipelined synchronous worker", ended(pipelined=True), Requeue(f"{WHO} {KILLED}", True)),
     ("synchronous worker", ended(job=GANG), Requeue(f"{WHO} {KILLED}", counted=True)),
     # a server shard is placed again, up to MAX_SHARD_REPLACEMENTS times per placement
     ("first shard failure", shard(1), REPLACED),

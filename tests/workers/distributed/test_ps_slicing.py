@@ -16,6 +16,7 @@ from workers.distributed.ps.slicing import (
     SliceMap,
     assemble,
     plan_slices,
+    plan_stage_slices,
     slice_views,
 )
 
@@ -111,3 +112,26 @@ def test_bad_requests_raise() -> None:
         plan_slices(MLP, 0)
     with pytest.raises(ValueError, match="unique"):
         plan_slices([MLP[0], MLP[0]], 2)
+
+
+def test_a_pipelines_stages_each_have_shards_of_their_own() -> None:
+    """Each shard holds one stage's slices; the spare shards go where shards are fullest; the
+    map still cuts every tensor losslessly."""
+    stages = [MLP[:2], MLP[2:]]  # 785k and 505k elements
+    slice_map = plan_stage_slices(stages, 5)
+    owner = {p.name: i for i, params in enumerate(stages) for p in params}
+    by_shard: dict[int, set[int]] = {}
+    for s in slice_map.slices:
+        by_shard.setdefault(s.shard, set()).add(owner[s.param])
+    assert by_shard == {0: {0}, 1: {0}, 2: {0}, 3: {1}, 4: {1}}
+    assert [p.name for p in slice_map.params] == [p.name for p in MLP]
+    assert SliceMap.from_json(slice_map.to_json()) == slice_map
+    tensors = {p.name: torch.randn(p.shape) for p in MLP}
+    pieces = dict(enumerate(t.clone() for t in slice_views(tensors, slice_map)))
+    for name, whole in assemble(pieces, slice_map).items():
+        assert torch.equal(whole, tensors[name])
+
+
+def test_a_pipeline_needs_a_shard_per_stage() -> None:
+    with pytest.raises(ValueError, match="3 stages need a shard each, and there are 2"):
+        plan_stage_slices([MLP[:2], MLP[2:4], MLP[4:]], 2)

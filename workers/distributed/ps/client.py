@@ -76,6 +76,7 @@ class PSClient:
         clip_norm: float | None = None,
         staleness: int | None = None,
         wait_timeout: float = 600.0,
+        slice_map: SliceMap | None = None,
     ) -> None:
         self.plan, self.connections, self.keys = plan, connections, keys
         self.worker = plan.worker_id(group, rank)
@@ -90,17 +91,17 @@ class PSClient:
         self.staleness = staleness if self.clocked else None
         self.peers = [w for w in peers if w != self.worker]
         self.params = {name: p for name, p in net.named_params().items()}
-        self.slice_map: SliceMap = plan_slices(net_params(net), plan.nshards)
+        # The job's map; a pipeline's stage holds some of its parameters (`net` is the stage's)
+        # and talks only to the shards of its own slices.
+        self.slice_map: SliceMap = slice_map or plan_slices(net_params(net), plan.nshards)
+        own = [s for s in self.slice_map.slices if s.param in self.params]
         self.shards = [
             _Shard(s, connections.shard_url(plan, self.server_group, s), slices)
             for s in range(plan.nshards)
-            if (slices := self.slice_map.shard_slices(s))
+            if (slices := [piece for piece in own if piece.shard == s])
         ]
         self.urls = list(dict.fromkeys(shard.url for shard in self.shards))
-        self._views = {
-            s.id: self.params[s.param].detach().view(-1)[s.start : s.stop]
-            for s in self.slice_map.slices
-        }
+        self._views = {s.id: self.params[s.param].detach().view(-1)[s.start : s.stop] for s in own}
         self.versions = {shard.index: 0 for shard in self.shards}
         self.stats = PSStats()
         self._pool = ThreadPoolExecutor(len(self.urls)) if len(self.urls) > 1 else None

@@ -168,3 +168,28 @@ def assemble(pieces: dict[int, torch.Tensor], slice_map: SliceMap) -> dict[str, 
     for s in slice_map.slices:
         out[s.param].view(-1)[s.start : s.stop] = pieces[s.id].reshape(-1)
     return out
+
+
+def plan_stage_slices(stages: Sequence[Sequence[ParamInfo]], nshards: int) -> SliceMap:
+    """The slice map of a pipeline's parameters, `stages` listing each stage's: every shard
+    holds the slices of one stage only, so that one stage's push completes a shard's update and
+    each stage pushes and pulls its own layers alone. The `nshards` shards are dealt to the
+    stages, at least one each and the rest where a shard would hold the most elements; each
+    stage's parameters are cut over its shards as `plan_slices` cuts a net's."""
+    if nshards < len(stages):
+        raise ValueError(f"{len(stages)} stages need a shard each, and there are {nshards}")
+    sizes = [sum(p.numel for p in params) for params in stages]
+    counts = [1] * len(stages)
+    for _ in range(nshards - len(stages)):
+        fullest = max(range(len(stages)), key=lambda i: sizes[i] / counts[i])
+        counts[fullest] += 1
+    slices: list[Slice] = []
+    first = 0
+    for params, count in zip(stages, counts, strict=True):
+        for s in plan_slices(params, count).slices:
+            slices.append(Slice(len(slices), s.param, first + s.shard, s.start, s.stop, s.shape))
+        first += count
+    every = tuple(p for params in stages for p in params)
+    if len({p.name for p in every}) != len(every):
+        raise ValueError("a parameter is in two stages")
+    return SliceMap(nshards=nshards, params=every, slices=tuple(slices))
