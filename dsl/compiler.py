@@ -33,6 +33,7 @@ from dsl.plugins import seed_for
 from dsl.schema import JobSpec
 from dsl.search_checks import search_issues
 from dsl.source import ParsedDocument, SourceMap, read_document
+from dsl.sync_checks import sync_issues
 from dsl.topology import Topology, resolve_topology, topology_problems
 from dsl.validation import translate_validation_error
 
@@ -194,6 +195,7 @@ def cross_field_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
     issues.extend(pipeline_issues(spec, source))
     issues.extend(_batch_issues(spec, topology, source))
     issues.extend(_precision_issues(spec, topology, source))
+    issues.extend(sync_issues(spec, topology, source))
     issues.extend(_plugin_updater_issues(spec, topology, source))
     issues.extend(objective_issues(spec, topology, source))
     issues.extend(search_issues(spec, source))

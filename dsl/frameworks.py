@@ -20,7 +20,7 @@ class Sync(Enum):
     """How the replicas of the net agree."""
 
     NONE = "none"  # one replica, in one process
-    GROUP = "group"  # by collectives among the workers of one group
+    GROUP = "group"  # by collectives among the workers of one group, and never through shards
     SERVERS = "servers"  # through parameter-server shards, every worker on its own
     GROUP_THEN_SERVERS = "group, then servers"  # all-reduce in each group; groups through shards
 
@@ -150,5 +150,13 @@ register_framework(
         sync=Sync.SERVERS,
         synchronous=False,
         restart="alone",
+    )
+)
+register_framework(
+    FrameworkSpec(
+        name="localsgd",
+        doc="synchronous steps apart: local updates, replicas averaged every sync_freq",
+        preset=Preset(nworker_groups=1, nworkers_per_group=2),
+        sync=Sync.GROUP,
     )
 )

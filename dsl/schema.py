@@ -273,9 +273,27 @@ class ClusterConfig(StrictModel):
     nserver_groups: int | None = Field(default=None, ge=0)
     nservers_per_group: int | None = Field(default=None, ge=0)
     server_worker_separate: bool | None = None
-    sync_freq: int = Field(default=10, ge=1, description="hogwild: updates between syncs")
+    sync_freq: int = Field(
+        default=10, ge=1, description="hogwild and localsgd: updates between syncs"
+    )
     staleness: int | None = Field(default=None, ge=0, description="bounded staleness (SSP)")
-    compression: Literal["none", "fp16", "bf16"] = "none"
+    compression: Literal["none", "fp16", "bf16", "powersgd"] = Field(
+        default="none",
+        description="how gradients travel between workers: as they are, in fp16 or bf16, or "
+        "as PowerSGD's low-rank factors (allreduce on one worker group only)",
+    )
+    powersgd_rank: int = Field(
+        default=1,
+        ge=1,
+        le=32,
+        description="compression powersgd: the rank of each gradient matrix's approximation",
+    )
+    localsgd_warmup: int = Field(
+        default=0,
+        ge=0,
+        description="localsgd: steps that all-reduce the gradients, as allreduce does, before "
+        "the replicas train apart (post-local SGD)",
+    )
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     max_restarts: int = Field(
         default=3,

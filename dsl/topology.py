@@ -153,6 +153,16 @@ def topology_problems(topology: Topology) -> list[tuple[str, str, str]]:
                     f"set nworker_groups to {t.nserver_groups} or more",
                 )
             )
+    if sync is Sync.GROUP and (t.nworker_groups > 1 or t.servers):
+        problems.append(
+            (
+                "nworker_groups" if t.nworker_groups > 1 else "nserver_groups",
+                f"framework {t.framework} averages the replicas of one worker group, and the "
+                f"cluster section asks for {t.nworker_groups} worker group(s) and "
+                f"{t.servers} server shard(s)",
+                "use one worker group (nworkers_per_group for more workers) and no server shards",
+            )
+        )
     if sync is Sync.GROUP_THEN_SERVERS:
         if t.nworker_groups > 1 and t.servers < 1:
             problems.append(

@@ -154,7 +154,7 @@ def test_the_field_recipe_adds_a_field_everywhere(tmp_path: Path) -> None:
     assert "pinned: boolean" in (tmp_path / "web/src/types.gen.ts").read_text()
 
 
-LOCAL_SGD_WORKER = """
+MODEL_AVERAGING_WORKER = """
 import json, sys
 from pathlib import Path
 import torch
@@ -169,7 +169,7 @@ rank, redis_url, cache = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 data = TrainingData(cache_dir=cache, base_dir=Path.cwd())
 job = compile_job(
     {
-        "name": "localsgd",
+        "name": "modelavg",
         "data": {"source": "digits", "batch_size": 32},
         "neuralnet": {"layers": [
             {"name": "data", "type": "input"},
@@ -178,7 +178,7 @@ job = compile_job(
         ]},
         "train_one_batch": {"alg": "bp"},
         "updater": {"type": "sgd", "lr": {"base": 0.1}},
-        "cluster": {"framework": "localsgd"},
+        "cluster": {"framework": "modelavg"},
         "train_steps": 16,
     },
     data,
@@ -190,7 +190,7 @@ context = RunContext(
     run_dir=Path(f"run{rank}"),
     rank=rank,
     redis_url=redis_url,
-    scope="recipe:localsgd",
+    scope="recipe:modelavg",
 )
 summary = train(context)
 total = sum(float(p.double().sum()) for p in job.net.parameters())
@@ -203,7 +203,7 @@ def test_the_framework_recipe_adds_a_framework(
 ) -> None:
     _copy(tmp_path, "contract", "dsl", "workers")
     _follow("framework", tmp_path)
-    (tmp_path / "worker.py").write_text(LOCAL_SGD_WORKER)
+    (tmp_path / "worker.py").write_text(MODEL_AVERAGING_WORKER)
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     workers = [
         subprocess.Popen(

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 from dsl.layers.base import Layer, Phase
 from dsl.net import NeuralNet
@@ -43,10 +44,15 @@ def bp(
     spec: JobSpec,
     gen: torch.Generator,
     precision: Precision,
+    *,
+    forward: nn.Module | None = None,
 ) -> BatchResult:
+    """One forward and one backward pass. `forward`: the module that runs the net's forward
+    when it is not the net itself (DistributedDataParallel around it, whose forward readies
+    the all-reduce of the gradients: workers/distributed/allreduce.py)."""
     net.reset_state()
     with precision.autocast():
-        out = net(x, y, "train", with_metrics=True)
+        out = (net if forward is None else forward)(x, y, "train", with_metrics=True)
     assert out.loss is not None  # the compiler guarantees a loss layer for bp
     precision.backward(out.loss)
     return BatchResult(out.loss.detach(), out.metrics)

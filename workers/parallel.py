@@ -8,10 +8,12 @@ Every framework applies its pieces in this one order:
    workers/distributed/pipeline.py, which builds steps 2 to 4 its own way for a stage); then
    place it on the worker's device (`on_device`), since what follows holds its tensors;
 2. synchronise the replicas: the parameter-server client takes the place of the local update
-   (`sync_through_servers`), the all-reduce of the gradients inside a group comes before the
-   update (`sync_in_group`); a hybrid has both, so the group's mean is pushed once per group;
-3. gradient compression: the exchanges of step 2 send gradients in the wire type
-   `compression=` names (the job's cluster.compression);
+   (`sync_through_servers`), the all-reduce of the gradients inside a group (DDP's, in the
+   backward pass, or after it) comes before the update (`sync_in_group`); a hybrid has both,
+   so the group's mean is pushed once per group; localsgd averages the parameters after the
+   update every sync_freq steps instead (`sync_apart`);
+3. gradient compression: the exchanges of step 2 send gradients as `compression=` says (the
+   job's cluster.compression: a wire type, or DDP's PowerSGD hook);
 4. whole-model checkpoints for a net split by feature (`whole_checkpoints`), and one answer
    for every worker to whether the run stops early (`agreed_stops`);
 5. build the trainer on that net with the hooks.
@@ -42,12 +44,14 @@ from workers.checkpoint import Checkpoint
 from workers.context import Place, RunContext
 from workers.data import Dataset
 from workers.distributed.allreduce import (
-    GradientSync,
+    DDPSync,
+    GroupSync,
     broadcast_replicas,
     gradient_sync,
     replicated_tensors,
 )
 from workers.distributed.comm import ProcessGroup
+from workers.distributed.localsgd import LocalSGD
 from workers.distributed.partition import PartitionedNet, partition_net, sharded_params
 from workers.distributed.pipeline import PipelineGroups, cut_stage, pipeline_stage
 from workers.distributed.ps.client import PSClient, net_params
@@ -140,16 +144,33 @@ def sync_through_servers(
     return replace(hooks, apply_update=apply_update, at_start=(*hooks.at_start, *starts))
 
 
-def sync_in_group(hooks: StepHooks, *, sync: GradientSync) -> StepHooks:
+def sync_in_group(hooks: StepHooks, *, sync: GroupSync) -> StepHooks:
     """2 and 3. Average the gradients over the group (`sync`, from `gradient_sync`, which
-    compresses them on the wire) before the update that `hooks` apply."""
+    compresses them on the wire) before the update that `hooks` apply; on DDP the forward
+    pass goes through it, and the backward pass averages."""
     update = hooks.apply_update
 
     def apply_update(trainer: Trainer, step: int) -> None:
         sync.finish(trainer.updater.scaler)
         update(trainer, step)
 
+    if isinstance(sync, DDPSync):
+        hooks = replace(hooks, train_one_batch=sync.train_one_batch)
     return replace(hooks, apply_update=apply_update)
+
+
+def sync_apart(hooks: StepHooks, *, local: LocalSGD) -> StepHooks:
+    """2. localsgd: the gradients all-reduced for the warm-up steps only, then the update
+    that `hooks` apply with each replica's own, and the replicas averaged every sync_freq
+    steps after it."""
+    hooks = sync_in_group(hooks, sync=local.sync)
+    update = hooks.apply_update
+
+    def apply_update(trainer: Trainer, step: int) -> None:
+        update(trainer, step)
+        local.after_update(trainer, step)
+
+    return replace(hooks, apply_update=apply_update, at_start=(*hooks.at_start, local.at_start))
 
 
 def checkpoint_due(spec: JobSpec, done: int) -> bool:
@@ -254,7 +275,7 @@ def group_trainer(
     sinks: Sequence[MetricSink] = (),
     group: ProcessGroup = None,
     compression: str | None = None,
-) -> tuple[Trainer, GradientSync]:
+) -> tuple[Trainer, GroupSync]:
     """The allreduce framework's trainer for worker `options.rank` of a group of
     `options.world` that has joined its process group (steps 1 to 5). `compression` defaults
     to the job's cluster.compression."""
@@ -378,6 +399,23 @@ def _allreduce(ctx: RunContext, cleanup: ExitStack) -> Worker:
     hooks = sync_in_group(hooks, sync=sync)  # so the group's mean is what is pushed
     trainer = Trainer(part, ctx.dataset, options, ctx.sinks, hooks=hooks)
     return Worker(trainer, after_run=[client.finish, *done])
+
+
+@FRAMEWORKS.register("localsgd")
+def _localsgd(ctx: RunContext, cleanup: ExitStack) -> Worker:
+    """One group whose replicas take their steps apart and average every sync_freq steps
+    (workers/distributed/localsgd.py)."""
+    check_topology(ctx.topology)
+    member = join_worker_group(ctx, cleanup)
+    options = ctx.train_options(world=member.world)
+    job = on_device(ctx.job, device=ctx.device)
+    cluster = ctx.spec.cluster
+    local = LocalSGD(job.net, period=cluster.sync_freq, warmup=cluster.localsgd_warmup)
+    hooks = sync_apart(StepHooks(), local=local)
+    hooks = agreed_stops(hooks, device=ctx.device)
+    trainer = Trainer(job, ctx.dataset, options, ctx.sinks, hooks=hooks)
+    # Rank 0 serves the group's store: nobody leaves before the others.
+    return Worker(trainer, after_run=[dist.barrier])
 
 
 @FRAMEWORKS.register("pipeline")

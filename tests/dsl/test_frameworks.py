@@ -27,16 +27,17 @@ PRESETS = {
     "allreduce": (1, 2, 0, 0, False),
     "downpour": (2, 1, 1, 1, True),
     "hogwild": (2, 1, 2, 1, True),
+    "localsgd": (1, 2, 0, 0, False),
 }
 
 
 def test_the_job_language_offers_the_registered_frameworks_in_their_order() -> None:
     names = FRAMEWORK_SPECS.names_as_registered()
-    assert names == ["local", "sandblaster", "allreduce", "downpour", "hogwild"]
+    assert names == ["local", "sandblaster", "allreduce", "downpour", "hogwild", "localsgd"]
     framework = json_schema()["$defs"]["ClusterConfig"]["properties"]["framework"]
     assert framework["enum"] == names
-    with pytest.raises(ValueError, match="'local', 'sandblaster', 'allreduce', 'downpour' or"):
-        ClusterConfig.model_validate({"framework": "localsgd"})
+    with pytest.raises(ValueError, match="'downpour', 'hogwild' or 'localsgd'"):
+        ClusterConfig.model_validate({"framework": "easgd"})
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -97,7 +98,7 @@ def test_an_unknown_name_raises_with_the_known_names_and_a_suggestion() -> None:
         FRAMEWORK_SPECS.get("allreduc")
     message = str(caught.value)
     assert "unknown framework 'allreduc'" in message
-    assert "known: allreduce, downpour, hogwild, local, sandblaster" in message
+    assert "known: allreduce, downpour, hogwild, local, localsgd, sandblaster" in message
     assert "did you mean 'allreduce'?" in message
 
 

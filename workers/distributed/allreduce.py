@@ -1,31 +1,57 @@
 """The allreduce framework: synchronous data-parallel training inside one worker group.
 
-Every worker holds a whole replica (the same initialisation from the job's seed, and rank 0's
-values broadcast once to be sure), trains on its rows of each global batch, and after the
-algorithm's backward the gradients are averaged over the group with torch.distributed
-all-reduce (gloo between CPU processes, NCCL between GPUs). Every worker then applies the job's
-updater itself, so the replicas stay equal and the run equals the local trainer on the combined
-batch. There are no server processes: the "servers" are co-located with the workers.
+Every worker holds a whole replica (rank 0's values broadcast when the group forms), trains on
+its rows of each global batch, and the gradients are averaged over the group before every
+worker applies the job's updater itself, so the replicas stay equal and the run equals the
+local trainer on the combined batch. There are no server processes: the "servers" are
+co-located with the workers.
 
-Gradients travel in flat buckets of about `bucket_mb`, as DistributedDataParallel does: with
-one backward per step (the bp algorithm) a bucket is sent as soon as all its gradients exist,
-so communication overlaps the rest of the backward pass. Buckets are always launched in the
-same order on every worker, which is what pairs the collectives up. With
-`cluster.compression: fp16 | bf16` the buckets are sent in that type, halving the bytes.
+Two ways to average, by the kind of step:
+
+- `DDPSync`: torch's DistributedDataParallel around the net, for the `bp` algorithm (one
+  forward and one backward pass per step). The forward goes through DDP (bp's `forward`),
+  which readies its buckets; its reducer all-reduces each bucket as soon as its gradients
+  exist, overlapping the rest of the backward pass. `cluster.compression` picks DDP's
+  communication hook (`compression_hook`): none (DDP's own all-reduce), fp16 / bf16
+  (`fp16_compress_hook`, `bf16_compress_hook`: half the bytes; `bf16_hook` says why the latter
+  is called under another name) or powersgd (`powerSGD_hook`,
+  of rank `cluster.powersgd_rank`). Framework localsgd gives it `post_localSGD_hook`
+  (workers/distributed/localsgd.py).
+- `GradientSync`: an all-reduce of whole gradients in flat buckets once the step's gradients
+  are complete, kept for what cannot sit on DDP cleanly:
+  - bptt back-propagates once per chunk of a sequence, and DDP's reducer reduces at the end of
+    every backward pass its forward readied: the algorithm would have to run its chunks but
+    the last under DDP's `no_sync`, that is, know about DDP;
+  - cd writes its gradients without a backward pass, so DDP's autograd hooks never fire;
+  - a pipeline stage runs one backward pass per micro-batch inside torch's pipelining
+    schedules (split into input and weight passes by the zero-bubble ones), and its replicas
+    reduce once per step after the schedule (workers/distributed/pipeline.py).
+  It sends its buckets in fp16 / bf16 where compression asks; PowerSGD and local SGD need DDP,
+  and jobs that would need them here are refused when validated (dsl/sync_checks.py).
+
+Both leave the slices of a net split by feature (partition.py) out of the exchange (DDP is told
+to ignore them) and divide their gradients by the group size; with the updater's
+clip.grad_norm such a net is clipped by the whole model's norm, of which a worker holds part.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.nn.parallel import DistributedDataParallel
 
 from dsl.compiler import CompiledJob
 from dsl.net import NeuralNet
+from workers.algorithms import BatchResult, bp
 from workers.distributed.comm import ProcessGroup
 from workers.distributed.partition import sharded_params
+
+if TYPE_CHECKING:
+    from workers.trainer import Trainer
 
 WIRE_DTYPES: dict[str, torch.dtype | None] = {
     "none": None,
@@ -33,123 +59,71 @@ WIRE_DTYPES: dict[str, torch.dtype | None] = {
     "bf16": torch.bfloat16,
 }
 MB = 1 << 20
+# PowerSGD compresses from this step on: the least torch allows with error feedback, whose
+# first steps let DDP settle its buckets; earlier steps all-reduce whole gradients.
+POWERSGD_START = 2
+
+# A DDP communication hook and its state, as DistributedDataParallel.register_comm_hook takes them.
+CommHook = tuple[Any, Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]]
 
 
-@dataclass(eq=False)
-class _Bucket:
-    params: list[torch.Tensor]
-    spans: list[tuple[int, int]]  # [start, stop) of each parameter in `flat`
-    flat: torch.Tensor  # (sum of numels,) in the wire type
-    waiting: int = 0  # parameters whose gradient has not arrived this step
-    work: dist.Work | None = field(default=None, repr=False)
+def bf16_hook(group, bucket):  # type: ignore[no-untyped-def]
+    """DDP's `bf16_compress_hook` under another name: DDP refuses to register a hook of that
+    name unless NCCL (or XCCL) is there, though gloo all-reduces bf16 as well.
+
+    Unannotated: DDP compares a hook's annotations with the classes (dist.GradBucket), and
+    this module's annotations are strings."""
+    return default_hooks.bf16_compress_hook(group, bucket)
 
 
-class GradientSync:
-    """Averages gradients over a process group, in buckets, optionally overlapping backward.
+def compression_hook(
+    compression: str, *, group: ProcessGroup, powersgd_rank: int
+) -> CommHook | None:
+    """DDP's hook for `cluster.compression`; None: DDP's built-in all-reduce."""
+    if compression == "none":
+        return None
+    if compression == "fp16":
+        return group, default_hooks.fp16_compress_hook
+    if compression == "bf16":
+        return group, bf16_hook
+    if compression == "powersgd":
+        state = powerSGD_hook.PowerSGDState(
+            process_group=group,
+            matrix_approximation_rank=powersgd_rank,
+            start_powerSGD_iter=POWERSGD_START,
+        )
+        return state, powerSGD_hook.powerSGD_hook
+    raise ValueError(
+        f"unknown gradient compression '{compression}'; known: none, fp16, bf16, powersgd"
+    )
 
-    `sharded` names parameters each worker holds a different slice of (a net split by
-    feature): they are not exchanged, only divided by the group size (see partition.py).
-    """
+
+class _GroupGradients:
+    """What both ways of averaging share: which parameters are exchanged, and the feature
+    slices' part once the exchange is done."""
 
     def __init__(
         self,
         params: Sequence[tuple[str, torch.Tensor]],
         *,
-        group: ProcessGroup = None,
-        sharded: Iterable[str] = (),
-        compression: str = "none",
-        bucket_mb: float = 25.0,
-        first_bucket_mb: float | None = None,
-        overlap: bool = True,
-        clip_norm: float | None = None,
+        group: ProcessGroup,
+        sharded: Iterable[str],
+        clip_norm: float | None,
     ) -> None:
-        if compression not in WIRE_DTYPES:
-            raise ValueError(
-                f"unknown gradient compression '{compression}'; known: {', '.join(WIRE_DTYPES)}"
-            )
         self.group = group
         self.world = dist.get_world_size(group)
         skip = set(sharded)
         self.sliced = [tensor for name, tensor in params if name in skip]
         self.replicated = [tensor for name, tensor in params if name not in skip]
         self.clip_norm = clip_norm if self.sliced else None
-        # Backward produces the last layers' gradients first, so buckets run from the end; a
-        # small first bucket starts the communication early, as DDP's does.
-        first = min(1.0, bucket_mb) if first_bucket_mb is None else first_bucket_mb
-        self.buckets = _make_buckets(
-            list(reversed(self.replicated)),
-            WIRE_DTYPES[compression],
-            [int(first * MB), int(bucket_mb * MB)],
-        )
-        self.wire_bytes = 0  # bytes this worker has contributed to all-reduces so far
-        self._next = 0
-        self._ready = [False] * len(self.buckets)
-        self._reset_counts()
-        self.overlap = overlap
-        if overlap:
-            for index, bucket in enumerate(self.buckets):
-                for param in bucket.params:
-                    param.register_post_accumulate_grad_hook(self._hook(index))
 
-    def _hook(self, index: int) -> Callable[[torch.Tensor], None]:
-        def arrived(_: torch.Tensor) -> None:
-            bucket = self.buckets[index]
-            if bucket.waiting == 0:
-                raise RuntimeError(
-                    "a gradient arrived twice in one step; overlapping the all-reduce with "
-                    "backward needs exactly one backward pass per step (overlap=False)"
-                )
-            bucket.waiting -= 1
-            if bucket.waiting == 0:
-                self._ready[index] = True
-                self._launch_in_order()
-
-        return arrived
-
-    def _reset_counts(self) -> None:
-        for bucket in self.buckets:
-            bucket.waiting = len(bucket.params)
-
-    def _launch_in_order(self) -> None:
-        while self._next < len(self.buckets) and self._ready[self._next]:
-            self._launch(self.buckets[self._next])
-            self._next += 1
-
-    def _launch(self, bucket: _Bucket) -> None:
-        for param, (start, stop) in zip(bucket.params, bucket.spans, strict=True):
-            part = bucket.flat[start:stop]
-            if param.grad is None:  # unused this step on every worker alike
-                part.zero_()
-            else:
-                part.copy_(param.grad.reshape(-1))
-        # Averaging before the sum keeps half-precision sums of many workers in range.
-        bucket.flat.div_(self.world)
-        bucket.work = dist.all_reduce(bucket.flat, group=self.group, async_op=True)
-        self.wire_bytes += bucket.flat.numel() * bucket.flat.element_size()
-
-    def finish(self, scaler: torch.amp.GradScaler | None = None) -> None:
-        """Send what has not been sent, wait, and leave the group's mean in every `.grad`.
-
-        `scaler`: fp16's loss scale, which the gradients carry until the update.
-        """
-        self._ready = [True] * len(self.buckets)
-        self._launch_in_order()
-        for bucket in self.buckets:
-            assert bucket.work is not None
-            bucket.work.wait()
-            bucket.work = None
-            for param, (start, stop) in zip(bucket.params, bucket.spans, strict=True):
-                if param.grad is not None:
-                    param.grad.copy_(bucket.flat[start:stop].view_as(param.grad))
+    def _finish_slices(self, scaler: torch.amp.GradScaler | None) -> None:
         for param in self.sliced:
             if param.grad is not None:
                 param.grad.div_(self.world)
         if self.clip_norm is not None:
             scale = scaler.get_scale() if scaler is not None else 1.0
             self._clip_whole_norm(self.clip_norm * scale)
-        self._next = 0
-        self._ready = [False] * len(self.buckets)
-        self._reset_counts()
 
     def _clip_whole_norm(self, max_norm: float) -> None:
         """Clip by the norm of the whole model's gradient, of which this worker holds a part.
@@ -170,31 +144,129 @@ class GradientSync:
         torch._foreach_mul_(replicated + sliced, factor)
 
 
-def _make_buckets(
-    params: list[torch.Tensor], wire: torch.dtype | None, limits: list[int]
-) -> list[_Bucket]:
-    """Consecutive parameters grouped until a bucket reaches its byte limit."""
-    groups: list[list[torch.Tensor]] = []
-    current: list[torch.Tensor] = []
+class DDPSync(_GroupGradients):
+    """The gradients of the `bp` algorithm averaged by DistributedDataParallel around `net`,
+    through `hook` (None: DDP's own all-reduce)."""
+
+    def __init__(
+        self,
+        net: NeuralNet,
+        *,
+        group: ProcessGroup = None,
+        hook: CommHook | None = None,
+        bucket_mb: float = 25.0,
+        clip_norm: float | None = None,
+    ) -> None:
+        named = list(net.named_params().items())
+        super().__init__(named, group=group, sharded=sharded_params(net), clip_norm=clip_norm)
+        # DDP expects a gradient for every parameter it reduces: a layer the train phase does
+        # not run (include: [test]) has none, and a slice is this worker's own.
+        trained = {id(p) for step in net.steps("train") for p in step.module.parameters()}
+        sliced = {id(p) for p in self.sliced}
+        ignored = [
+            name
+            for name, param in net.named_parameters()
+            if id(param) in sliced or id(param) not in trained
+        ]
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(net, ignored)
+        # Buffers (batch norm's running statistics) are rank 0's at the start and each
+        # worker's own after, as before DDP; rank 0 writes the checkpoints.
+        self.ddp = DistributedDataParallel(
+            net, process_group=group, bucket_cap_mb=bucket_mb, forward_sync_buffers=False
+        )
+        if hook is not None:
+            self.ddp.register_comm_hook(*hook)
+
+    def train_one_batch(self, trainer: Trainer, x: torch.Tensor, y: torch.Tensor) -> BatchResult:
+        """The bp algorithm with its forward through DDP, which readies the reducer."""
+        return bp(
+            trainer.net,
+            x,
+            y,
+            trainer.spec,
+            trainer.generator,
+            trainer.precision,
+            forward=self.ddp,
+        )
+
+    def finish(self, scaler: torch.amp.GradScaler | None = None) -> None:
+        """After the backward pass, which left the group's mean in every replicated `.grad`:
+        the feature slices' part. `scaler`: fp16's loss scale, which the gradients carry."""
+        self._finish_slices(scaler)
+
+
+class GradientSync(_GroupGradients):
+    """Averages whole gradients over a process group in flat buckets, after the step's
+    gradients are complete (the steps DDP cannot take, see the module's docstring).
+
+    `sharded` names parameters each worker holds a different slice of (a net split by
+    feature): they are not exchanged, only divided by the group size (see partition.py).
+    """
+
+    def __init__(
+        self,
+        params: Sequence[tuple[str, torch.Tensor]],
+        *,
+        group: ProcessGroup = None,
+        sharded: Iterable[str] = (),
+        compression: str = "none",
+        bucket_mb: float = 25.0,
+        clip_norm: float | None = None,
+    ) -> None:
+        if compression not in WIRE_DTYPES:
+            raise ValueError(
+                f"unknown gradient compression '{compression}' for an all-reduce after the "
+                f"step; known: {', '.join(WIRE_DTYPES)}"
+            )
+        super().__init__(params, group=group, sharded=sharded, clip_norm=clip_norm)
+        self.wire = WIRE_DTYPES[compression]
+        self.buckets = _make_buckets(self.replicated, int(bucket_mb * MB))
+        self.wire_bytes = 0  # bytes this worker has contributed to all-reduces so far
+
+    def finish(self, scaler: torch.amp.GradScaler | None = None) -> None:
+        """All-reduce every bucket, wait, and leave the group's mean in every `.grad`.
+
+        `scaler`: fp16's loss scale, which the gradients carry until the update.
+        """
+        flats, works = [], []
+        for bucket in self.buckets:
+            flat = torch.cat(
+                [
+                    torch.zeros(p.numel(), dtype=p.dtype, device=p.device)
+                    if p.grad is None  # unused this step on every worker alike
+                    else p.grad.reshape(-1)
+                    for p in bucket
+                ]
+            )
+            if self.wire is not None:
+                flat = flat.to(self.wire)
+            # Averaging before the sum keeps half-precision sums of many workers in range.
+            flat.div_(self.world)
+            works.append(dist.all_reduce(flat, group=self.group, async_op=True))
+            flats.append(flat)
+            self.wire_bytes += flat.numel() * flat.element_size()
+        for bucket, flat, work in zip(self.buckets, flats, works, strict=True):
+            work.wait()
+            offset = 0
+            for param in bucket:
+                if param.grad is not None:
+                    part = flat[offset : offset + param.numel()]
+                    param.grad.copy_(part.view_as(param.grad))
+                offset += param.numel()
+        self._finish_slices(scaler)
+
+
+def _make_buckets(params: list[torch.Tensor], limit: int) -> list[list[torch.Tensor]]:
+    """Consecutive parameters grouped until a bucket reaches `limit` bytes."""
+    buckets: list[list[torch.Tensor]] = [[]]
     size = 0
     for param in params:
-        current.append(param)
+        if size >= limit:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(param)
         size += param.numel() * param.element_size()
-        if size >= limits[min(len(groups), len(limits) - 1)]:
-            groups.append(current)
-            current, size = [], 0
-    if current:
-        groups.append(current)
-    buckets = []
-    for members in groups:
-        spans, offset = [], 0
-        for param in members:
-            spans.append((offset, offset + param.numel()))
-            offset += param.numel()
-        dtype = wire or members[0].dtype
-        flat = torch.zeros(offset, dtype=dtype, device=members[0].device)
-        buckets.append(_Bucket(members, spans, flat))
-    return buckets
+    return [bucket for bucket in buckets if bucket]
 
 
 @torch.no_grad()
@@ -218,28 +290,39 @@ def replicated_tensors(net: NeuralNet) -> list[torch.Tensor]:
     return params + [b for b in net.buffers() if b.is_floating_point()]
 
 
+GroupSync = DDPSync | GradientSync
+
+
 def gradient_sync(
     job: CompiledJob,
     process_group: ProcessGroup = None,
     *,
     compression: str | None = None,
     bucket_mb: float = 25.0,
-) -> GradientSync:
-    """Equal replicas (rank 0's values), and the sync that averages the job's gradients; its
-    net is on the worker's device already (the buckets are made there).
-
-    `compression` defaults to the job's cluster.compression.
-    """
+) -> GroupSync:
+    """Equal replicas (rank 0's values), and the sync that averages the job's gradients: on
+    DDP where the step allows it (see the module's docstring). The net is on the worker's
+    device already. `compression` defaults to the job's cluster.compression."""
     net, spec = job.net, job.spec
     clip = spec.updater.clip
+    clip_norm = clip.grad_norm if clip is not None else None
+    compression = compression or spec.cluster.compression
+    sharded = sharded_params(net)
+    # DDP refuses a net with nothing to reduce: one whose every parameter is a feature slice.
+    whole = any(name not in sharded for name in net.named_params())
+    if spec.train_one_batch.alg == "bp" and whole:
+        hook = compression_hook(
+            compression, group=process_group, powersgd_rank=spec.cluster.powersgd_rank
+        )
+        return DDPSync(
+            net, group=process_group, hook=hook, bucket_mb=bucket_mb, clip_norm=clip_norm
+        )
     broadcast_replicas(replicated_tensors(net), process_group)
     return GradientSync(
         list(net.named_params().items()),
         group=process_group,
-        sharded=sharded_params(net),
-        compression=compression or spec.cluster.compression,
+        sharded=sharded,
+        compression=compression,
         bucket_mb=bucket_mb,
-        # bptt back-propagates once per chunk and cd only reaches the rbm: reduce after.
-        overlap=spec.train_one_batch.alg == "bp",
-        clip_norm=clip.grad_norm if clip is not None else None,
+        clip_norm=clip_norm,
     )

@@ -482,7 +482,7 @@ def pipeline_stage(
     if groups.peers is not None:
         broadcast_replicas(replicated_tensors(stage.net), groups.peers)
         # Gradients accumulate over the micro-batches' backwards: all-reduce once, after them.
-        sync = GradientSync(params, group=groups.peers, compression=compression, overlap=False)
+        sync = GradientSync(params, group=groups.peers, compression=compression)
     clip = job.spec.updater.clip
     max_norm = clip.grad_norm if clip is not None else None
     checkpoints = PipelineCheckpoints(stage.net, groups, due)

@@ -1,0 +1,117 @@
+"""Framework localsgd with two real worker processes: with sync_freq 1 and sgd it ends where
+the local trainer on the combined batch ends (as allreduce does); with a warm-up and sync_freq 4
+the replicas are equal through the warm-up, apart between syncs, equal right after each sync
+and after the last step. What it cannot run is refused by tests/dsl/test_sync_checks.py's
+rules."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from safetensors.torch import load_file, save_file
+
+from tests.conftest import compile_with_data
+from workers.checkpoint import load_checkpoint, resolve_checkpoint
+from workers.distributed.localsgd import LocalSGD
+from workers.distributed.rendezvous import GroupMember, file_store, join_group, leave_group
+from workers.parallel import agreed_stops, sync_apart
+from workers.trainer import StepHooks, Trainer, TrainOptions
+
+WORLD = 2
+TOL = {"atol": 2e-5, "rtol": 1e-4}
+STEPS = 11
+WARMUP, PERIOD = 2, 4
+
+MLP: dict[str, Any] = {
+    "name": "localsgd-mlp",
+    "seed": 5,
+    "data": {"source": "synthetic", "task": "classification", "num_samples": 400,
+             "num_features": 24, "num_classes": 4, "batch_size": 16, "test_fraction": 0.25},
+    "neuralnet": {"layers": [
+        {"name": "data", "type": "input"},
+        {"name": "fc1", "type": "dense", "srclayers": ["data"], "units": 64},
+        {"name": "act1", "type": "relu", "srclayers": ["fc1"]},
+        {"name": "fc2", "type": "dense", "srclayers": ["act1"]},
+        {"name": "loss", "type": "softmax_loss", "srclayers": ["fc2"]},
+    ]},
+    # Linear in the gradient: averaging the replicas' steps is the step of the mean gradient.
+    "updater": {"type": "sgd", "momentum": 0.9, "weight_decay": 0.001, "lr": {"base": 0.1}},
+    "train_steps": STEPS,
+    "disp_freq": 4,
+    "checkpoint": {"freq": 0, "keep": 1},
+}  # fmt: skip
+
+
+def _job(sync_freq: int, warmup: int) -> dict[str, Any]:
+    cluster = {"framework": "localsgd", "sync_freq": sync_freq, "localsgd_warmup": warmup}
+    return {**MLP, "cluster": cluster}
+
+
+def _train(rank: int, tmp: Path, name: str, job: dict[str, Any]) -> dict[str, float]:
+    """localsgd's pieces as workers/parallel.py applies them; the parameters after each step."""
+    compiled, data = compile_with_data(job, cache_dir=tmp)
+    cluster = compiled.spec.cluster
+    local = LocalSGD(compiled.net, period=cluster.sync_freq, warmup=cluster.localsgd_warmup)
+    hooks = agreed_stops(sync_apart(StepHooks(), local=local), device="cpu")
+    trainer = Trainer(compiled, data, TrainOptions(tmp / name, rank=rank, world=WORLD), hooks=hooks)
+
+    def snapshot(step: int) -> None:
+        params = {n: p.detach().clone() for n, p in trainer.net.named_params().items()}
+        save_file(params, str(tmp / f"{name}-step{step}-rank{rank}.safetensors"))
+
+    return trainer.run(on_step=snapshot).metrics
+
+
+def _worker(rank: int, tmp: Path) -> None:
+    torch.set_num_threads(1)
+    member = GroupMember(rank, WORLD)
+    join_group(file_store(tmp / "store", member), member)
+    results = {
+        "every": _train(rank, tmp, "every", _job(1, 0)),
+        "apart": _train(rank, tmp, "apart", _job(PERIOD, WARMUP)),
+    }
+    (tmp / f"results-rank{rank}.json").write_text(json.dumps(results))
+    leave_group()
+
+
+@pytest.fixture(scope="module")
+def group_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("localsgd")
+    mp.start_processes(_worker, args=(tmp,), nprocs=WORLD, start_method="spawn")
+    return tmp
+
+
+def _params(tmp: Path, name: str, step: int, rank: int) -> dict[str, torch.Tensor]:
+    return load_file(str(tmp / f"{name}-step{step}-rank{rank}.safetensors"))
+
+
+@pytest.mark.slow
+def test_sync_freq_1_with_sgd_ends_where_the_local_trainer_on_the_combined_batch_ends(
+    group_run: Path,
+) -> None:
+    compiled, data = compile_with_data(MLP, cache_dir=group_run)
+    Trainer(compiled, data, TrainOptions(group_run / "local")).run()
+    local = load_checkpoint(resolve_checkpoint(group_run / "local"))
+    ours = load_checkpoint(resolve_checkpoint(group_run / "every"))
+    assert ours.step == local.step == STEPS
+    for name, tensor in local.params.items():
+        torch.testing.assert_close(ours.params[name], tensor, **TOL, msg=name)
+
+
+@pytest.mark.slow
+def test_replicas_are_equal_after_the_warm_up_and_each_sync_and_apart_between(
+    group_run: Path,
+) -> None:
+    # All-reduced gradients for steps 1 and 2; averaged after steps 2 + 4k and the last.
+    synced = {1, 2, 6, 10, STEPS}
+    for step in range(1, STEPS + 1):
+        zero, one = _params(group_run, "apart", step, 0), _params(group_run, "apart", step, 1)
+        equal = all(torch.equal(zero[name], one[name]) for name in zero)
+        assert equal == (step in synced), f"step {step}"
+    metrics = json.loads((group_run / "results-rank0.json").read_text())["apart"]
+    assert metrics["test/accuracy"] > 0.6  # 4 classes: chance is 0.25
