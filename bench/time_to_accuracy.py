@@ -19,6 +19,11 @@ the target over each one's.
 
     .venv/bin/python bench/time_to_accuracy.py [--steps 400] [--test-freq 25]
         [--only local,sandblaster,...] [--hosts --bandwidths 1gbit,100mbit] [--scale 1,2,4,8]
+
+The slow-link comparison of docs/performance.md (local, plain allreduce, PowerSGD, local SGD):
+
+    .venv/bin/python bench/time_to_accuracy.py --hosts --bandwidths 100mbit \
+        --only local,allreduce,allreduce-powersgd,localsgd
 """
 
 from __future__ import annotations
@@ -69,6 +74,18 @@ CASES = [
         "as above, bf16 gradients",
     ),
     Case("allreduce", "mnist1d_cnn.yaml", {"cluster.framework": "allreduce"}, "1 group x 2"),
+    Case(
+        "allreduce-powersgd",
+        "mnist1d_cnn_powersgd.yaml",
+        {},
+        "1 group x 2, PowerSGD rank 4 gradients",
+    ),
+    Case(
+        "localsgd",
+        "mnist1d_cnn_localsgd.yaml",
+        {},
+        "1 group x 2, parameters averaged every 8 steps",
+    ),
     Case("downpour", "mnist1d_downpour.yaml", {}, "2 groups x 1 worker, 1 shard"),
     Case(
         "downpour-fp16",
