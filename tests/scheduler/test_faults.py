@@ -110,8 +110,11 @@ def test_a_killed_worker_restarts_from_its_restart_point(cluster: Cluster) -> No
     assert cluster.job(job_id).restarts == 1
 
 
-def test_a_killed_worker_of_a_synchronous_group_restarts_the_gang(cluster: Cluster) -> None:
-    gang = {"cluster.framework": "allreduce", "cluster.nworkers_per_group": 2}
+@pytest.mark.parametrize("framework", ["allreduce", "localsgd"])
+def test_a_killed_worker_of_a_synchronous_group_restarts_the_gang(
+    cluster: Cluster, framework: str
+) -> None:
+    gang = {"cluster.framework": framework, "cluster.nworkers_per_group": 2}
     job_id = submit(cluster, SHORT, **gang)
     running_with_a_restart_point(cluster, job_id)
     first = cluster.allocations(job_id)

@@ -221,7 +221,6 @@ class GradientSync(_GroupGradients):
         super().__init__(params, group=group, sharded=sharded, clip_norm=clip_norm)
         self.wire = WIRE_DTYPES[compression]
         self.buckets = _make_buckets(self.replicated, int(bucket_mb * MB))
-        self.wire_bytes = 0  # bytes this worker has contributed to all-reduces so far
 
     def finish(self, scaler: torch.amp.GradScaler | None = None) -> None:
         """All-reduce every bucket, wait, and leave the group's mean in every `.grad`.
@@ -244,7 +243,6 @@ class GradientSync(_GroupGradients):
             flat.div_(self.world)
             works.append(dist.all_reduce(flat, group=self.group, async_op=True))
             flats.append(flat)
-            self.wire_bytes += flat.numel() * flat.element_size()
         for bucket, flat, work in zip(self.buckets, flats, works, strict=True):
             work.wait()
             offset = 0
