@@ -16,7 +16,8 @@ both alike. The trainyard time is everything between callbacks. Target: ratio >=
 
 With `--compression fp16|bf16|powersgd` both sides register the same hook, made by the same
 function (`compression_hook`: DDP's fp16_compress_hook, bf16_compress_hook, or powerSGD_hook
-of rank `--powersgd-rank` with a state of its own on each side), so both send the same bytes.
+of rank `--powersgd-rank` with a state of its own on each side, in the same buckets:
+`bucket_cap_mb`), so both send the same bytes.
 Both update with the same torch kernels (workers/updaters.kernel_options).
 
     .venv/bin/python bench/allreduce_vs_ddp.py [--steps 1000] [--block 50] [--compression none]
@@ -46,7 +47,7 @@ from overhead import BATCH, JOB
 
 from dsl.compiler import compile_job
 from workers.data import TrainingData
-from workers.distributed.allreduce import DDPSync, compression_hook
+from workers.distributed.allreduce import DDPSync, bucket_cap_mb, compression_hook
 from workers.distributed.rendezvous import GroupMember, file_store, join_group
 from workers.parallel import group_trainer
 from workers.trainer import TrainOptions
@@ -65,7 +66,8 @@ class DDPLoop:
         model = nn.Sequential(
             nn.Linear(784, 1000), nn.ReLU(), nn.Linear(1000, 500), nn.ReLU(), nn.Linear(500, 10)
         )
-        self.model = DistributedDataParallel(model)
+        bucket_mb = bucket_cap_mb(compression, model.parameters())  # the framework's buckets
+        self.model = DistributedDataParallel(model, bucket_cap_mb=bucket_mb)
         hook = compression_hook(compression, group=None, powersgd_rank=powersgd_rank)
         if hook is not None:
             self.model.register_comm_hook(*hook)

@@ -36,7 +36,6 @@ Algorithm = Callable[
 ALGORITHMS: Registry[Algorithm] = Registry("train_one_batch algorithm")
 
 
-@ALGORITHMS.register("bp")
 def bp(
     net: NeuralNet,
     x: torch.Tensor,
@@ -56,6 +55,11 @@ def bp(
     assert out.loss is not None  # the compiler guarantees a loss layer for bp
     precision.backward(out.loss)
     return BatchResult(out.loss.detach(), out.metrics)
+
+
+# Registered apart from its definition, so that `bp` keeps its own signature (with `forward`)
+# for the allreduce framework, which calls it by name.
+ALGORITHMS.register("bp")(bp)
 
 
 @ALGORITHMS.register("bptt")

@@ -11,12 +11,12 @@ Two ways to average, by the kind of step:
 - `DDPSync`: torch's DistributedDataParallel around the net, for the `bp` algorithm (one
   forward and one backward pass per step). The forward goes through DDP (bp's `forward`),
   which readies its buckets; its reducer all-reduces each bucket as soon as its gradients
-  exist, overlapping the rest of the backward pass. `cluster.compression` picks DDP's
-  communication hook (`compression_hook`): none (DDP's own all-reduce), fp16 / bf16
-  (`fp16_compress_hook`, `bf16_compress_hook`: half the bytes; `bf16_hook` says why the latter
-  is called under another name) or powersgd (`powerSGD_hook`,
-  of rank `cluster.powersgd_rank`). Framework localsgd gives it `post_localSGD_hook`
-  (workers/distributed/localsgd.py).
+  exist, overlapping the rest of the backward pass (PowerSGD takes one bucket: see
+  `bucket_cap_mb`). `cluster.compression` picks DDP's communication hook
+  (`compression_hook`): none (DDP's own all-reduce), fp16 / bf16 (`fp16_compress_hook`,
+  `bf16_compress_hook`: half the bytes; `bf16_hook` says why the latter is called under
+  another name) or powersgd (`powerSGD_hook`, of rank `cluster.powersgd_rank`). Framework
+  localsgd gives it `post_localSGD_hook` (workers/distributed/localsgd.py).
 - `GradientSync`: an all-reduce of whole gradients in flat buckets once the step's gradients
   are complete, kept for what cannot sit on DDP cleanly:
   - bptt back-propagates once per chunk of a sequence, and DDP's reducer reduces at the end of
@@ -59,6 +59,7 @@ WIRE_DTYPES: dict[str, torch.dtype | None] = {
     "bf16": torch.bfloat16,
 }
 MB = 1 << 20
+BUCKET_MB = 25  # GradientSync's buckets, DDP's default size
 # PowerSGD compresses from this step on: the least torch allows with error feedback, whose
 # first steps let DDP settle its buckets; earlier steps all-reduce whole gradients.
 POWERSGD_START = 2
@@ -67,7 +68,7 @@ POWERSGD_START = 2
 CommHook = tuple[Any, Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]]
 
 
-def bf16_hook(group, bucket):  # type: ignore[no-untyped-def]
+def bf16_hook(group, bucket):
     """DDP's `bf16_compress_hook` under another name: DDP refuses to register a hook of that
     name unless NCCL (or XCCL) is there, though gloo all-reduces bf16 as well.
 
@@ -96,6 +97,18 @@ def compression_hook(
     raise ValueError(
         f"unknown gradient compression '{compression}'; known: none, fp16, bf16, powersgd"
     )
+
+
+def bucket_cap_mb(compression: str, params: Iterable[torch.Tensor]) -> float | None:
+    """DDP's bucket size for `compression`; None: DDP's default (1 MB first, then 25 MB).
+
+    PowerSGD gets one bucket for all of `params`: its hook launches its second and third
+    all-reduce from callbacks of the first, and with several buckets in flight those callbacks
+    may run in another order on each worker; gloo pairs collectives by the order they were
+    launched, and aborts on the mismatch."""
+    if compression != "powersgd":
+        return None
+    return sum(p.numel() * p.element_size() for p in params) / MB + 1.0
 
 
 class _GroupGradients:
@@ -154,7 +167,7 @@ class DDPSync(_GroupGradients):
         *,
         group: ProcessGroup = None,
         hook: CommHook | None = None,
-        bucket_mb: float = 25.0,
+        bucket_mb: float | None = None,
         clip_norm: float | None = None,
     ) -> None:
         named = list(net.named_params().items())
@@ -210,7 +223,6 @@ class GradientSync(_GroupGradients):
         group: ProcessGroup = None,
         sharded: Iterable[str] = (),
         compression: str = "none",
-        bucket_mb: float = 25.0,
         clip_norm: float | None = None,
     ) -> None:
         if compression not in WIRE_DTYPES:
@@ -220,7 +232,7 @@ class GradientSync(_GroupGradients):
             )
         super().__init__(params, group=group, sharded=sharded, clip_norm=clip_norm)
         self.wire = WIRE_DTYPES[compression]
-        self.buckets = _make_buckets(self.replicated, int(bucket_mb * MB))
+        self.buckets = _make_buckets(self.replicated, BUCKET_MB * MB)
 
     def finish(self, scaler: torch.amp.GradScaler | None = None) -> None:
         """All-reduce every bucket, wait, and leave the group's mean in every `.grad`.
@@ -296,7 +308,6 @@ def gradient_sync(
     process_group: ProcessGroup = None,
     *,
     compression: str | None = None,
-    bucket_mb: float = 25.0,
 ) -> GroupSync:
     """Equal replicas (rank 0's values), and the sync that averages the job's gradients: on
     DDP where the step allows it (see the module's docstring). The net is on the worker's
@@ -313,7 +324,11 @@ def gradient_sync(
             compression, group=process_group, powersgd_rank=spec.cluster.powersgd_rank
         )
         return DDPSync(
-            net, group=process_group, hook=hook, bucket_mb=bucket_mb, clip_norm=clip_norm
+            net,
+            group=process_group,
+            hook=hook,
+            bucket_mb=bucket_cap_mb(compression, net.parameters()),
+            clip_norm=clip_norm,
         )
     broadcast_replicas(replicated_tensors(net), process_group)
     return GradientSync(
@@ -321,6 +336,5 @@ def gradient_sync(
         group=process_group,
         sharded=sharded,
         compression=compression,
-        bucket_mb=bucket_mb,
         clip_norm=clip_norm,
     )

@@ -23,7 +23,13 @@ from dsl.topology import resolve_topology
 from tests.conftest import compile_with_data
 from workers.checkpoint import load_checkpoint, resolve_checkpoint
 from workers.context import worker_dir
-from workers.distributed.allreduce import DDPSync, GradientSync, compression_hook, gradient_sync
+from workers.distributed.allreduce import (
+    DDPSync,
+    GradientSync,
+    bucket_cap_mb,
+    compression_hook,
+    gradient_sync,
+)
 from workers.distributed.rendezvous import (
     GroupMember,
     RendezvousError,
@@ -235,6 +241,14 @@ def test_unknown_compression_and_bad_ranks_are_refused() -> None:
         compression_hook("int8", group=None, powersgd_rank=1)
     with pytest.raises(ValueError, match="rank 2 is not in a group of 2"):
         GroupMember(2, 2)
+
+
+def test_powersgd_gets_one_bucket_for_all_the_gradients() -> None:
+    """PowerSGD launches all-reduces from callbacks, which with several buckets in flight may
+    run in another order on each worker (see `bucket_cap_mb`)."""
+    params = [torch.zeros(1 << 20), torch.zeros(1 << 19)]  # 6 MB
+    assert bucket_cap_mb("powersgd", params) == pytest.approx(7.0)
+    assert bucket_cap_mb("bf16", params) is None  # DDP's default
 
 
 HYBRID = {
