@@ -172,9 +172,10 @@ class DDPSync(_GroupGradients):
     ) -> None:
         named = list(net.named_params().items())
         super().__init__(named, group=group, sharded=sharded_params(net), clip_norm=clip_norm)
-        # DDP expects a gradient for every parameter it reduces: a layer the train phase does
-        # not run (include: [test]) has none, and a slice is this worker's own.
-        trained = {id(p) for step in net.steps("train") for p in step.module.parameters()}
+        # DDP expects a gradient for every parameter it reduces: a layer the loss does not
+        # depend on (include: [test], a branch to a metric only) has none, and a slice is this
+        # worker's own.
+        trained = _reaching_a_loss(net)
         sliced = {id(p) for p in self.sliced}
         ignored = [
             name
@@ -206,6 +207,16 @@ class DDPSync(_GroupGradients):
         """After the backward pass, which left the group's mean in every replicated `.grad`:
         the feature slices' part. `scaler`: fp16's loss scale, which the gradients carry."""
         self._finish_slices(scaler)
+
+
+def _reaching_a_loss(net: NeuralNet) -> set[int]:
+    """The ids of the parameters of the train phase's layers that its losses depend on."""
+    steps = net.steps("train")  # in the order they run: every source before its reader
+    needed = {step.name for step in steps if step.module.is_loss}
+    for step in reversed(steps):
+        if step.name in needed:
+            needed.update(source.layer for source in step.sources)
+    return {id(p) for step in steps if step.name in needed for p in step.module.parameters()}
 
 
 class GradientSync(_GroupGradients):

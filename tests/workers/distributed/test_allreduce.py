@@ -76,6 +76,17 @@ MLP: dict[str, Any] = {
     "checkpoint": {"freq": 0, "keep": 1},
 }  # fmt: skip
 
+# A dense layer whose output only a metric reads: no loss depends on it, so it gets no
+# gradient, which DDP must be told (it waits for a gradient of every parameter it reduces).
+PROBED: dict[str, Any] = {
+    **MLP,
+    "neuralnet": {"layers": [
+        *MLP["neuralnet"]["layers"],
+        {"name": "probe", "type": "dense", "srclayers": ["act2"], "units": 4},
+        {"name": "probe_accuracy", "type": "accuracy", "srclayers": ["probe"]},
+    ]},
+}  # fmt: skip
+
 # Truncated BPTT runs backward once per chunk, so the all-reduce waits for the last one.
 GRU: dict[str, Any] = {
     "name": "allreduce-gru",
@@ -107,7 +118,7 @@ def _worker(rank: int, redis_url: str, scope: str, tmp: Path) -> None:
     join_group(store, member)
     results: dict[str, Any] = {}
 
-    compiled, data = compile_with_data(MLP, cache_dir=tmp)
+    compiled, data = compile_with_data(PROBED, cache_dir=tmp)
     sync = gradient_sync(compiled, compression="none")
     assert isinstance(sync, DDPSync)
     options = TrainOptions(tmp / "mlp", rank=rank, world=WORLD)
@@ -176,7 +187,7 @@ def test_two_workers_end_where_the_local_trainer_on_the_combined_batch_ends(
     group_run: Path,
 ) -> None:
     _assert_same_checkpoint(
-        resolve_checkpoint(group_run / "mlp"), _local(group_run, MLP, "mlp-local")
+        resolve_checkpoint(group_run / "mlp"), _local(group_run, PROBED, "mlp-local")
     )
 
 
