@@ -58,6 +58,15 @@ NORM_POLL_MS = 1  # while an update waits for the other shards' parts of its gra
 
 
 @dataclass(frozen=True)
+class _Part:
+    """One message of a worker's gradient for one step: its stream entry and contents."""
+
+    entry_id: bytes
+    header: GradHeader
+    frames: list[Frame]
+
+
+@dataclass(frozen=True)
 class ShardReport:
     version: int
     updates: int
@@ -123,8 +132,8 @@ class ShardServer:
         self.peer_syncs = 0
         self._since_sync = 0
         self._snapshot_version = 0
-        # (worker group, step) -> worker -> (stream entry id, header, frames)
-        self._pending: dict[tuple[int, int], dict[int, tuple[bytes, GradHeader, list[Frame]]]] = {}
+        # (worker group, step) -> worker -> part -> the part's message
+        self._pending: dict[tuple[int, int], dict[int, dict[int, _Part]]] = {}
         self._queue: list[Update] = []  # complete, in arrival order, maybe awaiting norms
 
     # -- state in Redis ------------------------------------------------------------------------
@@ -193,8 +202,11 @@ class ShardServer:
 
     # -- updates -------------------------------------------------------------------------------
     def _average(self, messages: list[tuple[GradHeader, list[Frame]]]) -> dict[int, torch.Tensor]:
-        """The mean of one group's gradients for one step, slice id -> fp32 tensor."""
-        messages.sort(key=lambda m: m[0].worker)  # a fixed summation order: exact replays
+        """The mean of one group's gradients for one step, slice id -> fp32 tensor. Each
+        worker's gradient may come in several parts, each slice in one of them."""
+        # A fixed summation order (by worker), whichever order the parts came in: exact replays,
+        # and the same bits whether a worker sent its gradient in one part or in several.
+        messages.sort(key=lambda m: (m[0].worker, m[0].part))
         grads: dict[int, torch.Tensor] = {}
         for header, frames in messages:
             for frame in frames:
@@ -208,9 +220,10 @@ class ShardServer:
                     grads[frame.slice_id].add_(frame.tensor)
                 else:  # a copy: the frame views the message's immutable bytes
                     grads[frame.slice_id] = frame.tensor.to(torch.float32, copy=True)
-        if len(messages) > 1:
+        workers = len({header.worker for header, _ in messages})
+        if workers > 1:
             for g in grads.values():
-                g.div_(len(messages))
+                g.div_(workers)
         return grads
 
     def _publish_norm(self, update: Update) -> None:
@@ -256,6 +269,12 @@ class ShardServer:
         self.updates += 1
         self._since_sync += 1
 
+    def _complete(self, waiting: dict[int, dict[int, _Part]]) -> bool:
+        """Whether every pusher of the group sent every part of its gradient."""
+        return len(waiting) >= self.plan.pushers_per_group and all(
+            len(parts) == next(iter(parts.values())).header.parts for parts in waiting.values()
+        )
+
     @property
     def waiting_for_norms(self) -> bool:
         return bool(self._queue)
@@ -271,19 +290,26 @@ class ShardServer:
             header, frames = decode_grad_message(fields[b"m"])
             key = (header.group, header.step)
             waiting = self._pending.setdefault(key, {})
-            waiting[header.worker] = (entry_id, header, frames)
-            if len(waiting) < self.plan.pushers_per_group:
+            parts = waiting.setdefault(header.worker, {})
+            if header.part in parts:
+                # The worker sends this step again (it was restarted alone): the parts of its
+                # earlier try are acknowledged and deleted unused.
+                empty_ids.extend(part.entry_id for part in parts.values())
+                parts.clear()
+            parts[header.part] = _Part(entry_id, header, frames)
+            if not self._complete(waiting):
                 continue
             del self._pending[key]
+            received = [part for parts in waiting.values() for part in parts.values()]
             update = Update(
                 group=header.group,
                 step=header.step,
-                grads=self._average([(h, f) for _, h, f in waiting.values()]),
-                entry_ids=[eid for eid, _, _ in waiting.values()],
+                grads=self._average([(part.header, part.frames) for part in received]),
+                entry_ids=[part.entry_id for part in received],
             )
             if self.clip_norm is not None:
-                if len(waiting) == 1:
-                    update.norm = header.norm  # the worker's own: the whole gradient
+                if len(waiting) == 1:  # the worker's own, of the whole gradient: in its last part
+                    update.norm = parts[header.parts - 1].header.norm
                 else:
                     self._publish_norm(update)
             self._queue.append(update)

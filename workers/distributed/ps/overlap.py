@@ -1,0 +1,88 @@
+"""Gradients sent while the backward pass runs, in parts, each the moment it is complete.
+
+Each shard's slices are grouped into parts in the order the backward pass produces their
+gradients (the net's parameters in reverse), each part at most `PART_BYTES` of fp32 or one slice
+larger than that. The worker counts, through a hook on every parameter, the gradients each part
+still waits for; a part whose last gradient was just accumulated is handed to a sender thread
+while the backward pass goes on with the layers below. What no hook announced (a parameter
+without a gradient, or gradients that were not accumulated by a backward pass) goes with the
+step's last request, and with it, when the job clips, a part of no slices that carries the
+gradient's global norm, which is known only at the end.
+
+The shards receive the same slices with the same bits as when the whole gradient goes in one
+message per shard, and average them in the same order (shard.py), so the parameters do not
+depend on how the gradient travelled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from workers.distributed.ps.slicing import Slice
+from workers.distributed.ps.wire import MAX_PARTS
+
+# DDP's first bucket is 1 MB too: small enough that the first part leaves early in the backward
+# pass, large enough that a message's fixed costs (XADD, the shard's read) stay small.
+PART_BYTES = 1 << 20
+
+
+def plan_parts(
+    slices: Sequence[Slice], order: Sequence[str], *, part_bytes: int = PART_BYTES
+) -> list[list[Slice]]:
+    """One shard's `slices` grouped into parts of at most `part_bytes` (of fp32; a larger slice
+    is a part of its own), in the order of the parameters in `order` (the order their gradients
+    become ready). At most MAX_PARTS - 1 parts: one more may carry the norm."""
+    rank = {name: i for i, name in enumerate(order)}
+    ordered = sorted(slices, key=lambda s: (rank[s.param], s.start))
+    # Two neighbouring parts hold more than `target` together: at most 2 * total / target + 1.
+    total = 4 * sum(s.numel for s in ordered)
+    target = max(part_bytes, -(-2 * total // (MAX_PARTS - 2)))
+    parts: list[list[Slice]] = []
+    size = 0
+    for s in ordered:
+        if not parts or size + 4 * s.numel > target:
+            parts.append([])
+            size = 0
+        parts[-1].append(s)
+        size += 4 * s.numel
+    return parts
+
+
+class ReadyParts:
+    """Which parts, of every shard, wait for which parameters' gradients in one backward pass.
+
+    Parts are numbered across the shards (the client keeps which shard each is for).
+    """
+
+    def __init__(self, parts: Sequence[Sequence[Slice]]) -> None:
+        self.needs = [len({s.param for s in part}) for part in parts]
+        self.parts_of: dict[str, list[int]] = {}
+        for index, part in enumerate(parts):
+            for name in dict.fromkeys(s.param for s in part):
+                self.parts_of.setdefault(name, []).append(index)
+        self.missing = list(self.needs)
+        self.seen: set[str] = set()
+
+    def begin(self) -> None:
+        """A new backward pass: every part waits for all its gradients again."""
+        self.missing = list(self.needs)
+        self.seen.clear()
+
+    def accumulated(self, name: str) -> list[int]:
+        """Note that parameter `name`'s gradient is complete; the parts that now are."""
+        if name in self.seen:
+            raise ValueError(
+                f"the gradient of {name} was accumulated twice in one step; sending gradients "
+                "during the backward pass needs one backward pass per step"
+            )
+        self.seen.add(name)
+        complete = []
+        for index in self.parts_of.get(name, ()):
+            self.missing[index] -= 1
+            if self.missing[index] == 0:
+                complete.append(index)
+        return complete
+
+    def unsent(self) -> list[int]:
+        """The parts no hook completed in this pass."""
+        return [index for index, missing in enumerate(self.missing) if missing > 0]
