@@ -38,6 +38,7 @@ SLOW = [
     "allreduce_vs_ddp",
     "api_load",
     "ps_throughput",
+    "ps_overlap",
     "predict",
     "example_throughput",
     "transformer",

@@ -38,10 +38,10 @@ from dsl.planner import plan_pipeline
 from dsl.registry import Registry
 from dsl.schema import JobSpec
 from dsl.topology import Topology, topology_problems
+from workers.algorithms import ONE_BACKWARD_PASS, BatchResult
 from workers.checkpoint import Checkpoint
 from workers.context import Place, RunContext
 from workers.data import Dataset
-from workers.algorithms import ONE_BACKWARD_PASS, BatchResult
 from workers.distributed.allreduce import (
     GradientSync,
     broadcast_replicas,
@@ -142,8 +142,12 @@ def sync_through_servers(
         broadcast_replicas(replicas)
 
     starts = (connect, equal_replicas) if replicas else (connect,)
-    hooks = replace(hooks, apply_update=apply_update, at_start=(*hooks.at_start, *starts))
-    return replace(hooks, train_one_batch=train_one_batch) if client.overlap else hooks
+    return replace(
+        hooks,
+        train_one_batch=train_one_batch,
+        apply_update=apply_update,
+        at_start=(*hooks.at_start, *starts),
+    )
 
 
 def sync_in_group(hooks: StepHooks, *, sync: GradientSync) -> StepHooks:

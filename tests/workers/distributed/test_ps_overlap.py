@@ -147,7 +147,7 @@ def test_the_gradient_travels_in_parts_during_the_backward_pass(
             send.result(timeout=10)
         in_stream.append(int(main.xlen(keys.grads(0, 0))))
 
-    # Registered before the client's hooks: runs before fc1's weight (fc1/w) gradient is handed over.
+    # Registered before the client's hooks: runs before fc1/w's gradient is handed over.
     job.net.named_params()["fc1/w"].register_post_accumulate_grad_hook(at_first_layer)
     client = PSClient(
         job.net,
@@ -287,9 +287,7 @@ def _one_clean_update(redis_url: str, tmp_path: Path) -> dict[str, torch.Tensor]
     return {name: p.detach().clone() for name, p in clean.params.items()}
 
 
-def test_two_backward_passes_in_one_armed_step_are_refused(
-    redis_url: str, tmp_path: Path
-) -> None:
+def test_two_backward_passes_in_one_armed_step_are_refused(redis_url: str, tmp_path: Path) -> None:
     topology = Topology("sandblaster", 1, 1, 1, 1, True, 1, 0)
     job, data = compile_with_data(JOB, cache_dir=tmp_path / "cache")
     client = PSClient(

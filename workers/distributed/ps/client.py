@@ -134,7 +134,9 @@ class PSClient:
         backward_order = list(reversed(self.params))
         self._parts: list[_Part] = []
         for shard in self.shards:
-            groups = plan_parts(shard.slices, backward_order, part_bytes=part_bytes) if overlap else []
+            groups = (
+                plan_parts(shard.slices, backward_order, part_bytes=part_bytes) if overlap else []
+            )
             self._parts += [
                 _Part(shard, i, len(groups) + clipped, group) for i, group in enumerate(groups)
             ]
@@ -221,7 +223,9 @@ class PSClient:
         if self._armed is None:
             return [_Part(shard, 0, 1, shard.slices)]
         unsent = [
-            self._parts[i] for i in self._ready.unsent() if self._parts[i].shard.index == shard.index
+            self._parts[i]
+            for i in self._ready.unsent()
+            if self._parts[i].shard.index == shard.index
         ]
         parts = sum(1 for part in self._parts if part.shard.index == shard.index)
         if self.clip_norm is not None:
@@ -250,12 +254,11 @@ class PSClient:
 
     # -- overlap with the backward pass --------------------------------------------------------
     def begin_step(self, step: int) -> None:
-        """Send step `step`'s gradients in parts as its backward pass (which comes next, once,
-        before `step(step)`) accumulates them. Needs `overlap`."""
-        if not self.overlap:
-            raise PSError("begin_step needs a client made with overlap=True")
-        self._ready.begin()
-        self._armed = step
+        """Step `step`'s backward pass comes next (once, before `step(step)`): with `overlap`,
+        send its gradients in parts as they are accumulated; without, leave them to `step`."""
+        if self.overlap:
+            self._ready.begin()
+            self._armed = step
 
     def _accumulated_hook(self, name: str) -> Callable[[torch.Tensor], None]:
         def accumulated(param: torch.Tensor) -> None:
