@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -17,8 +18,10 @@ from dsl.topology import Topology
 from tests.conftest import compile_with_data
 from tests.workers.distributed.test_ps_client import Shards
 from workers.distributed.ps.client import PSClient, PSError
+from workers.distributed.ps.journal import SNAPSHOT_EVERY
 from workers.distributed.ps.overlap import PART_BYTES, ReadyParts, plan_parts
 from workers.distributed.ps.plan import Connections, PSKeys, PSPlan
+from workers.distributed.ps.shard import ShardServer
 from workers.distributed.ps.slicing import ParamInfo, plan_slices
 from workers.distributed.ps.wire import MAX_PARTS, GradHeader, encode_grad_message
 from workers.parallel import sync_through_servers
@@ -56,19 +59,21 @@ JOB = {
     "checkpoint": {"freq": 0},
 }
 SMALL_PARTS = 16 * 1024  # the net's 0.5 MB would be one part per shard at PART_BYTES
+# Without clipping, a sandblaster shard updates each slice as soon as every worker sent it.
+UNCLIPPED = {**JOB, "updater": {"type": "sgd", "momentum": 0.9, "lr": {"base": 0.05}}}
 
 
 def _train(
-    redis_url: str, tmp: Path, topology: Topology, *, overlap: bool
+    redis_url: str, tmp: Path, topology: Topology, doc: dict[str, Any], *, overlap: bool
 ) -> list[dict[str, torch.Tensor]]:
-    """Every worker of `topology` trains JOB through the shards; each one's parameters."""
+    """Every worker of `topology` trains `doc` through the shards; each one's parameters."""
     scope = f"test:{uuid.uuid4().hex[:8]}"
     plan = PSPlan.from_topology(topology)
-    shards = Shards(topology, redis_url, [], scope, job_doc=JOB)
+    shards = Shards(topology, redis_url, [], scope, job_doc=doc)
     trainers, clients = [], []
     for group in range(topology.nworker_groups):
         for rank in range(topology.nworkers_per_group):
-            job, data = compile_with_data(JOB, cache_dir=tmp / "cache")
+            job, data = compile_with_data(doc, cache_dir=tmp / "cache")
             client = PSClient(
                 job.net,
                 plan=plan,
@@ -76,7 +81,7 @@ def _train(
                 keys=PSKeys(scope),
                 group=group,
                 rank=rank,
-                clip_norm=1.0,
+                clip_norm=1.0 if "clip" in doc["updater"] else None,
                 overlap=overlap,
                 part_bytes=SMALL_PARTS,
             )
@@ -115,14 +120,16 @@ def _train(
     ]
 
 
+@pytest.mark.parametrize("clipped", [True, False], ids=["clipped", "updated-early"])
 @pytest.mark.parametrize("nworkers,nshards", [(2, 2), (1, 3)])
 def test_sandblaster_ends_with_the_same_parameters_with_and_without_overlap(
-    redis_url: str, tmp_path: Path, nworkers: int, nshards: int
+    redis_url: str, tmp_path: Path, nworkers: int, nshards: int, clipped: bool
 ) -> None:
     topology = Topology("sandblaster", 1, nworkers, 1, nshards, True, 1, 0)
-    apart = _train(redis_url, tmp_path, topology, overlap=False)
-    overlapped = _train(redis_url, tmp_path, topology, overlap=True)
-    initial, _ = compile_with_data(JOB, cache_dir=tmp_path / "cache")
+    doc = JOB if clipped else UNCLIPPED
+    apart = _train(redis_url, tmp_path, topology, doc, overlap=False)
+    overlapped = _train(redis_url, tmp_path, topology, doc, overlap=True)
+    initial, _ = compile_with_data(doc, cache_dir=tmp_path / "cache")
     for before, after in zip(apart, overlapped, strict=True):
         assert before.keys() == after.keys()
         for name, tensor in before.items():
@@ -328,3 +335,54 @@ def test_parts_follow_the_backward_order_and_stay_under_the_header_limit() -> No
     ready.begin()
     assert ready.accumulated("p5") == [0]
     assert ready.unsent() == [1, 2, 3, 4, 5]
+
+
+def test_slices_updated_early_replay_to_the_same_bits(redis_url: str, tmp_path: Path) -> None:
+    """A replacement shard applies each logged update whole; the shard before it updated the
+    slices part by part as they came: the same parameters (ShardServer.load checks them bit
+    for bit) and the same momentum."""
+    topology = Topology("sandblaster", 1, 1, 1, 1, True, 1, 0)
+    plan = PSPlan.from_topology(topology)
+    keys = PSKeys(f"test:{uuid.uuid4().hex[:8]}")
+    job, data = compile_with_data(UNCLIPPED, cache_dir=tmp_path / "cache")
+    client = PSClient(
+        job.net,
+        plan=plan,
+        connections=Connections(redis_url),
+        keys=keys,
+        group=0,
+        rank=0,
+        overlap=True,
+        part_bytes=SMALL_PARTS,
+    )
+    client.connect()
+    first = ShardServer(
+        Connections(redis_url), keys, plan, 0, 0, client.slice_map, job.spec, gang=True
+    )
+    assert first.early
+    first.load(timeout=10)
+    stop = threading.Event()
+    serving = threading.Thread(target=first.serve, args=(stop.is_set,), daemon=True)
+    serving.start()
+    steps = SNAPSHOT_EVERY + 3
+    for step in range(steps):
+        client.begin_step(step)
+        for p in client.params.values():
+            p.grad = None
+        rows = slice(16 * step % 240, 16 * step % 240 + 16)
+        out = job.net(data.x_train[rows], data.y_train[rows], "train")
+        assert out.loss is not None
+        out.loss.backward()
+        client.step(step)
+    stop.set()
+    serving.join(timeout=10)
+    client.close()
+    second = ShardServer(
+        Connections(redis_url), keys, plan, 0, 0, client.slice_map, job.spec, gang=True
+    )
+    second.load(timeout=10)
+    assert second.version == steps
+    expected = first.updater.state_tensors()
+    assert expected
+    for name, tensor in second.updater.state_tensors().items():
+        assert torch.equal(tensor, expected[name]), name

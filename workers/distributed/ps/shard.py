@@ -24,6 +24,8 @@ import redis
 import torch
 
 from contract.keys import NORMS_TTL_SECONDS
+from dsl.frameworks import FRAMEWORK_SPECS
+from dsl.plugin_types import PLUGIN_UPDATERS
 from dsl.schema import JobSpec
 from dsl.topology import Topology
 from dsl.updater_config import UpdaterConfig
@@ -104,7 +106,11 @@ class ShardServer:
         shard: int,
         slice_map: SliceMap,
         spec: JobSpec,
+        *,
+        gang: bool = False,
     ) -> None:
+        """`gang`: the job's framework restarts the whole job, shards included, when a worker
+        fails (no worker is restarted alone to send a step again)."""
         self.connections, self.keys, self.plan = connections, keys, plan
         self.server_group, self.shard = server_group, shard
         self.client = connections.shard_client(plan, server_group, shard)
@@ -132,8 +138,22 @@ class ShardServer:
         self.peer_syncs = 0
         self._since_sync = 0
         self._snapshot_version = 0
+        # Slices are updated as soon as every pusher sent them, while the workers' backward
+        # passes go on, where that is exact: nothing comes between the parts of one update (one
+        # worker group: one update at a time), the update needs no global norm, it is a
+        # built-in updater (element by element: the same bits as updating every slice at once,
+        # which a replay does), and no worker restarted alone sends a step again (the slices
+        # updated early could not be taken back).
+        self.early = (
+            gang
+            and len(plan.worker_groups_of(server_group)) == 1
+            and self.clip_norm is None
+            and PLUGIN_UPDATERS.get(spec.updater.type) is None
+        )
         # (worker group, step) -> worker -> part -> the part's message
         self._pending: dict[tuple[int, int], dict[int, dict[int, _Part]]] = {}
+        # (worker group, step) -> the slices of that pending update already applied
+        self._applied: dict[tuple[int, int], set[int]] = {}
         self._queue: list[Update] = []  # complete, in arrival order, maybe awaiting norms
 
     # -- state in Redis ------------------------------------------------------------------------
@@ -261,13 +281,37 @@ class ShardServer:
             coef = min(self.clip_norm / (update.norm + 1e-6), 1.0)
             for g in update.grads.values():
                 g.mul_(coef)
-        for slice_id, tensor in self.tensors.items():
-            tensor.grad = update.grads.get(slice_id)
-        self.updater.step(update.step)
-        self.updater.zero_grad()
+        self._step_slices(update.step, update.grads)
         self.version += 1
         self.updates += 1
         self._since_sync += 1
+
+    def _apply_early(self, key: tuple[int, int], waiting: dict[int, dict[int, _Part]]) -> None:
+        """Update the slices of a pending update that every pusher has sent (see `early`)."""
+        if len(waiting) < self.plan.pushers_per_group:
+            return
+        applied = self._applied.get(key, set())
+        sent = [
+            {f.slice_id for part in parts.values() for f in part.frames}
+            for parts in waiting.values()
+        ]
+        ready = set.intersection(*sent) - applied
+        if not ready:
+            return
+        messages = [
+            (part.header, [f for f in part.frames if f.slice_id in ready])
+            for parts in waiting.values()
+            for part in parts.values()
+        ]
+        self._step_slices(key[1], self._average(messages))
+        self._applied[key] = applied | ready
+
+    def _step_slices(self, step: int, grads: dict[int, torch.Tensor]) -> None:
+        """The updater's step `step` on the slices in `grads` (the others have no gradient)."""
+        for slice_id, tensor in self.tensors.items():
+            tensor.grad = grads.get(slice_id)
+        self.updater.step(step)
+        self.updater.zero_grad()
 
     def _complete(self, waiting: dict[int, dict[int, _Part]]) -> bool:
         """Whether every pusher of the group sent every part of its gradient."""
@@ -294,17 +338,29 @@ class ShardServer:
             if header.part in parts:
                 # The worker sends this step again (it was restarted alone): the parts of its
                 # earlier try are acknowledged and deleted unused.
+                if key in self._applied:
+                    raise ShardError(
+                        f"worker {header.worker} sent step {header.step} again after some of "
+                        "its slices were updated; a replacement shard applies it from the log"
+                    )
                 empty_ids.extend(part.entry_id for part in parts.values())
                 parts.clear()
             parts[header.part] = _Part(entry_id, header, frames)
             if not self._complete(waiting):
+                if self.early:
+                    self._apply_early(key, waiting)
                 continue
             del self._pending[key]
+            applied = self._applied.pop(key, set())
             received = [part for parts in waiting.values() for part in parts.values()]
+            messages = [
+                (part.header, [f for f in part.frames if f.slice_id not in applied])
+                for part in received
+            ]
             update = Update(
                 group=header.group,
                 step=header.step,
-                grads=self._average([(part.header, part.frames) for part in received]),
+                grads=self._average(messages),
                 entry_ids=[part.entry_id for part in received],
             )
             if self.clip_norm is not None:
@@ -395,6 +451,7 @@ def run_shard(
     """Serve shard `shard` of server group `server_group` until its workers finish."""
     started = time.perf_counter()
     plan = PSPlan.from_topology(topology, pushers_per_group)
+    gang = FRAMEWORK_SPECS.get(topology.framework).restart == "gang"
     if not (0 <= server_group < plan.nserver_groups and 0 <= shard < plan.nshards):
         raise ShardError(
             f"shard {server_group}/{shard} is outside {plan.nserver_groups} server groups x "
@@ -405,7 +462,9 @@ def run_shard(
     try:
         if slice_map is None:
             slice_map = wait_for_slice_map(connections.main, keys, start_timeout)
-        server = ShardServer(connections, keys, plan, server_group, shard, slice_map, spec)
+        server = ShardServer(
+            connections, keys, plan, server_group, shard, slice_map, spec, gang=gang
+        )
         server.load(start_timeout)
         server.serve(should_stop)
         return ShardReport(
