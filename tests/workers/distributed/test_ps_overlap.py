@@ -172,7 +172,7 @@ def test_the_gradient_travels_in_parts_during_the_backward_pass(
     assert out.loss is not None
     out.loss.backward()
     parts = len(client._parts)
-    assert parts >= 3
+    assert parts >= 2
     assert 1 <= in_stream[0] < parts
     client.push(0)
     assert main.xlen(keys.grads(0, 0)) == parts
@@ -328,7 +328,8 @@ def test_parts_follow_the_backward_order_and_stay_under_the_header_limit() -> No
         assert sorted(s.id for part in parts for s in part) == sorted(s.id for s in slices)
         ranks = [order.index(s.param) for part in parts for s in part]
         assert ranks == sorted(ranks)
-        assert all(len(part) == 1 or 4 * sum(s.numel for s in part) <= PART_BYTES for part in parts)
+        assert all(4 * sum(s.numel for s in part) >= PART_BYTES for part in parts[:-1])
+        assert all(4 * sum(s.numel for s in part[:-1]) < PART_BYTES for part in parts)
     many = plan_parts(slice_map.shard_slices(0), order, part_bytes=64)
     assert len(many) <= MAX_PARTS - 1
     ready = ReadyParts(plan_parts(slice_map.slices, order, part_bytes=4 * 300_000))

@@ -1,9 +1,8 @@
 """Gradients sent while the backward pass runs, in parts, each the moment it is complete.
 
 Each shard's slices are grouped into parts in the order the backward pass produces their
-gradients (the net's parameters in reverse), each part at most `PART_BYTES` of fp32 or one slice
-larger than that. The worker counts, through a hook on every parameter, the gradients each part
-still waits for; a part whose last gradient was just accumulated is handed to a sender thread
+gradients (the net's parameters in reverse), each closed once it holds `PART_BYTES` of fp32.
+The worker counts, through a hook on every parameter, the gradients each part still waits for; a part whose last gradient was just accumulated is handed to a sender thread
 while the backward pass goes on with the layers below. What no hook announced (a parameter
 without a gradient, or gradients that were not accumulated by a backward pass) goes with the
 step's last request, and with it, when the job clips, a part of no slices that carries the
@@ -11,7 +10,9 @@ gradient's global norm, which is known only at the end.
 
 The shards receive the same slices with the same bits as when the whole gradient goes in one
 message per shard, and average them in the same order (shard.py), so the parameters do not
-depend on how the gradient travelled.
+depend on how the gradient travelled. Where it is exact, a shard also updates each slice as soon
+as every worker of the group sent it (`ShardServer.early`), so that most of the update is done
+too by the time the backward pass ends.
 """
 
 from __future__ import annotations
@@ -29,18 +30,19 @@ PART_BYTES = 1 << 20
 def plan_parts(
     slices: Sequence[Slice], order: Sequence[str], *, part_bytes: int = PART_BYTES
 ) -> list[list[Slice]]:
-    """One shard's `slices` grouped into parts of at most `part_bytes` (of fp32; a larger slice
-    is a part of its own), in the order of the parameters in `order` (the order their gradients
-    become ready). At most MAX_PARTS - 1 parts: one more may carry the norm."""
+    """One shard's `slices` grouped into parts in the order of the parameters in `order` (the
+    order their gradients become ready), each closed once it holds `part_bytes` of fp32, as
+    DDP fills its buckets: a layer's bias goes with its weight, whose gradients come together.
+    At most MAX_PARTS - 1 parts: one more may carry the norm."""
     rank = {name: i for i, name in enumerate(order)}
     ordered = sorted(slices, key=lambda s: (rank[s.param], s.start))
-    # Two neighbouring parts hold more than `target` together: at most 2 * total / target + 1.
+    # Every part but the last holds at least `target`: at most total / target + 1 parts.
     total = 4 * sum(s.numel for s in ordered)
-    target = max(part_bytes, -(-2 * total // (MAX_PARTS - 2)))
+    target = max(part_bytes, -(-total // (MAX_PARTS - 2)))
     parts: list[list[Slice]] = []
-    size = 0
+    size = target  # the first slice opens a part
     for s in ordered:
-        if not parts or size + 4 * s.numel > target:
+        if size >= target:
             parts.append([])
             size = 0
         parts[-1].append(s)
