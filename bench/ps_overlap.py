@@ -3,17 +3,18 @@ against sending them after it ("apart"), on the same job in one run.
 
 The job is a synchronous (sandblaster) worker training a deep MLP, 784-1024-1024-1024-1024-10
 (3.96M parameters, 15.8 MB of fp32 pushed and pulled each step, so that the traffic weighs as
-much as the arithmetic), SGD with momentum 0.9, batch 64, against one shard in a separate
+much as the arithmetic), SGD with momentum 0.9, batch 128, against one shard in a separate
 process (bench/local_cluster.py) and a private Redis. Two trainers of the same job take the
 steps in alternating blocks as one worker of the job (one step counter, so the shard applies
 every step once): one whose client sends each part of the gradient the moment the backward
-pass completes it (what the parameter-server frameworks do), one whose client sends the whole
-gradient after the backward pass (what they did before). A step is what Trainer.loop does
+pass completes it (what the parameter-server frameworks do; the shard then updates each slice as
+it comes, as the job does not clip), one whose client sends the whole gradient after the
+backward pass (what they did before). A step is what Trainer.loop does
 for it: the next batch, `train_one_batch` (forward and backward), `apply_update` (push, wait
 for the shard's update, pull). Both sides run the same code but for `overlap`, warm, through
 the same Redis and shard.
 
-    .venv/bin/python bench/ps_overlap.py [--steps 120] [--block 10] [--batch 64]
+    .venv/bin/python bench/ps_overlap.py [--steps 120] [--block 10] [--batch 128]
         [--width 1024] [--depth 4]
 """
 
@@ -83,7 +84,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--steps", type=int, default=120, help="steps of each kind")
     parser.add_argument("--block", type=int, default=10)
-    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--depth", type=int, default=4, help="hidden layers")
     args = smoke.parse(parser, steps=4, block=2, width=64, depth=2)
