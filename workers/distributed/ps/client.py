@@ -121,8 +121,8 @@ class PSClient:
         }
         self.versions = {shard.index: 0 for shard in self.shards}
         self.stats = PSStats()
-        # One thread per Redis server runs its requests (in order: a step's parts, then its
-        # round trip); one server and no overlap need none.
+        # One thread per Redis server sends the parts of a step's gradient (in order) and, with
+        # several servers, runs the round trips in parallel.
         self._senders = (
             {url: ThreadPoolExecutor(1, thread_name_prefix="ps-send") for url in self.urls}
             if overlap or len(self.urls) > 1
@@ -141,6 +141,13 @@ class PSClient:
                 _Part(shard, i, len(groups) + clipped, group) for i, group in enumerate(groups)
             ]
         self._ready = ReadyParts([part.slices for part in self._parts])
+        # Each shard's last part holds the first layers, whose gradients come at the very end of
+        # the backward pass: it goes with the round trip, which leaves at once, not a thread.
+        self._with_round_trip = {
+            max(i for i, part in enumerate(self._parts) if part.shard.index == shard.index)
+            for shard in self.shards
+            if overlap
+        }
         self._armed: int | None = None  # the step whose backward pass sends its parts
         self._sending: list[Future[Any]] = []
         self._hooks = [
@@ -219,14 +226,11 @@ class PSClient:
 
     def _step_parts(self, shard: _Shard) -> list[_Part]:
         """What of `shard`'s gradient this step's round trip carries: all of it in one part,
-        or (armed) the parts no hook sent, and the norm's when the job clips."""
+        or (armed) its last part and those no hook sent, and the norm's when the job clips."""
         if self._armed is None:
             return [_Part(shard, 0, 1, shard.slices)]
-        unsent = [
-            self._parts[i]
-            for i in self._ready.unsent()
-            if self._parts[i].shard.index == shard.index
-        ]
+        indices = sorted({*self._ready.unsent(), *self._with_round_trip})
+        unsent = [self._parts[i] for i in indices if self._parts[i].shard.index == shard.index]
         parts = sum(1 for part in self._parts if part.shard.index == shard.index)
         if self.clip_norm is not None:
             unsent.append(_Part(shard, parts, parts + 1, []))
@@ -270,6 +274,8 @@ class PSClient:
                 raise PSError(str(exc)) from None
             for index in complete:
                 part = self._parts[index]
+                if index in self._with_round_trip:
+                    continue
                 send = self._senders[part.shard.url].submit(self._send, self._armed, part)
                 self._sending.append(send)
 
@@ -283,7 +289,8 @@ class PSClient:
         client.xadd(self.keys.grads(self.server_group, part.shard.index), {"m": message})
 
     def _sent(self) -> None:
-        """Raise what went wrong in the sender threads this step (they are done by now)."""
+        """Wait for the parts the sender threads took this step (mostly sent already, during
+        the backward pass); raise what went wrong there."""
         sending, self._sending = self._sending, []
         for send in sending:
             send.result()
@@ -310,9 +317,8 @@ class PSClient:
                 self._clock_commands(pipe, step + 1)
             plans.append((url, shards, pushed, pipe))
         self._armed = None
-        # Each server's round trip runs after the parts its sender sent, in the same thread.
-        replies = self._run([pipe for _, _, _, pipe in plans])
         self._sent()
+        replies = self._run([pipe for _, _, _, pipe in plans])
         for (url, shards, pushed, _), reply in zip(plans, replies, strict=True):
             tail = reply[pushed:]
             for i, shard in enumerate(shards):
@@ -329,8 +335,8 @@ class PSClient:
 
     def _run(self, pipes: Sequence[redis.client.Pipeline]) -> list[list[Any]]:
         """Execute one pipeline per Redis server (in `self.urls`' order), in parallel."""
-        if not self._senders:
-            return [pipe.execute() for pipe in pipes]
+        if len(pipes) == 1:
+            return [pipes[0].execute()]
         runs = [
             self._senders[url].submit(pipe.execute)
             for url, pipe in zip(self.urls, pipes, strict=True)

@@ -2,11 +2,12 @@
 
 Each shard's slices are grouped into parts in the order the backward pass produces their
 gradients (the net's parameters in reverse), each closed once it holds `PART_BYTES` of fp32.
-The worker counts, through a hook on every parameter, the gradients each part still waits for; a part whose last gradient was just accumulated is handed to a sender thread
-while the backward pass goes on with the layers below. What no hook announced (a parameter
-without a gradient, or gradients that were not accumulated by a backward pass) goes with the
-step's last request, and with it, when the job clips, a part of no slices that carries the
-gradient's global norm, which is known only at the end.
+The worker counts, through a hook on every parameter, the gradients each part still waits for;
+a part whose last gradient was just accumulated is handed to a sender thread while the backward
+pass goes on with the layers below. Each shard's last part (the first layers, whose gradients
+come at the very end), and what no hook announced (a parameter without a gradient, or gradients
+not accumulated by a backward pass), go with the step's round trip; with them, when the job
+clips, a part of no slices that carries the gradient's global norm, known only at the end.
 
 The shards receive the same slices with the same bits as when the whole gradient goes in one
 message per shard, and average them in the same order (shard.py), so the parameters do not
