@@ -351,10 +351,10 @@ class ShardServer:
                     self._apply_early(key, waiting)
                 continue
             del self._pending[key]
-            applied = self._applied.pop(key, set())
+            early = self._applied.pop(key, set())
             received = [part for parts in waiting.values() for part in parts.values()]
             messages = [
-                (part.header, [f for f in part.frames if f.slice_id not in applied])
+                (part.header, [f for f in part.frames if f.slice_id not in early])
                 for part in received
             ]
             update = Update(
