@@ -341,13 +341,14 @@ class ShardServer:
                 if key in self._applied:
                     raise ShardError(
                         f"worker {header.worker} sent step {header.step} again after some of "
-                        "its slices were updated; a replacement shard applies it from the log"
+                        "its slices were updated; a replacement shard applies the step whole "
+                        "from the stream"
                     )
                 empty_ids.extend(part.entry_id for part in parts.values())
                 parts.clear()
             parts[header.part] = _Part(entry_id, header, frames)
             if not self._complete(waiting):
-                if self.early:
+                if self.early and not self._queue:  # never ahead of an update not applied yet
                     self._apply_early(key, waiting)
                 continue
             del self._pending[key]
