@@ -39,6 +39,7 @@ SLOW = [
     "allreduce_vs_ddp",
     "api_load",
     "ps_throughput",
+    "ps_overlap",
     "predict",
     "example_throughput",
     "transformer",

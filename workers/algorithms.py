@@ -34,6 +34,10 @@ Algorithm = Callable[
     [NeuralNet, torch.Tensor, torch.Tensor, JobSpec, torch.Generator, Precision], BatchResult
 ]
 ALGORITHMS: Registry[Algorithm] = Registry("train_one_batch algorithm")
+# The algorithms that accumulate each parameter's gradient once per step (one backward pass), so
+# that a gradient is final the moment it is accumulated: a parameter-server worker sends it then,
+# during the backward pass (workers/distributed/ps/overlap.py). bptt accumulates over chunks.
+ONE_BACKWARD_PASS = frozenset({"bp", "cd"})
 
 
 def bp(

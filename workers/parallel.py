@@ -40,6 +40,7 @@ from dsl.planner import plan_pipeline
 from dsl.registry import Registry
 from dsl.schema import JobSpec
 from dsl.topology import Topology, topology_problems
+from workers.algorithms import ONE_BACKWARD_PASS, BatchResult
 from workers.checkpoint import Checkpoint
 from workers.context import Place, RunContext
 from workers.data import Dataset
@@ -107,9 +108,10 @@ def sync_through_servers(
 
     The client connects (stores the initial parameters, pulls the shards' values) after the
     trainer restored its checkpoint and before its first step; each step then pushes the
-    gradients and pulls the new parameters. With `replicas` (a hybrid's group, whose mean
-    gradient is pushed) rank 0's values are broadcast after each pull, so the replicas of a
-    group stay identical even when another group's update lands between two pulls.
+    gradients and pulls the new parameters. A client made with `overlap` sends each step's
+    gradients during its backward pass, as they are accumulated. With `replicas` (a hybrid's
+    group, whose mean gradient is pushed) rank 0's values are broadcast after each pull, so the
+    replicas of a group stay identical even when another group's update lands between two pulls.
     `ps/version` and `ps/staleness` are reported every disp_freq steps.
     """
     if precision_for(job.spec.precision, torch.device(device)).scaler is not None:
@@ -118,6 +120,11 @@ def sync_through_servers(
             "not undo fp16's loss scale; use precision bf16, or one worker group of allreduce"
         )
     every = job.spec.disp_freq
+    one_batch = hooks.train_one_batch
+
+    def train_one_batch(trainer: Trainer, x: torch.Tensor, y: torch.Tensor) -> BatchResult:
+        client.begin_step(trainer.step)
+        return one_batch(trainer, x, y)
 
     def apply_update(trainer: Trainer, step: int) -> None:
         client.step(step)
@@ -141,7 +148,12 @@ def sync_through_servers(
         broadcast_replicas(replicas)
 
     starts = (connect, equal_replicas) if replicas else (connect,)
-    return replace(hooks, apply_update=apply_update, at_start=(*hooks.at_start, *starts))
+    return replace(
+        hooks,
+        train_one_batch=train_one_batch,
+        apply_update=apply_update,
+        at_start=(*hooks.at_start, *starts),
+    )
 
 
 def sync_in_group(hooks: StepHooks, *, sync: GroupSync) -> StepHooks:
@@ -352,7 +364,9 @@ def _parameter_server(ctx: RunContext, cleanup: ExitStack) -> Worker:
     plan = PSPlan.from_topology(ctx.topology)
     options = ctx.train_options(rank=plan.worker_id(ctx.group, ctx.rank), world=plan.nworkers)
     job = on_device(ctx.job, device=ctx.device)
-    client = _ps_client(ctx, job.net, plan, cleanup)
+    # Gradients leave during the backward pass where each is accumulated once per step.
+    overlap = ctx.spec.train_one_batch.alg in ONE_BACKWARD_PASS
+    client = _ps_client(ctx, job.net, plan, cleanup, overlap=overlap)
     hooks = sync_through_servers(StepHooks(), client=client, job=job, device=ctx.device)
     trainer = Trainer(job, ctx.dataset, options, ctx.sinks, hooks=hooks)
     return Worker(trainer, after_run=[client.finish])
@@ -522,9 +536,11 @@ def _ps_client(
     *,
     slice_map: SliceMap | None = None,
     clip: bool = True,
+    overlap: bool = False,
 ) -> PSClient:
     """The worker's parameter-server client; `slice_map`: the job's, of which `net` holds a
-    part; `clip`: whether the shards clip by the norm the worker sends."""
+    part; `clip`: whether the shards clip by the norm the worker sends; `overlap`: whether
+    gradients leave in parts during the backward pass (one backward pass per step only)."""
     connections = Connections(ctx.redis_url, ctx.ps_urls)
     cleanup.callback(connections.close)
     clipping = ctx.spec.updater.clip if clip else None
@@ -539,6 +555,7 @@ def _ps_client(
         clip_norm=clipping.grad_norm if clipping is not None else None,
         staleness=ctx.spec.cluster.staleness,
         slice_map=slice_map,
+        overlap=overlap,
     )
     cleanup.callback(client.close)
     return client

@@ -8,6 +8,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -49,8 +50,15 @@ JOB = {
 class Shards:
     """Every shard of a topology, each serving from a thread."""
 
-    def __init__(self, topology: Topology, redis_url: str, ps_urls: list[str], scope: str):
-        job, _ = compile_with_data(JOB, cache_dir=Path("."))
+    def __init__(
+        self,
+        topology: Topology,
+        redis_url: str,
+        ps_urls: list[str],
+        scope: str,
+        job_doc: dict[str, Any] = JOB,
+    ):
+        job, _ = compile_with_data(job_doc, cache_dir=Path("."))
         self.reports: list[ShardReport] = []
         self.threads = [
             threading.Thread(

@@ -8,13 +8,18 @@ and the parameters a worker gets include whatever other groups pushed meanwhile)
 where servers answer each update with the fresh parameters. With bounded staleness the worker's
 clock rides along to the main Redis, and the worker waits while it is more than `staleness`
 steps ahead of the slowest worker of its server group.
+
+With `overlap`, a step armed by `begin_step` before its backward pass sends the gradients in
+parts while the backward pass runs (overlap.py), one sender thread per Redis server; the step's
+round trip then carries only what was not sent yet. What the shards apply, when a worker waits
+and what it pulls are the same: only when the bytes leave changes.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +27,7 @@ import redis
 import torch
 
 from dsl.net import NeuralNet
+from workers.distributed.ps.overlap import PART_BYTES, ReadyParts, plan_parts
 from workers.distributed.ps.plan import BLOCK_SECONDS, Connections, PSKeys, PSPlan
 from workers.distributed.ps.slicing import ParamInfo, Slice, SliceMap, plan_slices
 from workers.distributed.ps.wire import (
@@ -44,6 +50,16 @@ class PSError(RuntimeError):
 class _Shard:
     index: int
     url: str
+    slices: list[Slice]
+
+
+@dataclass(frozen=True)
+class _Part:
+    """Part `index` of a shard's gradient, of `parts` (the norm's part, if any, included)."""
+
+    shard: _Shard
+    index: int
+    parts: int
     slices: list[Slice]
 
 
@@ -77,6 +93,8 @@ class PSClient:
         staleness: int | None = None,
         wait_timeout: float = 600.0,
         slice_map: SliceMap | None = None,
+        overlap: bool = False,
+        part_bytes: int = PART_BYTES,
     ) -> None:
         self.plan, self.connections, self.keys = plan, connections, keys
         self.worker = plan.worker_id(group, rank)
@@ -104,9 +122,40 @@ class PSClient:
         self._views = {s.id: self.params[s.param].detach().view(-1)[s.start : s.stop] for s in own}
         self.versions = {shard.index: 0 for shard in self.shards}
         self.stats = PSStats()
-        self._pool = ThreadPoolExecutor(len(self.urls)) if len(self.urls) > 1 else None
-        self._flat_grads: dict[str, torch.Tensor] = {}
-        self._norm = 0.0
+        # One thread per Redis server sends the parts of a step's gradient (in order) and, with
+        # several servers, runs the round trips in parallel.
+        self._senders = (
+            {url: ThreadPoolExecutor(1, thread_name_prefix="ps-send") for url in self.urls}
+            if overlap or len(self.urls) > 1
+            else {}
+        )
+        self.overlap = overlap
+        # The parts each shard's gradient travels in when the step is armed (`begin_step`).
+        clipped = int(clip_norm is not None)  # a last part carries the norm
+        backward_order = list(reversed(self.params))
+        self._parts: list[_Part] = []
+        for shard in self.shards:
+            groups = (
+                plan_parts(shard.slices, backward_order, part_bytes=part_bytes) if overlap else []
+            )
+            self._parts += [
+                _Part(shard, i, len(groups) + clipped, group) for i, group in enumerate(groups)
+            ]
+        self._ready = ReadyParts([part.slices for part in self._parts])
+        # Each shard's last part holds the first layers, whose gradients come at the very end of
+        # the backward pass: it goes with the round trip, which leaves at once, not a thread.
+        self._with_round_trip = {
+            max(i for i, part in enumerate(self._parts) if part.shard.index == shard.index)
+            for shard in self.shards
+            if overlap
+        }
+        self._armed: int | None = None  # the step whose backward pass sends its parts
+        self._sending: list[Future[Any]] = []
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(self._accumulated_hook(name))
+            for name, p in self.params.items()
+            if overlap and p.requires_grad
+        ]
 
     # -- start and end -------------------------------------------------------------------------
     def connect(self) -> None:
@@ -146,8 +195,10 @@ class PSClient:
         pipe.execute()
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
+        for handle in self._hooks:
+            handle.remove()
+        for sender in self._senders.values():
+            sender.shutdown()
 
     # -- one step ------------------------------------------------------------------------------
     def _shards_at(self, url: str) -> list[_Shard]:
@@ -160,60 +211,117 @@ class PSClient:
         norms = torch._foreach_norm(grads)
         return float(torch.linalg.vector_norm(torch.stack(norms)))
 
-    def _message(
-        self, step: int, shard: _Shard, flat_grads: dict[str, torch.Tensor], norm: float
-    ) -> bytes:
-        header = GradHeader(self.worker, self.group, step, self.versions[shard.index], norm)
-        return encode_grad_message(
-            header,
-            ((s.id, flat_grads[s.param][s.start : s.stop].view(s.shape)) for s in shard.slices),
-            self.dtype,
+    def _grad(self, s: Slice) -> torch.Tensor:
+        """Slice `s` of its parameter's gradient (zeros where the parameter has none)."""
+        grad = self.params[s.param].grad
+        if grad is None:
+            return torch.zeros(s.shape, dtype=self.params[s.param].dtype)
+        return grad.reshape(-1)[s.start : s.stop].view(s.shape)
+
+    def _message(self, step: int, part: _Part, norm: float) -> bytes:
+        shard = part.shard
+        header = GradHeader(
+            self.worker, self.group, step, self.versions[shard.index], norm, part.index, part.parts
         )
+        return encode_grad_message(header, ((s.id, self._grad(s)) for s in part.slices), self.dtype)
 
-    def _push_commands(self, pipe: redis.client.Pipeline, step: int, shards: list[_Shard]) -> None:
-        flat_grads = self._flat_grads
+    def _step_parts(self, shard: _Shard) -> list[_Part]:
+        """What of `shard`'s gradient this step's round trip carries: all of it in one part,
+        or (armed) its last part and those no hook sent, and the norm's when the job clips."""
+        if self._armed is None:
+            return [_Part(shard, 0, 1, shard.slices)]
+        indices = sorted({*self._ready.unsent(), *self._with_round_trip})
+        unsent = [self._parts[i] for i in indices if self._parts[i].shard.index == shard.index]
+        parts = sum(1 for part in self._parts if part.shard.index == shard.index)
+        if self.clip_norm is not None:
+            unsent.append(_Part(shard, parts, parts + 1, []))
+        return unsent
+
+    def _push_commands(
+        self, pipe: redis.client.Pipeline, step: int, shards: list[_Shard], norm: float
+    ) -> None:
         for shard in shards:
-            message = self._message(step, shard, flat_grads, self._norm)
-            pipe.xadd(self.keys.grads(self.server_group, shard.index), {"m": message})
-
-    def _prepare_push(self) -> None:
-        self._flat_grads = {
-            name: (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-            for name, p in self.params.items()
-        }
-        self._norm = self._grad_norm()
+            for part in self._step_parts(shard):
+                message = self._message(step, part, norm)
+                pipe.xadd(self.keys.grads(self.server_group, shard.index), {"m": message})
 
     def push(self, step: int) -> None:
         """Send this step's gradients to the shards without waiting for the update."""
-        self._prepare_push()
         pipes = []
+        norm = self._grad_norm()
         for url in self.urls:
             pipe = self.connections.client(url).pipeline(transaction=False)
-            self._push_commands(pipe, step, self._shards_at(url))
+            self._push_commands(pipe, step, self._shards_at(url), norm)
             pipes.append(pipe)
+        self._armed = None
         self._run(pipes)
+        self._sent()
+
+    # -- overlap with the backward pass --------------------------------------------------------
+    def begin_step(self, step: int) -> None:
+        """Step `step`'s backward pass comes next (once, before `step(step)`): with `overlap`,
+        send its gradients in parts as they are accumulated; without, leave them to `step`."""
+        if self.overlap:
+            self._ready.begin()
+            self._armed = step
+
+    def _accumulated_hook(self, name: str) -> Callable[[torch.Tensor], None]:
+        def accumulated(param: torch.Tensor) -> None:
+            if self._armed is None or not self.pushes:
+                return
+            try:
+                complete = self._ready.accumulated(name)
+            except ValueError as exc:
+                raise PSError(str(exc)) from None
+            for index in complete:
+                part = self._parts[index]
+                if index in self._with_round_trip:
+                    continue
+                send = self._senders[part.shard.url].submit(self._send, self._armed, part)
+                self._sending.append(send)
+
+        return accumulated
+
+    def _send(self, step: int, part: _Part) -> None:
+        """In a sender thread: one part, while the backward pass goes on. The norm is not known
+        yet; the part that carries it comes last."""
+        client = self.connections.client(part.shard.url)
+        message = self._message(step, part, 0.0)
+        client.xadd(self.keys.grads(self.server_group, part.shard.index), {"m": message})
+
+    def _sent(self) -> None:
+        """Wait for the parts the sender threads took this step (mostly sent already, during
+        the backward pass); raise what went wrong there."""
+        sending, self._sending = self._sending, []
+        for send in sending:
+            send.result()
 
     def step(self, step: int) -> None:
         """Push this step's gradients (if this worker pushes), wait until the shards applied
         the group's update and pull the parameters: one round trip per Redis server."""
-        if self.pushes:
-            self._prepare_push()
+        if self._armed is not None and self._armed != step:
+            raise PSError(f"step {step} was armed as step {self._armed}")
         plans = []
+        norm = self._grad_norm() if self.pushes else 0.0
         for url in self.urls:
             pipe = self.connections.client(url).pipeline(transaction=False)
             shards = self._shards_at(url)
+            pushed = 0
             if self.pushes:
-                self._push_commands(pipe, step, shards)
+                self._push_commands(pipe, step, shards, norm)
+                pushed = len(pipe.command_stack)
             for shard in shards:
                 notice = self.keys.notify(self.server_group, shard.index, self.worker)
                 pipe.blpop([notice], timeout=BLOCK_SECONDS)
                 pipe.get(self.keys.params(self.server_group, shard.index))
             if self.clocked and url == self.connections.main_url:
                 self._clock_commands(pipe, step + 1)
-            plans.append((url, shards, pipe))
-        replies = self._run([pipe for _, _, pipe in plans])
-        for (url, shards, _), reply in zip(plans, replies, strict=True):
-            tail = reply[len(shards) if self.pushes else 0 :]
+            plans.append((url, shards, pushed, pipe))
+        self._armed = None
+        self._sent()
+        replies = self._run([pipe for _, _, _, pipe in plans])
+        for (url, shards, pushed, _), reply in zip(plans, replies, strict=True):
+            tail = reply[pushed:]
             for i, shard in enumerate(shards):
                 blob = self._await_update(shard, step, tail[2 * i], tail[2 * i + 1])
                 self._load(shard, blob)
@@ -227,9 +335,14 @@ class PSClient:
             self._wait_for_slowest(step + 1)
 
     def _run(self, pipes: Sequence[redis.client.Pipeline]) -> list[list[Any]]:
-        if self._pool is None:
-            return [pipe.execute() for pipe in pipes]
-        return list(self._pool.map(lambda pipe: pipe.execute(), pipes))
+        """Execute one pipeline per Redis server (in `self.urls`' order), in parallel."""
+        if len(pipes) == 1:
+            return [pipes[0].execute()]
+        runs = [
+            self._senders[url].submit(pipe.execute)
+            for url, pipe in zip(self.urls, pipes, strict=True)
+        ]
+        return [run.result() for run in runs]
 
     def _await_update(self, shard: _Shard, step: int, notice: Any, blob: Any) -> Any:
         """The parameters after this group's update of `step` on `shard`, waiting if need be."""

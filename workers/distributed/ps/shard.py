@@ -24,6 +24,8 @@ import redis
 import torch
 
 from contract.keys import NORMS_TTL_SECONDS
+from dsl.frameworks import FRAMEWORK_SPECS
+from dsl.plugin_types import PLUGIN_UPDATERS
 from dsl.schema import JobSpec
 from dsl.topology import Topology
 from dsl.updater_config import UpdaterConfig
@@ -55,6 +57,15 @@ log = logging.getLogger(__name__)
 
 READ_BLOCK_MS = 200
 NORM_POLL_MS = 1  # while an update waits for the other shards' parts of its gradient norm
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One message of a worker's gradient for one step: its stream entry and contents."""
+
+    entry_id: bytes
+    header: GradHeader
+    frames: list[Frame]
 
 
 @dataclass(frozen=True)
@@ -95,7 +106,11 @@ class ShardServer:
         shard: int,
         slice_map: SliceMap,
         spec: JobSpec,
+        *,
+        gang: bool = False,
     ) -> None:
+        """`gang`: the job's framework restarts the whole job, shards included, when a worker
+        fails (no worker is restarted alone to send a step again)."""
         self.connections, self.keys, self.plan = connections, keys, plan
         self.server_group, self.shard = server_group, shard
         self.client = connections.shard_client(plan, server_group, shard)
@@ -123,8 +138,22 @@ class ShardServer:
         self.peer_syncs = 0
         self._since_sync = 0
         self._snapshot_version = 0
-        # (worker group, step) -> worker -> (stream entry id, header, frames)
-        self._pending: dict[tuple[int, int], dict[int, tuple[bytes, GradHeader, list[Frame]]]] = {}
+        # Slices are updated as soon as every pusher sent them, while the workers' backward
+        # passes go on, where that is exact: nothing comes between the parts of one update (one
+        # worker group: one update at a time), the update needs no global norm, it is a
+        # built-in updater (element by element: the same bits as updating every slice at once,
+        # which a replay does), and no worker restarted alone sends a step again (the slices
+        # updated early could not be taken back).
+        self.early = (
+            gang
+            and len(plan.worker_groups_of(server_group)) == 1
+            and self.clip_norm is None
+            and PLUGIN_UPDATERS.get(spec.updater.type) is None
+        )
+        # (worker group, step) -> worker -> part -> the part's message
+        self._pending: dict[tuple[int, int], dict[int, dict[int, _Part]]] = {}
+        # (worker group, step) -> the slices of that pending update already applied
+        self._applied: dict[tuple[int, int], set[int]] = {}
         self._queue: list[Update] = []  # complete, in arrival order, maybe awaiting norms
 
     # -- state in Redis ------------------------------------------------------------------------
@@ -193,8 +222,11 @@ class ShardServer:
 
     # -- updates -------------------------------------------------------------------------------
     def _average(self, messages: list[tuple[GradHeader, list[Frame]]]) -> dict[int, torch.Tensor]:
-        """The mean of one group's gradients for one step, slice id -> fp32 tensor."""
-        messages.sort(key=lambda m: m[0].worker)  # a fixed summation order: exact replays
+        """The mean of one group's gradients for one step, slice id -> fp32 tensor. Each
+        worker's gradient may come in several parts, each slice in one of them."""
+        # A fixed summation order (by worker), whichever order the parts came in: exact replays,
+        # and the same bits whether a worker sent its gradient in one part or in several.
+        messages.sort(key=lambda m: (m[0].worker, m[0].part))
         grads: dict[int, torch.Tensor] = {}
         for header, frames in messages:
             for frame in frames:
@@ -208,9 +240,10 @@ class ShardServer:
                     grads[frame.slice_id].add_(frame.tensor)
                 else:  # a copy: the frame views the message's immutable bytes
                     grads[frame.slice_id] = frame.tensor.to(torch.float32, copy=True)
-        if len(messages) > 1:
+        workers = len({header.worker for header, _ in messages})
+        if workers > 1:
             for g in grads.values():
-                g.div_(len(messages))
+                g.div_(workers)
         return grads
 
     def _publish_norm(self, update: Update) -> None:
@@ -248,13 +281,43 @@ class ShardServer:
             coef = min(self.clip_norm / (update.norm + 1e-6), 1.0)
             for g in update.grads.values():
                 g.mul_(coef)
-        for slice_id, tensor in self.tensors.items():
-            tensor.grad = update.grads.get(slice_id)
-        self.updater.step(update.step)
-        self.updater.zero_grad()
+        self._step_slices(update.step, update.grads)
         self.version += 1
         self.updates += 1
         self._since_sync += 1
+
+    def _apply_early(self, key: tuple[int, int], waiting: dict[int, dict[int, _Part]]) -> None:
+        """Update the slices of a pending update that every pusher has sent (see `early`)."""
+        if len(waiting) < self.plan.pushers_per_group:
+            return
+        applied = self._applied.get(key, set())
+        sent = [
+            {f.slice_id for part in parts.values() for f in part.frames}
+            for parts in waiting.values()
+        ]
+        ready = set.intersection(*sent) - applied
+        if not ready:
+            return
+        messages = [
+            (part.header, [f for f in part.frames if f.slice_id in ready])
+            for parts in waiting.values()
+            for part in parts.values()
+        ]
+        self._step_slices(key[1], self._average(messages))
+        self._applied[key] = applied | ready
+
+    def _step_slices(self, step: int, grads: dict[int, torch.Tensor]) -> None:
+        """The updater's step `step` on the slices in `grads` (the others have no gradient)."""
+        for slice_id, tensor in self.tensors.items():
+            tensor.grad = grads.get(slice_id)
+        self.updater.step(step)
+        self.updater.zero_grad()
+
+    def _complete(self, waiting: dict[int, dict[int, _Part]]) -> bool:
+        """Whether every pusher of the group sent every part of its gradient."""
+        return len(waiting) >= self.plan.pushers_per_group and all(
+            len(parts) == next(iter(parts.values())).header.parts for parts in waiting.values()
+        )
 
     @property
     def waiting_for_norms(self) -> bool:
@@ -271,19 +334,39 @@ class ShardServer:
             header, frames = decode_grad_message(fields[b"m"])
             key = (header.group, header.step)
             waiting = self._pending.setdefault(key, {})
-            waiting[header.worker] = (entry_id, header, frames)
-            if len(waiting) < self.plan.pushers_per_group:
+            parts = waiting.setdefault(header.worker, {})
+            if header.part in parts:
+                # The worker sends this step again (it was restarted alone): the parts of its
+                # earlier try are acknowledged and deleted unused.
+                if key in self._applied:
+                    raise ShardError(
+                        f"worker {header.worker} sent step {header.step} again after some of "
+                        "its slices were updated; a replacement shard applies the step whole "
+                        "from the stream"
+                    )
+                empty_ids.extend(part.entry_id for part in parts.values())
+                parts.clear()
+            parts[header.part] = _Part(entry_id, header, frames)
+            if not self._complete(waiting):
+                if self.early and not self._queue:  # never ahead of an update not applied yet
+                    self._apply_early(key, waiting)
                 continue
             del self._pending[key]
+            early = self._applied.pop(key, set())
+            received = [part for parts in waiting.values() for part in parts.values()]
+            messages = [
+                (part.header, [f for f in part.frames if f.slice_id not in early])
+                for part in received
+            ]
             update = Update(
                 group=header.group,
                 step=header.step,
-                grads=self._average([(h, f) for _, h, f in waiting.values()]),
-                entry_ids=[eid for eid, _, _ in waiting.values()],
+                grads=self._average(messages),
+                entry_ids=[part.entry_id for part in received],
             )
             if self.clip_norm is not None:
-                if len(waiting) == 1:
-                    update.norm = header.norm  # the worker's own: the whole gradient
+                if len(waiting) == 1:  # the worker's own, of the whole gradient: in its last part
+                    update.norm = parts[header.parts - 1].header.norm
                 else:
                     self._publish_norm(update)
             self._queue.append(update)
@@ -369,6 +452,7 @@ def run_shard(
     """Serve shard `shard` of server group `server_group` until its workers finish."""
     started = time.perf_counter()
     plan = PSPlan.from_topology(topology, pushers_per_group)
+    gang = FRAMEWORK_SPECS.get(topology.framework).restart == "gang"
     if not (0 <= server_group < plan.nserver_groups and 0 <= shard < plan.nshards):
         raise ShardError(
             f"shard {server_group}/{shard} is outside {plan.nserver_groups} server groups x "
@@ -379,7 +463,9 @@ def run_shard(
     try:
         if slice_map is None:
             slice_map = wait_for_slice_map(connections.main, keys, start_timeout)
-        server = ShardServer(connections, keys, plan, server_group, shard, slice_map, spec)
+        server = ShardServer(
+            connections, keys, plan, server_group, shard, slice_map, spec, gang=gang
+        )
         server.load(start_timeout)
         server.serve(should_stop)
         return ShardReport(

@@ -6,8 +6,10 @@ A blob is a sequence of frames, one per slice:
     header  = magic "TY", dtype code (u8), ndim (u8), slice id (u32), version (u64), 8 x dim (u32)
 
 A gradient message (worker -> shard) puts a 40-byte message header in front of its frames:
-magic "TG", worker (u32), group (u32), frame count (u32), step (u64), global gradient norm
-(f64) and the parameter version the gradients were computed on (u64).
+magic "TG", part (u8), parts (u8), worker (u32), group (u32), frame count (u32), step (u64),
+global gradient norm (f64) and the parameter version the gradients were computed on (u64).
+A worker's gradient for one shard and step travels as `parts` messages (one, or one per bucket
+when it is sent during the backward pass); the last part carries the norm.
 
 All integers are little-endian. Gradients may travel as fp16 or bf16 (half the bytes); the shard
 widens them back to fp32 before the update. Parameters always travel as fp32.
@@ -36,7 +38,8 @@ _CODE_DTYPES = {code: dtype for dtype, code in _DTYPE_CODES.items()}
 FRAME = struct.Struct("<2sBBIQ8I")
 _VERSION = struct.Struct("<Q")
 _VERSION_OFFSET = 8  # of the version inside a frame header
-MESSAGE = struct.Struct("<2s2xIIIQdQ")
+MESSAGE = struct.Struct("<2sBBIIIQdQ")
+MAX_PARTS = 255  # of one worker's gradient for one shard and step (a u8 in the header)
 MAX_DIMS = 8
 _ALIGN = 8
 _PADDING = bytes(_ALIGN)
@@ -62,6 +65,8 @@ class GradHeader:
     step: int
     version: int  # the parameter version the gradients were computed on
     norm: float  # global L2 norm of the worker's whole gradient (for clipping at the shards)
+    part: int = 0  # which of the `parts` messages of this gradient (the last carries `norm`)
+    parts: int = 1
 
 
 def wire_dtype(compression: str) -> torch.dtype:
@@ -183,8 +188,18 @@ def encode_grad_message(
 ) -> bytes:
     """A gradient message: the message header, then one frame per (slice id, gradient)."""
     items = list(tensors)
+    if not 0 <= header.part < header.parts <= MAX_PARTS:
+        raise WireError(f"part {header.part} of {header.parts}: at most {MAX_PARTS} parts")
     head = MESSAGE.pack(
-        b"TG", header.worker, header.group, len(items), header.step, header.norm, header.version
+        b"TG",
+        header.part,
+        header.parts,
+        header.worker,
+        header.group,
+        len(items),
+        header.step,
+        header.norm,
+        header.version,
     )
     pieces = frame_pieces(items, header.version, dtype)
     return b"".join([head, *pieces])
@@ -193,8 +208,8 @@ def encode_grad_message(
 def decode_grad_message(blob: bytes) -> tuple[GradHeader, list[Frame]]:
     if len(blob) < MESSAGE.size:
         raise WireError("truncated gradient message")
-    magic, worker, group, count, step, norm, version = MESSAGE.unpack_from(blob, 0)
-    if magic != b"TG":
+    magic, part, parts, worker, group, count, step, norm, version = MESSAGE.unpack_from(blob, 0)
+    if magic != b"TG" or part >= parts:
         raise WireError("not a gradient message")
-    header = GradHeader(worker=worker, group=group, step=step, version=version, norm=norm)
+    header = GradHeader(worker, group, step, version, norm, part, parts)
     return header, decode_frames(blob, MESSAGE.size, count)
