@@ -24,7 +24,10 @@ bench measures what the API can check, not the allowance. The allowance's check 
 every request. (Before 2026-11-26 the bench sent one admin token and one document, and stopped
 on the allowance's 429 once the API checked more than 120 documents in a minute.)
 
-Every response must be 200; the throughput counts completed requests over the wall time.
+Every response must be 200; the throughput counts completed requests over the wall time. Beside
+it, the API server's CPU time per request (its processes' user and system time over the phase,
+divided by the requests): on a shared machine the throughput falls with the other load, while
+the CPU a request costs moves much less, so it is the figure to compare between runs.
 
     .venv/bin/python bench/api_load.py [--seconds 10] [--concurrency 16] [--jobs 500]
                                        [--users 10] [--api-workers 1]
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -46,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import smoke  # bench/smoke.py: run as a script, bench/ is on sys.path
 
 from api.schemas import JobPage
@@ -85,6 +90,7 @@ class Result:
     errors: int
     seconds: float
     latencies: list[float]
+    server_cpu: float  # CPU seconds of the API server's processes over the phase
 
     @property
     def rate(self) -> float:
@@ -100,6 +106,7 @@ class Result:
             "req_per_s": round(self.rate, 1),
             "p50_ms": round(cuts[49] * 1000, 2),
             "p99_ms": round(cuts[98] * 1000, 2),
+            "server_cpu_ms_per_request": round(self.server_cpu / self.requests * 1000, 3),
             "target_req_per_s": target,
             "pass": (target is None or self.rate >= target) and self.errors == 0,
         }
@@ -156,6 +163,16 @@ def start_api(
     raise SystemExit(f"the API did not start; see {tmp / 'api.log'}")
 
 
+def cpu_seconds(server: psutil.Process) -> float:
+    """User and system CPU time of the API server and its worker processes so far."""
+    total = 0.0
+    for process in (server, *server.children(recursive=True)):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = process.cpu_times()
+            total += times.user + times.system
+    return total
+
+
 class Connection:
     """One keep-alive HTTP/1.1 connection that sends prepared requests and reads whole
     responses: the load generator. Hand-written because an HTTP client library in Python
@@ -206,7 +223,12 @@ def prepare(url: str, token: str, phase: Phase) -> bytes:
 
 
 async def run_phase(
-    url: str, raws: list[bytes], name: str, seconds: float, concurrency: int
+    url: str,
+    raws: list[bytes],
+    name: str,
+    seconds: float,
+    concurrency: int,
+    server: psutil.Process,
 ) -> Result:
     """Connection c sends raws[c], raws[c + concurrency], ... in turn (wrapping around)."""
     latencies: list[float] = []
@@ -225,13 +247,14 @@ async def run_phase(
             if status != 200:
                 errors += 1
 
-    began = time.perf_counter()
+    began, cpu_began = time.perf_counter(), cpu_seconds(server)
     try:
         await asyncio.gather(*(user(c, connection) for c, connection in enumerate(connections)))
     finally:
         for connection in connections:
             connection.close()
-    return Result(name, len(latencies), errors, time.perf_counter() - began, latencies)
+    seconds = time.perf_counter() - began
+    return Result(name, len(latencies), errors, seconds, latencies, cpu_seconds(server) - cpu_began)
 
 
 def check_page(body: Any, jobs: int) -> None:
@@ -285,7 +308,9 @@ async def fill(url: str, tokens: list[str], jobs: int) -> None:
             await client.aclose()
 
 
-async def load(url: str, tokens: list[str], args: argparse.Namespace) -> list[Result]:
+async def load(
+    url: str, tokens: list[str], server: psutil.Process, args: argparse.Namespace
+) -> list[Result]:
     await fill(url, tokens, args.jobs)
     documents = [
         Phase("POST /jobs/validate", "POST", "/jobs/validate", body=variant(args.jobs + i))
@@ -307,8 +332,8 @@ async def load(url: str, tokens: list[str], args: argparse.Namespace) -> list[Re
     }
     results = []
     for name, raws in phases.items():
-        await run_phase(url, raws, name, 1.0, args.concurrency)  # warm caches
-        results.append(await run_phase(url, raws, name, args.seconds, args.concurrency))
+        await run_phase(url, raws, name, 1.0, args.concurrency, server)  # warm caches
+        results.append(await run_phase(url, raws, name, args.seconds, args.concurrency, server))
     return results
 
 
@@ -331,7 +356,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="trainyard-bench-") as tmp:
         redis_server, process, url, tokens = start_api(Path(tmp), args)
         try:
-            results = asyncio.run(load(url, tokens, args))
+            results = asyncio.run(load(url, tokens, psutil.Process(process.pid), args))
         finally:
             process.terminate()
             process.wait(timeout=30)
@@ -339,7 +364,8 @@ def main() -> None:
     lines = [result.line() for result in results]
     print(
         f"{args.users} users, {args.jobs} jobs stored, {len(DOCUMENTS)} documents varied; "
-        f"validations_per_minute set to {args.validations_per_minute} per user (default 120)"
+        f"validations_per_minute set to {args.validations_per_minute} per user (default 120); "
+        f"load average {' '.join(f'{value:.2f}' for value in os.getloadavg())}"
     )
     for line in lines:
         if args.json:
@@ -351,6 +377,7 @@ def main() -> None:
             print(
                 f"{line['endpoint']:<22} {line['req_per_s']:>8.1f} req/s   "
                 f"p50 {line['p50_ms']:>7.2f} ms   p99 {line['p99_ms']:>7.2f} ms   "
+                f"server CPU {line['server_cpu_ms_per_request']:>6.3f} ms/request   "
                 f"errors {line['errors']}   {goal}: {verdict}"
             )
     if any(line["errors"] for line in lines):

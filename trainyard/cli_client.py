@@ -25,7 +25,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from contract.settings import Settings
-from trainyard.client import Client, Job
+from trainyard.client import Client
 from trainyard.console import (
     describe_memory,
     describe_pipeline,
@@ -36,6 +36,7 @@ from trainyard.console import (
     print_issues,
 )
 from trainyard.errors import JobSpecRejected, TrainyardError, Unreachable
+from trainyard.jobs import Job
 from trainyard.models import JobEnvironmentOut, JobOut, LogLineOut
 from trainyard.sweeps import Sweep, format_value
 

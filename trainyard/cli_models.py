@@ -18,7 +18,7 @@ from rich.console import Console
 from trainyard.cli_client import connect, reporting
 
 if TYPE_CHECKING:
-    from trainyard.client import Job
+    from trainyard.jobs import Job
 
 console = Console()
 err_console = Console(stderr=True)
@@ -62,7 +62,7 @@ def export(
 ) -> None:
     """Export a trained model as ONNX or a torch.export program (.pt2), its metadata (input
     name, shape, dtype; a text job's vocabulary) in <file>.json beside it."""
-    from trainyard.client import Job as ServerJob
+    from trainyard.jobs import Job as ServerJob
 
     if format not in ("onnx", "torch-export"):
         err_console.print(f"[bold red]error[/] --format {format}: say onnx or torch-export")

@@ -15,7 +15,8 @@ from trainyard.errors import TrainyardError
 if TYPE_CHECKING:
     import pandas as pd
 
-    from trainyard.client import Client, Job
+    from trainyard.client import Client
+    from trainyard.jobs import Job
 
 
 def _require_pandas() -> None:

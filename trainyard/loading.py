@@ -24,7 +24,8 @@ from trainyard.errors import NotFound, TrainyardError
 
 if TYPE_CHECKING:
     from dsl.inference import InferenceNet
-    from trainyard.client import Client, Job
+    from trainyard.client import Client
+    from trainyard.jobs import Job
 
 Choice = str | int | None  # "best", "latest", a step, or None: the best where one was kept
 
@@ -78,7 +79,8 @@ def checkpoint_file(
 ) -> Path:
     """The local checkpoint file `job_or_path` and `checkpoint` name, downloaded from the server
     (once: kept in the data directory's cache) when they name a job."""
-    from trainyard.client import Client, Job
+    from trainyard.client import Client
+    from trainyard.jobs import Job
 
     choice = parse_choice(checkpoint)
     if isinstance(job_or_path, str) and job_or_path.startswith("model:"):

@@ -33,7 +33,8 @@ from trainyard.errors import NotFound, TrainyardError
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
-    from trainyard.client import Client, Job
+    from trainyard.client import Client
+    from trainyard.jobs import Job
     from trainyard.sweeps import Sweep
 
 # MLflow's run statuses for a job's end; a job still running stays RUNNING (a snapshot).

@@ -11,7 +11,7 @@ from rich.console import Console
 from trainyard.console import format_stats, training_progress
 
 if TYPE_CHECKING:
-    from trainyard.client import Job
+    from trainyard.jobs import Job
 
 
 def _status(job: Job, latest: dict[str, float]) -> str:
@@ -33,7 +33,7 @@ def follow_with_progress(
 ) -> Job:
     """Poll the job and its newest metrics every `poll` seconds until it ends (or `stop` is
     set: then it returns the job as it is, and the terminal is left tidy)."""
-    from trainyard.client import WaitTimeout
+    from trainyard.errors import WaitTimeout
 
     deadline = None if timeout is None else time.monotonic() + timeout
     latest: dict[str, float] = {}

@@ -29,7 +29,8 @@ from trainyard.predicting import BATCH_SIZE, predict_array
 
 if TYPE_CHECKING:
     from dsl.inference import InferenceNet
-    from trainyard.client import Client, Job
+    from trainyard.client import Client
+    from trainyard.jobs import Job
 
 # The nets a Python worker has loaded, by the digest of their checkpoint's bytes.
 _LOADED: dict[tuple[str, bool], InferenceNet] = {}

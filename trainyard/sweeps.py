@@ -22,7 +22,8 @@ from trainyard.errors import WaitTimeout
 from trainyard.models import ImportanceOut, SweepDetail, SweepOut, TrialOut
 
 if TYPE_CHECKING:
-    from trainyard.client import Client, Job
+    from trainyard.client import Client
+    from trainyard.jobs import Job
 
 SWEEP_END_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 

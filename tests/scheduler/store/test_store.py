@@ -248,6 +248,34 @@ def test_queue_positions_follow_priority_then_submission(db: Database) -> None:
         assert counts["QUEUED"] == 3 and counts["CANCELLED"] == 1 and counts["RUNNING"] == 0
 
 
+def test_every_page_ranks_its_queued_jobs_among_all_queued_jobs(db: Database) -> None:
+    """A page computes the positions of its own jobs only (scheduler/store/job_page.py); each
+    is still the job's place among every queued job, off the page and other users' too."""
+    with db.session() as session:
+        root, alice, bob = users(session)
+        ids = [create_job(session, alice, new_job(f"a{i}", priority=i % 3)).id for i in range(7)]
+        for i in range(4):
+            create_job(session, bob, new_job(f"b{i}", priority=1))
+        for job_id in ids[:2]:
+            transition(session, get_job(session, alice, job_id), JobState.CANCELLED, "test")
+    with db.session() as session:
+        queue = queue_positions(session)
+        assert len(queue) == 9
+        for user in (alice, bob, root):
+            cursor, pages = None, 0
+            while True:
+                page, cursor = listed(session, user, limit=2, cursor=cursor)
+                pages += 1
+                for item in page:
+                    assert item["queue_position"] == queue.get(item["id"]), item
+                if cursor is None:
+                    break
+            assert pages >= 2
+        # A page of ended jobs has no positions (and does not rank the queue for them).
+        ended, _ = listed(session, alice, states=[JobState.CANCELLED])
+        assert [item["queue_position"] for item in ended] == [None, None]
+
+
 def test_cancel_ends_a_queued_job_at_once_and_flags_a_running_one(
     db: Database, rclient: redis.Redis, keys: Keys
 ) -> None:
