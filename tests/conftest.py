@@ -14,8 +14,9 @@ leaves idle. The conventions that keep that safe:
   share one `trainyard up` and one Chromium, tests/web/conftest.py) and tests/hosts (one set of
   network namespaces at a time). A test that needs another test's worker goes in such a folder;
   `xdist_group` marks have no effect (see FileGroupScheduling).
-- Files are handed out heaviest first (the most `slow` tests), so that the long ones do not
-  start last; `--no-loadscope-reorder` keeps that order. Mark slow tests `slow`.
+- Files are handed out heaviest first (the most tests marked `slow`, `e2e` or `hosts`), so
+  that the long ones do not start last; `--no-loadscope-reorder` keeps that order. A test that
+  starts a service, a cluster or several training processes is marked `slow`.
 
 Plain `pytest` (no `-n`) runs serially as before; so does `make test TEST_WORKERS=0`.
 """
@@ -55,6 +56,9 @@ EXAMPLES = ROOT / "examples"
 # Folders whose files share one worker, and the group that holds them.
 SHARED_WORKER = {"tests/web/": "browser", "tests/hosts/": "hosts"}
 
+# Marks of tests that take long (a service, a cluster, a browser, test hosts of their own).
+HEAVY_MARKS = ("slow", "e2e", "hosts")
+
 
 def worker_group(nodeid: str) -> str:
     """The unit xdist hands to one worker: a test's file, or its folder's group."""
@@ -75,8 +79,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On an xdist worker: the groups with the most slow tests first, so that the longest do
-    not start last (every worker orders alike, as xdist requires)."""
+    """On an xdist worker: the groups with the most heavy tests (HEAVY_MARKS) first, so that
+    the longest do not start last (every worker orders alike, as xdist requires)."""
     if not hasattr(config, "workerinput"):
         return
     groups: dict[str, list[pytest.Item]] = {}
@@ -84,7 +88,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         groups.setdefault(worker_group(item.nodeid), []).append(item)
     heaviest = sorted(
         groups.values(),
-        key=lambda group: -sum(i.get_closest_marker("slow") is not None for i in group),
+        key=lambda group: -sum(any(i.get_closest_marker(m) for m in HEAVY_MARKS) for i in group),
     )
     items[:] = [item for group in heaviest for item in group]
 
