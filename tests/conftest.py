@@ -10,9 +10,10 @@ leaves idle. The conventions that keep that safe:
   `postgres_url`, `stack`, `trained_runs`) are per worker, so they never share state between
   workers: PostgreSQL databases and Redis key prefixes are named per session or per test,
   ports are free ones, temporary paths come from tmp_path(_factory).
-- A folder whose files must share one worker is named in SHARED_WORKER: tests/web (its modules
-  share one `trainyard up` and one Chromium, tests/web/conftest.py) and tests/hosts (one set of
-  network namespaces at a time). A test that needs another test's worker goes in such a folder;
+- Folders and files that must share one worker are named in SHARED_WORKER: tests/web (its
+  modules share one `trainyard up` and one Chromium, tests/web/conftest.py), tests/hosts (one
+  set of network namespaces at a time), and `busy`: the bench smoke runs and the service
+  clusters with short liveness timeouts, one at a time. A new file of that kind is added there;
   `xdist_group` marks have no effect (see FileGroupScheduling).
 - Files are handed out heaviest first (the most tests marked `slow`, `e2e` or `hosts`), so
   that the long ones do not start last; `--no-loadscope-reorder` keeps that order. A test that
@@ -53,8 +54,17 @@ EXAMPLES = ROOT / "examples"
 
 # -- two test processes (pytest-xdist): the conventions of this file's docstring.
 
-# Folders whose files share one worker, and the group that holds them.
-SHARED_WORKER = {"tests/web/": "browser", "tests/hosts/": "hosts"}
+# Folders and files that share one worker, and the group that holds them. `busy`: the bench
+# smoke runs (three scripts at once) and the clusters whose liveness timeouts a busy 2-core
+# machine can trip (an agent's 6 s of silence restarted a job under both) never run together.
+SHARED_WORKER = {
+    "tests/web/": "browser",
+    "tests/hosts/": "hosts",
+    "tests/test_bench_smoke.py": "busy",
+    "tests/scheduler/agent/test_node_agent.py": "busy",
+    "tests/scheduler/agent/test_confinement.py": "busy",
+    "tests/scheduler/test_faults.py": "busy",
+}
 
 # Marks of tests that take long (a service, a cluster, a browser, test hosts of their own).
 HEAVY_MARKS = ("slow", "e2e", "hosts")
