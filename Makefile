@@ -21,11 +21,13 @@ run: $(STAMP)
 	$(BIN)/trainyard up --submit examples/mnist1d_cnn.yaml
 
 # The browser tests (tests/web) need Debian's Chromium, the Spark tests a Java runtime: installed
-# here when missing and allowed.
+# here when missing and allowed. Two pytest-xdist workers, each file whole on one of them and
+# the heaviest first (tests/conftest.py's docstring); TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	bash scripts/ensure-apt.sh /usr/bin/chromium "chromium fonts-liberation" "The browser tests (tests/web)"
 	bash scripts/ensure-apt.sh java default-jre-headless "The Spark tests (tests/trainyard/test_spark.py)"
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,4 +1,26 @@
-"""Shared fixtures. Torch runs one intra-op thread per process (2 threads on 2 cores is slower)."""
+"""Shared fixtures. Torch runs one intra-op thread per process (2 threads on 2 cores is slower).
+
+Two test processes. `make test` runs the suite in two pytest-xdist workers
+(`-n 2 --dist loadfile --no-loadscope-reorder`): most of its time is spent waiting on
+subprocesses (stacks, clusters, bench scripts), so a second worker fills the cores the first
+leaves idle. The conventions that keep that safe:
+
+- A test file runs whole on one worker (FileGroupScheduling below): its module-scoped fixtures
+  (a stack, a cluster) start once, as in a serial run. Session-scoped ones (`redis_url`,
+  `postgres_url`, `stack`, `trained_runs`) are per worker, so they never share state between
+  workers: PostgreSQL databases and Redis key prefixes are named per session or per test,
+  ports are free ones, temporary paths come from tmp_path(_factory).
+- Folders and files that must share one worker are named in SHARED_WORKER: tests/web (its
+  modules share one `trainyard up` and one Chromium, tests/web/conftest.py), tests/hosts (one
+  set of network namespaces at a time), and `busy`: the bench smoke runs and the service
+  clusters with short liveness timeouts, one at a time. A new file of that kind is added there;
+  `xdist_group` marks have no effect (see FileGroupScheduling).
+- Files are handed out heaviest first (the most tests marked `slow`, `e2e` or `hosts`), so
+  that the long ones do not start last; `--no-loadscope-reorder` keeps that order. A test that
+  starts a service, a cluster or several training processes is marked `slow`.
+
+Plain `pytest` (no `-n`) runs serially as before; so does `make test TEST_WORKERS=0`.
+"""
 
 from __future__ import annotations
 
@@ -14,14 +36,71 @@ from typing import Any
 
 import pytest
 import torch
+from xdist.scheduler import LoadScopeScheduling
 
 from dsl.compiler import CompiledJob, compile_job
 from workers.data import Dataset, TrainingData
 
 torch.set_num_threads(1)
+if "PYTEST_XDIST_WORKER" in os.environ:
+    # An xdist worker starts with COLUMNS=80 and LINES=24 set: the CLI's rich consoles, made
+    # at import, would keep 80 columns for good and ignore the COLUMNS a test gives CliRunner.
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
+
+
+# -- two test processes (pytest-xdist): the conventions of this file's docstring.
+
+# Folders and files that share one worker, and the group that holds them. `busy`: the bench
+# smoke runs (three scripts at once) and the clusters whose liveness timeouts a busy 2-core
+# machine can trip (an agent's 6 s of silence restarted a job under both) never run together.
+SHARED_WORKER = {
+    "tests/web/": "browser",
+    "tests/hosts/": "hosts",
+    "tests/test_bench_smoke.py": "busy",
+    "tests/scheduler/agent/test_node_agent.py": "busy",
+    "tests/scheduler/agent/test_confinement.py": "busy",
+    "tests/scheduler/test_faults.py": "busy",
+}
+
+# Marks of tests that take long (a service, a cluster, a browser, test hosts of their own).
+HEAVY_MARKS = ("slow", "e2e", "hosts")
+
+
+def worker_group(nodeid: str) -> str:
+    """The unit xdist hands to one worker: a test's file, or its folder's group."""
+    path = nodeid.split("::", 1)[0]
+    return next((g for folder, g in SHARED_WORKER.items() if path.startswith(folder)), path)
+
+
+class FileGroupScheduling(LoadScopeScheduling):
+    """`--dist loadfile` with SHARED_WORKER's folders as one file each. (xdist's own
+    `loadgroup` marks a group in the test's id, which pytest 9.2 no longer reads back.)"""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return worker_group(nodeid)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    return FileGroupScheduling(config, log) if config.getvalue("dist") == "loadfile" else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker: the groups with the most heavy tests (HEAVY_MARKS) first, so that
+    the longest do not start last (every worker orders alike, as xdist requires)."""
+    if not hasattr(config, "workerinput"):
+        return
+    groups: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        groups.setdefault(worker_group(item.nodeid), []).append(item)
+    heaviest = sorted(
+        groups.values(),
+        key=lambda group: -sum(any(i.get_closest_marker(m) for m in HEAVY_MARKS) for i in group),
+    )
+    items[:] = [item for group in heaviest for item in group]
 
 
 def compile_with_data(

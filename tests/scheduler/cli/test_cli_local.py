@@ -62,8 +62,9 @@ def _data_dir(cli_env: Path) -> None:
 
 
 def invoke(*args: str | Path) -> Result:
-    # Wide enough that rich never wraps a table row or an error line.
-    return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "200"})
+    # Wide enough that rich never wraps a table row or an error line (one quotes tmp_path,
+    # which an xdist worker's basetemp lengthens past 200 columns).
+    return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "400"})
 
 
 def write_job(tmp_path: Path, text: str = TINY_JOB, name: str = "job.yaml") -> Path:
