@@ -10,8 +10,10 @@ session's shared stack; bench/data_stream.py's smoke run is tests/workers/test_s
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -47,18 +49,32 @@ SLOW = [
 AT_ONCE = 3
 
 
+# The slow scripts start from a thread pool. CPython's subprocess starts a child with vfork,
+# which shares the parent's memory until exec: one start at a time, each with its own copy of
+# the environment (a full run saw exec fail with EFAULT, "Bad address", while three started).
+_STARTING = threading.Lock()
+
+
 def run_smoke(script: str, *extra: str, timeout: float = 600.0) -> str:
-    found = subprocess.run(
-        [sys.executable, str(BENCH / f"{script}.py"), "--smoke", *extra],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+    with _STARTING:
+        process = subprocess.Popen(
+            [sys.executable, str(BENCH / f"{script}.py"), "--smoke", *extra],
+            cwd=ROOT,
+            env=dict(os.environ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise
+    assert process.returncode == 0, (
+        f"{script} --smoke exited {process.returncode}:\n{stdout}\n{stderr}"
     )
-    assert found.returncode == 0, (
-        f"{script} --smoke exited {found.returncode}:\n{found.stdout}\n{found.stderr}"
-    )
-    return found.stdout
+    return stdout
 
 
 def test_every_bench_script_has_a_smoke_run_here() -> None:
