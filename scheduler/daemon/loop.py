@@ -278,13 +278,11 @@ def replace_processes(session: Session, settings: Settings) -> list[Dispatch]:
         if len(spots) < len(gang):
             continue
         free = taken
-        # One step for the whole gang (alone_restart_step takes a pipeline's earliest stage).
-        first, first_job = gang[0]
-        start = (
-            alone_restart_step(session, first_job, first.group, first.rank)
-            if first.role == "worker"
-            else 0
-        )
+        starts = {
+            (old.group, old.rank): alone_restart_step(session, job, old.group, old.rank)
+            for old, job in gang
+            if old.role == "worker"
+        }
         for old, job, node in spots:
             devices = capacities[node.name].free_devices(old.gpus)
             capacities[node.name] = replace(
@@ -304,6 +302,7 @@ def replace_processes(session: Session, settings: Settings) -> list[Dispatch]:
             )
             session.add(alloc)
             session.flush()
+            start = starts.get((old.group, old.rank), 0)
             if old.role == "worker":  # a worker restarted alone reports its last step again
                 forget_reports_past(session, job, old.group, old.rank, start)
             before = session.scalar(
