@@ -82,7 +82,6 @@ def main() -> None:
             cores = sorted(os.sched_getaffinity(0))
             if len(cores) < 1 + args.redis_servers + args.shards:
                 raise SystemExit("--pin needs a core for this process, each Redis and each shard")
-            os.sched_setaffinity(0, {cores[0]})
             for n, server in enumerate(servers, start=1):
                 if server.process is not None:
                     os.sched_setaffinity(server.process.pid, {cores[n]})
@@ -129,6 +128,8 @@ def run(
         config = replace(config, pin_from=1 + args.redis_servers)
     cluster = LocalCluster(config)
     cluster.start([("server", 0, s) for s in range(args.shards)])
+    if args.pin:  # only now: the shards are pinned to cores counted from this process's set
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     connections = Connections(urls[0], urls)
     keys = PSKeys(config.scope)
     client = PSClient(

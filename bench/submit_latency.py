@@ -106,7 +106,7 @@ def measure(
     """(submit -> first step, of which submit -> the agent starting the process, of which
     the POST itself) in seconds; the clock starts before the request is sent."""
     sent = time.time()
-    overrides = {**OVERRIDES, "cluster.gpus_per_worker": gpus} if gpus else OVERRIDES
+    overrides = {**OVERRIDES, "cluster.resources.gpus_per_worker": gpus} if gpus else OVERRIDES
     job = api.submit(JOB, overrides=overrides)
     returned = time.time()
     running, first = stream_times(broker, keys, job.id)

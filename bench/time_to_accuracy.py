@@ -262,8 +262,9 @@ def run_scale(workers: list[int], overrides: dict[str, object], tmp: Path) -> li
             results.append(
                 run_distributed(case, overrides, tmp / case.name, cache, redis_url, pin=True)
             )
-            shown = results[-1].seconds
-            print(f"{case.name}: {shown if shown is not None else 'not reached'}", flush=True)
+            done = results[-1]
+            shown = done.seconds if done.seconds is not None else "not reached"
+            print(f"{case.name}: {done.error or shown}", flush=True)
     finally:
         server.stop()
     return results
@@ -326,6 +327,9 @@ def main() -> None:
         speedup_table(results, workers)
         if args.json:
             args.json.write_text(json.dumps({"scale": as_json(results)}, indent=1))
+        failed = [r.case.name for r in results if r.error]
+        if failed:  # a run that broke is no figure (bench/gpu_check.sh shows the step failed)
+            raise SystemExit(f"these runs failed: {', '.join(failed)}")
         return
     with tempfile.TemporaryDirectory() as tmp:
         if args.hosts:

@@ -78,7 +78,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(dim, vocab)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(idx.shape[1])
+        positions = torch.arange(idx.shape[1], device=idx.device)
         x = self.wte(idx) + self.wpe(positions)
         for block in self.h:
             x = block(x)

@@ -109,10 +109,16 @@ class Keys:
         if role == "scheduler":
             return ["allkeys", "allchannels", "+@all"]
         if role == "api":
-            return [f"~{self.prefix}:*", f"&{self.prefix}:*", *BOUNDED_COMMANDS]
+            return [f"~{self.prefix}:*", "resetchannels", f"&{self.prefix}:*", *BOUNDED_COMMANDS]
         if role == "agent":
             broker = [f"~{self.prefix}.*", "~_kombu.*"]
-            return [f"~{self.prefix}:*", *broker, f"&{self.prefix}:*", *BOUNDED_COMMANDS]
+            return [
+                f"~{self.prefix}:*",
+                *broker,
+                "resetchannels",
+                f"&{self.prefix}:*",
+                *BOUNDED_COMMANDS,
+            ]
         raise ValueError(f"no Redis role {role!r}; the roles are {', '.join(ROLES)}")
 
     def job_user(self, job_id: int) -> str:

@@ -564,15 +564,27 @@ class Trainer:
             self._load_buffers(ckpt)
             self.log(f"initialised {len(loaded)} parameters from {where}: {', '.join(loaded)}")
 
+    def _train_rng_key(self) -> str:
+        """The training generator lives on the job's device, and a CPU generator's state does
+        not fit a CUDA one's: each is saved under its own key (a CPU job's under "train")."""
+        return "train" if self.device.type == "cpu" else f"train_{self.device.type}"
+
     def _rng_states(self) -> dict[str, torch.Tensor]:
-        states = {"train": self.generator.get_state(), "global": torch.get_rng_state()}
+        states = {self._train_rng_key(): self.generator.get_state()}
+        states["global"] = torch.get_rng_state()
         if self.device.type == "cuda":
             states["global_cuda"] = torch.cuda.get_rng_state(self.device)
         return states
 
     def _load_rng_states(self, states: dict[str, torch.Tensor]) -> None:
-        if "train" in states:
-            self.generator.set_state(states["train"])
+        key = self._train_rng_key()
+        if key in states:
+            self.generator.set_state(states[key])
+        elif any(name.startswith("train") for name in states):
+            self.log(
+                f"the checkpoint's training generator was on another device; on "
+                f"{self.device.type} it starts again from the job's seed"
+            )
         if "global" in states:
             torch.set_rng_state(states["global"])
         if "global_cuda" in states and self.device.type == "cuda":

@@ -74,7 +74,8 @@ def test_a_checkpoint_goes_cuda_to_cpu_to_cuda(tmp_path: Path, cache_dir: Path) 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_on_cuda(tmp_path: Path, cache_dir: Path, precision: str) -> None:
-    summary, trainer = run(tmp_path, cache_dir, "cuda", precision=precision)
+    gpu = {"cluster.resources.gpus_per_worker": 1}  # fp16 is refused for a CPU job
+    summary, trainer = run(tmp_path, cache_dir, "cuda", precision=precision, **gpu)
     assert summary.status == "succeeded" and finite_loss(summary)
     assert (trainer.updater.scaler is not None) == (precision == "fp16")  # fp16's loss scale
 
@@ -116,7 +117,7 @@ def test_a_job_through_a_node_agent_on_its_pinned_gpu(stack_factory: Any) -> Non
 
     running: RunningStack = stack_factory()
     with Client(running.url, running.token) as api:
-        job = api.submit(EXAMPLE, overrides={**SHORT, "cluster.gpus_per_worker": 1})
+        job = api.submit(EXAMPLE, overrides={**SHORT, "cluster.resources.gpus_per_worker": 1})
         job.wait(timeout=300, poll=0.5)
         assert job.state == "SUCCEEDED", job.error
         logs = "\n".join(job.logs())

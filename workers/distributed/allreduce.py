@@ -36,6 +36,7 @@ clip.grad_norm such a net is clipped by the whole model's norm, of which a worke
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -157,6 +158,34 @@ class _GroupGradients:
         torch._foreach_mul_(replicated + sliced, factor)
 
 
+# torch 2.13's DDP argument; see _ddp_syncing_buffers_once.
+DDP_SYNCS_BUFFERS_AT_INIT = (
+    "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+)
+
+
+def _ddp_syncing_buffers_once(
+    net: NeuralNet, group: Any, bucket_mb: float | None
+) -> DistributedDataParallel:
+    """DDP that gives every worker rank 0's buffers when it is made and none after. torch 2.13
+    names this `forward_sync_buffers=False`; before it (the GPU image's 2.11, pyproject allows
+    2.4) there is only `broadcast_buffers=False`, which skips the first sync too, so the
+    buffers are broadcast here once."""
+    if DDP_SYNCS_BUFFERS_AT_INIT:
+        return DistributedDataParallel(
+            net, process_group=group, bucket_cap_mb=bucket_mb, forward_sync_buffers=False
+        )
+    ddp = DistributedDataParallel(
+        net, process_group=group, bucket_cap_mb=bucket_mb, broadcast_buffers=False
+    )
+    with torch.no_grad():
+        for buffer in net.buffers():
+            dist.broadcast(
+                buffer, src=0 if group is None else dist.get_global_rank(group, 0), group=group
+            )
+    return ddp
+
+
 class DDPSync(_GroupGradients):
     """The gradients of the `bp` algorithm averaged by DistributedDataParallel around `net`,
     through `hook` (None: DDP's own all-reduce)."""
@@ -185,9 +214,7 @@ class DDPSync(_GroupGradients):
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(net, ignored)
         # Buffers (batch norm's running statistics) are rank 0's at the start and each
         # worker's own after, as before DDP; rank 0 writes the checkpoints.
-        self.ddp = DistributedDataParallel(
-            net, process_group=group, bucket_cap_mb=bucket_mb, forward_sync_buffers=False
-        )
+        self.ddp = _ddp_syncing_buffers_once(net, group, bucket_mb)
         if hook is not None:
             self.ddp.register_comm_hook(*hook)
 

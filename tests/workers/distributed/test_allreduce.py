@@ -23,6 +23,7 @@ from dsl.topology import resolve_topology
 from tests.conftest import compile_with_data
 from workers.checkpoint import load_checkpoint, resolve_checkpoint
 from workers.context import worker_dir
+from workers.distributed import allreduce
 from workers.distributed.allreduce import (
     DDPSync,
     GradientSync,
@@ -144,10 +145,26 @@ def _worker(rank: int, redis_url: str, scope: str, tmp: Path) -> None:
     trainer, sync = group_trainer(compiled, data, TrainOptions(tmp / "gru", rank=rank, world=WORLD))
     results["gru_sync"] = type(sync).__name__
     trainer.run()
+    results["before_2_13"] = _ddp_as_before_torch_2_13(rank)
 
     (tmp / f"results-rank{rank}.json").write_text(json.dumps(results))
     dist.barrier()
     leave_group(client, scope, 0)
+
+
+def _ddp_as_before_torch_2_13(rank: int) -> dict[str, list[float]]:
+    """DDP made the way torch before 2.13 allows (the GPU image has 2.11): rank 0's buffers at
+    the start, and gradients averaged."""
+    allreduce.DDP_SYNCS_BUFFERS_AT_INIT = False
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    assert net[1].running_mean is not None
+    net[1].running_mean.fill_(float(rank + 1))
+    ddp = allreduce._ddp_syncing_buffers_once(net, None, None)  # type: ignore[arg-type]
+    buffers = net[1].running_mean.tolist()
+    x = torch.randn(4, 3, generator=torch.Generator().manual_seed(rank))
+    (ddp(x) * torch.arange(8.0).reshape(4, 2)).sum().backward()
+    return {"buffers": buffers, "grad": net[0].weight.grad.flatten().tolist()}
 
 
 @pytest.fixture(scope="module")
@@ -192,6 +209,12 @@ def test_two_workers_end_where_the_local_trainer_on_the_combined_batch_ends(
 
 
 @pytest.mark.slow
+def test_ddp_as_made_before_torch_2_13_starts_from_rank_zeros_buffers(group_run: Path) -> None:
+    first, second = (_results(group_run, rank)["before_2_13"] for rank in range(WORLD))
+    assert first["buffers"] == second["buffers"] == [1.0, 1.0]  # rank 0 filled them with 1
+    assert first["grad"] == second["grad"] and any(first["grad"])
+
+
 def test_bptt_reduces_after_the_last_chunk_and_matches_the_local_trainer(
     group_run: Path,
 ) -> None:
