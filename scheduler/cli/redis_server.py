@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -93,10 +94,13 @@ class RedisServer:
         persist: bool = True,
         password: str | None = None,
         users: Mapping[str, Sequence[str]] | None = None,
+        binary: str | None = None,
     ) -> None:
         """`users`: name -> `ACL SETUSER` rules (passwords included), written into the 0600
-        config file with the default user's password."""
+        config file with the default user's password. `binary`: a redis-server other than
+        redis_binary()'s."""
         self.directory = directory
+        self.binary = binary
         self.users = dict(users or {})
         self.port = port or free_port()
         self.persist = persist
@@ -116,7 +120,7 @@ class RedisServer:
         lines += [" ".join(["user", name, *rules]) for name, rules in self.users.items()]
         write_private(config, "".join(f"{line}\n" for line in lines))
         args = [
-            redis_binary(),
+            self.binary or redis_binary(),
             str(config),
             "--port",
             str(self.port),
@@ -133,16 +137,22 @@ class RedisServer:
             args += ["--appendonly", "yes", "--save", "60 1000"]
         else:
             args += ["--appendonly", "no", "--save", ""]
-        self.process = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-        )
+        # A config the server refuses is told on stderr, before it opens its log file.
+        with (self.directory / "redis.stderr").open("wb") as stderr:
+            self.process = subprocess.Popen(
+                args, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True
+            )
         client = redis.Redis.from_url(self.url)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                said = (self.directory / "redis.stderr").read_text(errors="replace").strip()
+                # Its refusal quotes the config line, and a user's line holds its password.
+                said = re.sub(r">\S+", ">...", said)
                 raise RedisStartError(
-                    f"redis-server exited with {self.process.returncode}; "
-                    f"see {self.directory / 'redis.log'}"
+                    f"redis-server exited with {self.process.returncode}"
+                    + (f": {said[-600:]}" if said else "")
+                    + f"; see {self.directory / 'redis.log'}"
                 )
             try:
                 if client.ping():

