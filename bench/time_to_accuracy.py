@@ -86,6 +86,18 @@ CASES = [
         {},
         "1 group x 2, parameters averaged every 8 steps",
     ),
+    Case(
+        "localsgd-32",
+        "mnist1d_cnn_localsgd.yaml",
+        {"cluster.sync_freq": 32},
+        "1 group x 2, parameters averaged every 32 steps",
+    ),
+    Case(
+        "allreduce-powersgd-1",
+        "mnist1d_cnn_powersgd.yaml",
+        {"cluster.powersgd_rank": 1},
+        "1 group x 2, PowerSGD rank 1 gradients",
+    ),
     Case("downpour", "mnist1d_downpour.yaml", {}, "2 groups x 1 worker, 1 shard"),
     Case(
         "downpour-fp16",
