@@ -168,9 +168,9 @@ def _ddp_syncing_buffers_once(
     net: NeuralNet, group: Any, bucket_mb: float | None
 ) -> DistributedDataParallel:
     """DDP that gives every worker rank 0's buffers when it is made and none after. torch 2.13
-    names this `forward_sync_buffers=False`; before it (the GPU image's 2.11, pyproject allows
-    2.4) there is only `broadcast_buffers=False`, which skips the first sync too, so the
-    buffers are broadcast here once."""
+    names this `forward_sync_buffers=False`; before it (the GPU image's 2.11, the oldest that
+    pyproject allows) there is only `broadcast_buffers=False`, which skips the first sync too,
+    so the buffers are broadcast here once."""
     if DDP_SYNCS_BUFFERS_AT_INIT:
         return DistributedDataParallel(
             net, process_group=group, bucket_cap_mb=bucket_mb, forward_sync_buffers=False
