@@ -60,3 +60,38 @@ def test_the_gpu_wheel_list_pins_to_what_is_installed_here() -> None:
     assert found.returncode == 0, found.stderr
     pins = found.stdout.split()
     assert "pydantic==" in " ".join(pins) and all("==" in pin for pin in pins)
+
+
+# What the GPU machines' image already has (bench/gpu_wheels.txt's header), and what the GPU
+# check never imports (it runs its stacks on SQLite).
+ON_THE_IMAGE = {
+    "torch",
+    "numpy",
+    "pyarrow",
+    "pyyaml",
+    "safetensors",
+    "scikit-learn",
+    "typer",
+    "rich",
+    "httpx",
+    "psutil",
+    "tensorboard",
+}
+NOT_IMPORTED_THERE = {"psycopg"}
+
+
+def test_every_dependency_is_on_the_gpu_image_or_in_the_wheel_list() -> None:
+    """Preparing the first GPU run found the SDK's httpx-retries and httpx-sse not listed."""
+    import re
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    needed = {
+        re.split(r"[\[<>=!~; ]", dep, maxsplit=1)[0].lower() for dep in project["dependencies"]
+    }
+    listed = {
+        line.split("#", 1)[0].strip().lower()
+        for line in (ROOT / "bench" / "gpu_wheels.txt").read_text().splitlines()
+    }
+    missing = needed - listed - ON_THE_IMAGE - NOT_IMPORTED_THERE
+    assert not missing, f"add to bench/gpu_wheels.txt: {sorted(missing)}"
