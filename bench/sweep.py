@@ -312,9 +312,10 @@ def ray_versus(
         warm=footing == "warm",
     )
     side = ray_side(run, footing, args.steps)
+    reached = f"{side.to_best:.1f} s" if side.to_best is not None else "none trained to the end"
     print(
         f"Ray Tune {footing}: fit() {side.wall:.1f} s from its clock, {side.steps} steps, best "
-        f"trial {side.best}, reached after {side.to_best} s",
+        f"trial {side.best[0] if side.best else '-'} after {reached}",
         flush=True,
     )
     return side

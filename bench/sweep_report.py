@@ -181,15 +181,15 @@ class Versus:
 
 
 def versus(sittings: list[Sitting]) -> Versus:
-    warm, cold, launch = (
-        [r for s in sittings if (r := s.ratio(footing, from_launch=launch)) is not None]
-        for footing, launch in (("warm", False), ("cold", False), ("cold", True))
+    warm, cold, from_launch = (
+        [r for s in sittings if (r := s.ratio(footing, from_launch=counted)) is not None]
+        for footing, counted in (("warm", False), ("cold", False), ("cold", True))
     )
 
     def median(ratios: list[float]) -> float | None:
         return statistics.median(ratios) if ratios else None
 
-    return Versus(warm, cold, launch, median(warm), median(cold), median(launch))
+    return Versus(warm, cold, from_launch, median(warm), median(cold), median(from_launch))
 
 
 def figures(
