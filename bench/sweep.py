@@ -22,29 +22,60 @@ thread each) with three keys searched (SPACE), evaluated on the test set every 1
    step (Job.created_at -> the first metric's worker time), so it covers placement, Celery
    dispatch, the agent's fork of a worker process from its fork server, compiling the job,
    loading the data and one step. Target: p50 <= 0.5 s.
-4. Ray Tune (bench/sweep_ray.py) over the trials of 1, in trial order, 2 at a time, ASHA
-   with the same rungs (grace_period = min_steps, the same reduction_factor, max_t =
-   train_steps, one bracket), each trial training with our Trainer in a Ray actor. Wall time
-   to the best trial: ours from just before the SDK's submit to the best trial job's end as
-   the service recorded it; Ray's to Tune's on_trial_complete for its best trial. The stack's
-   start and ray.init are not counted. Ray runs twice, reported apart: warm (reusing actors,
-   after one warm-up trial on each, the clock starting when they end: the same footing as our
-   workers forked from a warm fork server; the figure the table compares) and cold (the clock
-   from just before Tuner.fit(): the actors' start and torch import counted). Until
-   2026-11-26 only the cold run was made and compared with our warm stack. Our side cold (a
-   first sweep on a stack whose fork server has just started) is not measured here.
-   Target: ours <= Ray's, warm.
+4. Ours against Ray Tune (bench/sweep_ray.py): the ASHA sweep of 1 (the same trials, in
+   trial order, 2 at a time) and Ray Tune's ASHAScheduler over the same values with the same
+   rungs (grace_period = min_steps, the same reduction_factor, max_t = train_steps, one
+   bracket), each Ray trial training with our Trainer in a Ray actor. The figure is the wall
+   time to the best trial: ours from just before the SDK's submit to the best trial job's end
+   as the service recorded it; Ray's from its clock's start (below) to Tune's
+   on_trial_complete for its best trial that trained to the end. It is measured in
+   --repeats sittings, each of four sides run one after the other: ours cold, Ray cold, ours
+   warm, Ray warm (even sittings put Ray first at each footing, so that neither side always
+   meets the machine's load first); the load average is recorded when each side's clock
+   starts and when it ends. Each of our sides has a stack of its own, started for it and
+   stopped after it; each of Ray's a ray.init() and ray.shutdown() of its own. MNIST-1D's
+   files are generated once before the sittings (not counted) and read by every side.
+   - Ours cold: submitted as soon as the new stack's API answers /healthz (what `trainyard
+     up` waits for). Counted: the API's first submit (compiling the job, creating the sweep),
+     the scheduler's first sweep pass, which starts its trial-checking process
+     (scheduler/daemon/trial_checks.py: started on first use, a fresh interpreter that
+     imports torch to compile the trials), the first placement, the agent's first fork, and
+     whatever is still starting. Not counted: the stack's start (Redis, schema, the three
+     processes), which includes the node agent's fork server importing torch: the agent
+     starts it at once, and the API, which imports torch itself before it answers, is the
+     last to be ready, so by the submit the fork server has mostly or wholly imported torch
+     (a probe found libtorch mapped in it when the API first answered, 2 starts of 2).
+   - Ray cold: the clock from just before Tuner.fit(), after ray.init() (Ray's services,
+     perhaps idle worker interpreters, not counted). Counted: the actors' start, their import
+     of torch and of our packages, loading the data, Tune's first trials.
+   - Cold, each side's service start counted: the same two runs, from before our stack's
+     start and before ray.init(); this puts the fork server's torch import on the clock.
+   - Ours warm: after a warm-up sweep of one trial of WARMUP_STEPS steps per slot on the same
+     stack (the API has compiled a job, the scheduler placed trials, the fork server forked);
+     the clock from just before the timed sweep's submit.
+   - Ray warm: one warm-up trial of WARMUP_STEPS steps on each of its 2 actors, reused for the
+     timed trials; the clock from the end of the last warm-up trial.
+   Each footing's ratio is ours / Ray's, per sitting, and their median. Until 2026-11-26 only
+   ours warm was measured, against Ray cold and then Ray warm. Target: ours <= Ray's, warm.
+   Ours is a service (API, SQL, Redis, a scheduler's passes) and Ray a library in one driver:
+   the gap that remains on each footing is what the service costs a sweep.
 
     .venv/bin/python bench/sweep.py [--trials 16] [--steps 3000] [--scale-trials 6]
         [--scale-steps 1000] [--scale-repeats 3] [--min-steps 100] [--reduction-factor 3]
-        [--json out.json] [--plot docs/img/sweep_bench.png] [--no-ray]
-    .venv/bin/python bench/sweep.py --smoke      # a quick run: small everything, < 2 minutes
+        [--repeats 1] [--json out.json] [--plot docs/img/sweep_bench.png] [--no-ray]
+    .venv/bin/python bench/sweep.py --versus-only --repeats 3    # figure 4 alone
+    .venv/bin/python bench/sweep.py --smoke      # a quick run: small everything, about 2 min
+
+--no-ray leaves Ray Tune out (it is in the `bench` extra only, which CI does not install):
+figure 4's sittings then run our sides alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -53,6 +84,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import UTC, datetime
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -60,16 +92,30 @@ import yaml
 from sqlalchemy import select
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
-from sweep_ray import run_ray
-from sweep_report import SweepRun, Trial, figures, plot, ray_best, show
+from sweep_ray import WARMUP_STEPS, RayRun, run_ray
+from sweep_report import (
+    Side,
+    Sitting,
+    SweepRun,
+    Trial,
+    figures,
+    our_side,
+    plot,
+    ray_side,
+    show,
+    show_versus,
+    versus,
+)
 
 from contract.settings import Settings
+from dsl.compiler import compile_job
 from scheduler.cli.stack import Stack
 from scheduler.store.database import Database
 from scheduler.store.models import Job, Metric, Sweep
 from scheduler.store.states import JobState
 from trainyard import Client
 from trainyard.sweeps import Sweep as SweepHandle
+from workers.data import TrainingData
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "mnist1d_cnn.yaml"
@@ -160,6 +206,7 @@ def collect(db: Database, label: str, sweep_id: int, submitted: float) -> SweepR
         return SweepRun(
             label,
             submitted,
+            _unix(sweep.created_at) or submitted,
             _unix(sweep.ended_at) or time.time(),
             sweep.best_trial,
             sweep.best_value,
@@ -200,20 +247,107 @@ def free_port() -> int:
 
 
 @contextmanager
-def service(tmp: Path) -> Iterator[tuple[Client, Database, Settings]]:
-    """A BenchStack over a SQLite file under `tmp`, warmed up: a client and the store."""
-    settings = Settings(data_dir=tmp / "data", host="127.0.0.1", port=free_port())
+def stack_at(data_dir: Path) -> Iterator[tuple[Client, Database, Settings]]:
+    """A BenchStack started now over a SQLite file in `data_dir`, returned as soon as its API
+    answers (what `trainyard up` waits for), nothing warmed."""
+    settings = Settings(data_dir=data_dir, host="127.0.0.1", port=free_port())
     stack = BenchStack(settings, say=print)
     stack.start()
     db = Database(settings.sql_url())
     try:
-        client = Client(stack.url, stack.token)
-        # Warm-up: the API imports torch and generates MNIST-1D's cache on its first check.
-        client.validate(sweep_document(trials=1, steps=10, max_parallel=1, pruner="none"))
-        yield client, db, settings
+        yield Client(stack.url, stack.token), db, settings
     finally:
         db.dispose()
         stack.stop()
+
+
+@contextmanager
+def service(tmp: Path) -> Iterator[tuple[Client, Database, Settings]]:
+    """A BenchStack over a SQLite file under `tmp`, warmed up: a client and the store."""
+    with stack_at(tmp / "data") as (client, db, settings):
+        # Warm-up: the API imports torch and generates MNIST-1D's cache on its first check.
+        client.validate(sweep_document(trials=1, steps=10, max_parallel=1, pruner="none"))
+        yield client, db, settings
+
+
+def make_data_cache(doc: dict[str, Any], cache: Path) -> None:
+    """The data set's files in `cache`, made before either side of figure 4 runs: each side
+    reads them and neither generates them."""
+    compile_job({k: v for k, v in doc.items() if k != "search"}, TrainingData(cache_dir=cache))
+
+
+def ours_versus(data_dir: Path, cache: Path, doc: dict[str, Any], footing: str) -> Side:
+    """Our ASHA sweep on a stack started for it. Cold: submitted as soon as the stack's API
+    answers. Warm: after a warm-up sweep of one short trial per slot, as Ray's warm-up."""
+    shutil.copytree(cache, data_dir / "cache")  # the data set's files, as Ray's side has them
+    launched = time.time()
+    with stack_at(data_dir) as (client, db, _):
+        if footing == "warm":
+            warm_up = sweep_document(
+                trials=SLOTS, steps=WARMUP_STEPS, max_parallel=SLOTS, pruner="none"
+            )
+            run_sweep(client, db, "ours, warm-up", warm_up)
+        before = os.getloadavg()
+        run = run_sweep(client, db, f"ours {footing}", doc)
+        after = os.getloadavg()
+    return our_side(run, footing, launched, before, after)
+
+
+def ray_versus(
+    configs: list[dict[str, Any]],
+    base: dict[str, Any],
+    args: argparse.Namespace,
+    cache: Path,
+    workdir: Path,
+    footing: str,
+) -> Side:
+    run = run_ray(
+        configs,
+        base=base,
+        min_steps=args.min_steps,
+        reduction_factor=args.reduction_factor,
+        parallel=SLOTS,
+        cache=cache,
+        workdir=workdir,
+        warm=footing == "warm",
+    )
+    side = ray_side(run, footing, args.steps)
+    reached = f"{side.to_best:.1f} s" if side.to_best is not None else "none trained to the end"
+    print(
+        f"Ray Tune {footing}: fit() {side.wall:.1f} s from its clock, {side.steps} steps, best "
+        f"trial {side.best[0] if side.best else '-'} after {reached}",
+        flush=True,
+    )
+    return side
+
+
+def versus_sittings(args: argparse.Namespace, tmp: Path, doc: dict[str, Any]) -> list[Sitting]:
+    """Figure 4: --repeats sittings of ours cold, Ray cold, ours warm, Ray warm (odd sittings
+    in this order, even ones with Ray first at each footing), each on its own stack or Ray."""
+    cache = tmp / "cache"
+    make_data_cache(doc, cache)
+    base = {k: v for k, v in doc.items() if k != "search"}
+    configs: list[dict[str, Any]] = []
+    sittings = []
+    for number in range(1, args.repeats + 1):
+        sides = []
+        for footing in ("cold", "warm"):
+            for ours in (True, False) if number % 2 else (False, True):
+                where = tmp / f"sitting{number}-{'ours' if ours else 'ray'}-{footing}"
+                if ours:
+                    side = ours_versus(where, cache, doc, footing)
+                    assert isinstance(side.run, SweepRun)
+                    params = [t.params for t in side.run.trials]
+                    if configs and params != configs:
+                        raise SystemExit("our sweeps sampled different values: not comparable")
+                    configs = params
+                elif not args.no_ray:
+                    side = ray_versus(configs, base, args, cache, where, footing)
+                else:
+                    continue
+                sides.append(side)
+        sittings.append(Sitting(number, sides))
+    return sittings
 
 
 def main() -> None:
@@ -227,91 +361,111 @@ def main() -> None:
         "--min-steps", type=int, default=MIN_STEPS, help="ASHA's first rung (both sides)"
     )
     parser.add_argument("--reduction-factor", type=int, default=REDUCTION, help="ASHA's (both)")
+    parser.add_argument("--repeats", type=int, default=1, help="sittings of figure 4")
+    parser.add_argument(
+        "--versus-only", action="store_true", help="figure 4 alone (ours against Ray Tune)"
+    )
     parser.add_argument("--smoke", action="store_true", help="3 trials of 200 steps, 2 of 100")
-    parser.add_argument("--no-ray", action="store_true", help="leave Ray Tune out")
+    parser.add_argument(
+        "--no-ray", action="store_true", help="leave Ray Tune out (figure 4: ours alone)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
     parser.add_argument("--plot", type=Path, default=None, help="best accuracy against time")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    if args.plot and args.versus_only:
+        parser.error("--plot draws figure 1's sweeps, which --versus-only leaves out")
     if args.smoke:
         args.trials, args.steps, args.scale_trials, args.scale_steps = 3, 200, 2, 100
-        args.scale_repeats = 1
+        args.scale_repeats = args.repeats = 1
     base_disp = int(yaml.safe_load(EXAMPLE.read_text())["disp_freq"])
+    common = {"trials": args.trials, "steps": args.steps, "max_parallel": SLOTS}
+    asha_doc = sweep_document(
+        **common, pruner="asha", min_steps=args.min_steps, reduction=args.reduction_factor
+    )
     with tempfile.TemporaryDirectory(prefix="sweep-bench-") as tmp:
-        with service(Path(tmp)) as (client, db, settings):
-            common = {"trials": args.trials, "steps": args.steps, "max_parallel": SLOTS}
-            full = run_sweep(client, db, "full random", sweep_document(**common, pruner="none"))
-            asha_doc = sweep_document(
-                **common, pruner="asha", min_steps=args.min_steps, reduction=args.reduction_factor
-            )
-            asha = run_sweep(client, db, "ASHA", asha_doc)
-            scale = {"trials": args.scale_trials, "steps": args.scale_steps, "pruner": "none"}
-            pairs = [
-                (
-                    run_sweep(
-                        client, db, f"max_parallel 1 ({n})", sweep_document(**scale, max_parallel=1)
-                    ),
-                    run_sweep(
-                        client, db, f"max_parallel 2 ({n})", sweep_document(**scale, max_parallel=2)
-                    ),
-                )
-                for n in range(1, args.scale_repeats + 1)
-            ]
-            timed = (
-                run_sweep(
-                    client,
-                    db,
-                    "max_parallel 1, every step",
-                    sweep_document(**scale, max_parallel=1, disp_freq=1),
-                ),
-                run_sweep(
-                    client,
-                    db,
-                    "max_parallel 2, every step",
-                    sweep_document(**scale, max_parallel=2, disp_freq=1),
-                ),
-            )
-        if [t.params for t in full.trials] != [t.params for t in asha.trials]:
-            raise SystemExit("the two sweeps sampled different values: not comparable")
-        ray = ray_cold = None
-        if not args.no_ray:
-            base = dict(asha_doc)
-            del base["search"]
-            ray, ray_cold = (
-                run_ray(
-                    [t.params for t in full.trials],
-                    base=base,
-                    min_steps=args.min_steps,
-                    reduction_factor=args.reduction_factor,
-                    parallel=SLOTS,
-                    cache=settings.cache_dir(),
-                    workdir=Path(tmp) / ("warm" if warm else "cold"),
-                    warm=warm,
-                )
-                for warm in (True, False)
-            )
-    found = figures(full, asha, pairs, timed, ray, steps=args.steps, disp_freq=base_disp)
-    show(full, asha, ray, found, args.steps)
-    if ray_cold is not None:
-        cold = ray_best(ray_cold, args.steps)
-        shown = f"{cold[2]:.1f} s" if cold else "not reached"
-        print(f"Ray Tune cold (actor start and torch import counted): to the best trial {shown}")
+        if not args.versus_only:
+            full, asha, pairs, timed = figures_1_to_3(args, Path(tmp), asha_doc)
+            if [t.params for t in full.trials] != [t.params for t in asha.trials]:
+                raise SystemExit("the two sweeps sampled different values: not comparable")
+        sittings = versus_sittings(args, Path(tmp), asha_doc)
+    if not args.versus_only:
+        found = figures(full, asha, pairs, timed, steps=args.steps, disp_freq=base_disp)
+        show(full, asha, found, args.steps)
+        first = sittings[0].side(ours=True, footing="cold")
+        assert first is not None and isinstance(first.run, SweepRun)
+        if [t.params for t in full.trials] != [t.params for t in first.run.trials]:
+            raise SystemExit("figure 4's sweeps sampled other values than figure 1's")
+    against = versus(sittings)
+    show_versus(sittings, against)
     if args.json:
-        scaled = [run for pair in pairs for run in pair]
-        runs = [asdict(run) for run in (full, asha, *scaled, *timed)]
+        figured = (
+            {}
+            if args.versus_only
+            else {
+                "figures": asdict(found),
+                "sweeps": [asdict(run) for run in (full, asha, *chain(*pairs), *timed)],
+            }
+        )
         args.json.write_text(
             json.dumps(
                 {
-                    "figures": asdict(found),
-                    "sweeps": runs,
-                    "ray": asdict(ray) if ray else None,
-                    "ray_cold": asdict(ray_cold) if ray_cold else None,
+                    **figured,
+                    "versus": asdict(against),
+                    "sittings": [asdict(sitting) for sitting in sittings],
                 },
                 indent=1,
             )
         )
     if args.plot:
-        plot(full, asha, ray, args.steps, args.plot)
+        ray = sittings[0].side(ours=False, footing="warm")
+        plot(
+            full,
+            asha,
+            ray.run if ray and isinstance(ray.run, RayRun) else None,
+            args.steps,
+            args.plot,
+        )
         print(f"plot: {args.plot}")
+
+
+def figures_1_to_3(
+    args: argparse.Namespace, tmp: Path, asha_doc: dict[str, Any]
+) -> tuple[SweepRun, SweepRun, list[tuple[SweepRun, SweepRun]], tuple[SweepRun, SweepRun]]:
+    """The full random search and ASHA's sweep (figure 1), the pairs of figure 2 and the pair
+    that reports every step (figure 3), on one warm stack."""
+    with service(tmp) as (client, db, _):
+        common = {"trials": args.trials, "steps": args.steps, "max_parallel": SLOTS}
+        full = run_sweep(client, db, "full random", sweep_document(**common, pruner="none"))
+        asha = run_sweep(client, db, "ASHA", asha_doc)
+        scale = {"trials": args.scale_trials, "steps": args.scale_steps, "pruner": "none"}
+        pairs = [
+            (
+                run_sweep(
+                    client, db, f"max_parallel 1 ({n})", sweep_document(**scale, max_parallel=1)
+                ),
+                run_sweep(
+                    client, db, f"max_parallel 2 ({n})", sweep_document(**scale, max_parallel=2)
+                ),
+            )
+            for n in range(1, args.scale_repeats + 1)
+        ]
+        timed = (
+            run_sweep(
+                client,
+                db,
+                "max_parallel 1, every step",
+                sweep_document(**scale, max_parallel=1, disp_freq=1),
+            ),
+            run_sweep(
+                client,
+                db,
+                "max_parallel 2, every step",
+                sweep_document(**scale, max_parallel=2, disp_freq=1),
+            ),
+        )
+    return full, asha, pairs, timed
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from those reports. Ray is installed by the `bench` extra only (pip install -e '
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,11 +34,17 @@ class RayTrial:
     ended: float  # unix time Tune recorded it complete (or stopped)
 
 
+Load = tuple[float, float, float]  # os.getloadavg(): over 1, 5 and 15 minutes
+
+
 @dataclass
 class RayRun:
-    started: float  # unix time just before Tuner.fit()
+    launched: float  # unix time just before ray.init()
+    started: float  # unix time the clock started (run_ray: before fit() or after warm-up)
     ended: float  # Tuner.fit() returned
     trials: list[RayTrial]
+    load_started: Load  # the load average when the clock started ...
+    load_ended: Load  # ... and when fit() returned
 
 
 class TuneReport:
@@ -102,7 +109,7 @@ def run_ray(
 ) -> RayRun:
     """Ray Tune over `configs` in order (a grid over their indices), `parallel` at a time on
     a local Ray of `parallel` CPUs, ASHA with the sweep's rungs, reusing actors. ray.init is
-    not timed.
+    not on the clock (RayRun.launched is the time before it).
 
     `warm`: `parallel` warm-up trials of WARMUP_STEPS steps run first, one on each actor, and
     the clock starts when the last of them ends, so the timed trials run on actors that have
@@ -114,11 +121,15 @@ def run_ray(
 
     ended: dict[int, float] = {}
     warmups = [-(n + 1) for n in range(parallel)] if warm else []
+    warm_load: list[Load] = []
 
     class Ended(tune.Callback):
         def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any):
             ended[trial.config["trial"]] = time.time()
+            if warmups and not warm_load and all(n in ended for n in warmups):
+                warm_load.append(os.getloadavg())  # the warm clock starts now
 
+    launched = time.time()
     ray.init(
         num_cpus=parallel,
         include_dashboard=False,
@@ -159,13 +170,16 @@ def run_ray(
                 callbacks=[Ended()],
             ),
         )
+        load_started = os.getloadavg()
         started = time.time()
         grid = tuner.fit()
         finished = time.time()
+        load_ended = os.getloadavg()
     finally:
         ray.shutdown()
     if warmups:
         started = max(ended[n] for n in warmups)
+        load_started = warm_load[0]
     trials = []
     for index in range(len(grid)):
         result = grid[index]
@@ -182,4 +196,11 @@ def run_ray(
                 ended.get(number, finished),
             )
         )
-    return RayRun(started, finished, sorted(trials, key=lambda t: t.number))
+    return RayRun(
+        launched,
+        started,
+        finished,
+        sorted(trials, key=lambda t: t.number),
+        load_started,
+        load_ended,
+    )

@@ -1,5 +1,6 @@
 """bench/sweep.py's results: the trials of each sweep as the store recorded them, the four
-figures computed from them, the tables printed and the plot drawn."""
+figures computed from them (the fourth, ours against Ray Tune, from its sittings: Sitting), the
+tables printed and the plot drawn."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweep_ray import RayRun
+from sweep_ray import Load, RayRun
 
 from scheduler.store.states import JobState
 
@@ -32,6 +33,7 @@ class Trial:
 class SweepRun:
     label: str
     submitted: float  # unix time just before the SDK's submit
+    created: float  # the sweep's row written by the API (its checks done)
     ended: float
     best_trial: int | None
     best_value: float | None
@@ -71,11 +73,6 @@ class Figures:
     overhead_by_sweep: dict[str, float]  # p50 in each sweep
     # The ASHA sweep's trials (reporting every disp_freq steps): created -> first report.
     asha_first_report_p50: float
-    ours_to_best: float | None
-    ray_to_best: float | None
-    ray_wall: float | None
-    ray_steps: int | None
-    ray_best: tuple[int, float] | None
 
 
 def ray_best(ray: RayRun, steps: int) -> tuple[int, float, float] | None:
@@ -88,12 +85,118 @@ def ray_best(ray: RayRun, steps: int) -> tuple[int, float, float] | None:
     return best.number, best.value, best.ended - ray.started
 
 
+@dataclass
+class Side:
+    """One side of figure 4 in one sitting: ours or Ray Tune's, cold or warm, its clock from
+    `started` (unix time)."""
+
+    label: str  # "ours cold", "Ray Tune warm", ...
+    ours: bool
+    footing: str  # "cold" or "warm"
+    launched: float  # unix time before the side's service started (our stack's, ray.init())
+    started: float
+    to_best: float | None  # seconds from `started` to the end of the best trial
+    best: tuple[int, float] | None  # (trial, its test accuracy)
+    wall: float  # seconds from `started` to the sweep's end (ours) or fit()'s return (Ray's)
+    steps: int  # the trials' last reported steps, summed
+    load_before: Load  # os.getloadavg() when the clock started ...
+    load_after: Load  # ... and when the side ended
+    run: SweepRun | RayRun
+
+    def from_launch(self) -> float:
+        """Seconds from before the service's start to the best trial's end."""
+        assert self.to_best is not None
+        return self.started - self.launched + self.to_best
+
+
+def our_side(
+    run: SweepRun, footing: str, launched: float, load_before: Load, load_after: Load
+) -> Side:
+    best = next((t for t in run.trials if t.number == run.best_trial), None)
+    return Side(
+        f"ours {footing}",
+        True,
+        footing,
+        launched,
+        run.submitted,
+        run.to_best(),
+        (best.number, best.value) if best and best.value is not None else None,
+        run.wall,
+        run.steps,
+        load_before,
+        load_after,
+        run,
+    )
+
+
+def ray_side(run: RayRun, footing: str, steps: int) -> Side:
+    found = ray_best(run, steps)
+    return Side(
+        f"Ray Tune {footing}",
+        False,
+        footing,
+        run.launched,
+        run.started,
+        found[2] if found else None,
+        (found[0], found[1]) if found else None,
+        run.ended - run.started,
+        sum(t.step for t in run.trials),
+        run.load_started,
+        run.load_ended,
+        run,
+    )
+
+
+@dataclass
+class Sitting:
+    """Figure 4's sides, run one after the other (`sides` in the order they ran)."""
+
+    number: int
+    sides: list[Side]
+
+    def side(self, *, ours: bool, footing: str) -> Side | None:
+        return next((s for s in self.sides if s.ours == ours and s.footing == footing), None)
+
+    def ratio(self, footing: str, *, from_launch: bool = False) -> float | None:
+        """Ours / Ray Tune's time to the best trial, both on `footing`; `from_launch`: from
+        before each side's service started (a warm side's warm-up would count too)."""
+        ours, theirs = self.side(ours=True, footing=footing), self.side(ours=False, footing=footing)
+        if ours is None or theirs is None or ours.to_best is None or not theirs.to_best:
+            return None
+        if from_launch:
+            return ours.from_launch() / theirs.from_launch()
+        return ours.to_best / theirs.to_best
+
+
+@dataclass
+class Versus:
+    """Figure 4 over the sittings: ours / Ray Tune's time to the best trial, per footing."""
+
+    warm: list[float]  # each sitting's ratio (where both sides reached a best trial)
+    cold: list[float]
+    cold_from_launch: list[float]  # cold, each side's service start counted too
+    warm_median: float | None
+    cold_median: float | None
+    cold_from_launch_median: float | None
+
+
+def versus(sittings: list[Sitting]) -> Versus:
+    warm, cold, from_launch = (
+        [r for s in sittings if (r := s.ratio(footing, from_launch=counted)) is not None]
+        for footing, counted in (("warm", False), ("cold", False), ("cold", True))
+    )
+
+    def median(ratios: list[float]) -> float | None:
+        return statistics.median(ratios) if ratios else None
+
+    return Versus(warm, cold, from_launch, median(warm), median(cold), median(from_launch))
+
+
 def figures(
     full: SweepRun,
     asha: SweepRun,
     pairs: list[tuple[SweepRun, SweepRun]],
     timed: tuple[SweepRun, SweepRun],
-    ray: RayRun | None,
     *,
     steps: int,
     disp_freq: int,
@@ -115,7 +218,6 @@ def figures(
             parts["created -> placed"].append(trial.scheduled - trial.created)
             parts["placed -> running"].append(trial.started - trial.scheduled)
             parts["running -> step"].append(trial.first_report - trial.started)
-    found = ray_best(ray, steps) if ray else None
     return Figures(
         steps_ratio=asha.steps / full.steps,
         steps_ratio_bound=(asha.steps + pruned * (disp_freq - 1)) / full.steps,
@@ -131,34 +233,25 @@ def figures(
         asha_first_report_p50=statistics.median(
             t.first_report - t.created for t in asha.trials if t.first_report is not None
         ),
-        ours_to_best=asha.to_best(),
-        ray_to_best=found[2] if found else None,
-        ray_wall=ray.ended - ray.started if ray else None,
-        ray_steps=sum(t.step for t in ray.trials) if ray else None,
-        ray_best=(found[0], found[1]) if found else None,
     )
 
 
-def show(full: SweepRun, asha: SweepRun, ray: RayRun | None, f: Figures, steps: int) -> None:
-    ray_by = {t.number: t for t in ray.trials} if ray else {}
+def _reached(value: float | None, step: int) -> str:
+    return f"{value:.3f} ({step})" if value is not None else "-"
+
+
+def show(full: SweepRun, asha: SweepRun, f: Figures, steps: int) -> None:
+    """Figures 1-3: the trials of the full search and ASHA's, then the table."""
     asha_by = {t.number: t for t in asha.trials}
     paths = list(full.trials[0].params) if full.trials else []
-    print("\n| trial | " + " | ".join(paths) + " | full | ASHA (step) | Ray ASHA (step) |")
-    print("| --- " * (len(paths) + 4) + "|")
+    print("\n| trial | " + " | ".join(paths) + " | full | ASHA (step) |")
+    print("| --- " * (len(paths) + 3) + "|")
     for t in full.trials:
-        a, r = asha_by.get(t.number), ray_by.get(t.number)
+        a = asha_by.get(t.number)
         values = " | ".join(f"{t.params.get(path, ''):.4g}" for path in paths)
-        ours = f"{a.value:.3f} ({a.step})" if a and a.value is not None else "-"
-        theirs = f"{r.value:.3f} ({r.step})" if r and r.value is not None else "-"
+        ours = _reached(a.value, a.step) if a else "-"
         shown = f"{t.value:.3f}" if t.value is not None else t.state
-        print(f"| {t.number} | {values} | {shown} | {ours} | {theirs} |")
-    ray_to = f"{f.ray_to_best:.1f} s" if f.ray_to_best is not None else "-"
-    ours_to = f"{f.ours_to_best:.1f} s" if f.ours_to_best is not None else "-"
-    to_ratio = (
-        f"{f.ours_to_best / f.ray_to_best:.2f}"
-        if f.ours_to_best is not None and f.ray_to_best
-        else "-"
-    )
+        print(f"| {t.number} | {values} | {shown} | {ours} |")
     print("\n| figure | measured | baseline | ratio | target |")
     print("| --- | --- | --- | --- | --- |")
     print(
@@ -180,10 +273,6 @@ def show(full: SweepRun, asha: SweepRun, ray: RayRun | None, f: Figures, steps: 
         f"| per-trial overhead p50 (p90), created -> first step | {f.overhead_p50:.3f} s "
         f"({f.overhead_p90:.3f} s) | | | <= 0.5 s |"
     )
-    print(
-        f"| wall time to the best trial, ours / Ray Tune | {ours_to} | {ray_to} | "
-        f"**{to_ratio}** | <= 1 |"
-    )
     parts = ", ".join(f"{name} {value:.3f} s" for name, value in f.overhead_parts.items())
     print(f"\noverhead p50 by part: {parts}")
     each = ", ".join(f"{name} {value:.3f} s" for name, value in f.overhead_by_sweep.items())
@@ -193,11 +282,67 @@ def show(full: SweepRun, asha: SweepRun, ray: RayRun | None, f: Figures, steps: 
         f"ASHA sweep: created -> first report (at step {asha.trials[0].first_step}) "
         f"p50 {f.asha_first_report_p50:.3f} s"
     )
-    if ray is not None:
-        print(
-            f"Ray Tune: fit() {f.ray_wall or 0:.1f} s, {f.ray_steps or 0:,} steps reported, "
-            f"best {f.ray_best}; ours: ASHA sweep {asha.wall:.1f} s, {asha.steps:,} steps"
-        )
+
+
+def _seconds(value: float | None) -> str:
+    return f"{value:.1f} s" if value is not None else "-"
+
+
+def show_versus(sittings: list[Sitting], found: Versus) -> None:
+    """Figure 4: each side of each sitting, the first sitting's trials, then the ratios."""
+    print(
+        "\n| sitting | side | to the best trial | best (trial, accuracy) | whole | steps "
+        "| service start | load avg 1 min, before -> after |"
+    )
+    print("| --- " * 8 + "|")
+    for sitting in sittings:
+        for side in sitting.sides:
+            best = f"{side.best[0]}, {side.best[1]:.3f}" if side.best else "-"
+            # A warm side's start is followed by its warm-up, off the clock.
+            start = side.started - side.launched if side.footing == "cold" else None
+            print(
+                f"| {sitting.number} | {side.label} | {_seconds(side.to_best)} | {best} | "
+                f"{side.wall:.1f} s | {side.steps:,} | {_seconds(start)} | "
+                f"{side.load_before[0]:.2f} -> {side.load_after[0]:.2f} |"
+            )
+    first = sittings[0]
+    print(f"\nsitting {first.number}, each trial's last test accuracy (its step):")
+    print("| trial | " + " | ".join(side.label for side in first.sides) + " |")
+    print("| --- " * (len(first.sides) + 1) + "|")
+    by_side = [{t.number: t for t in side.run.trials} for side in first.sides]
+    for number in sorted(by_side[0]):
+        cells = [
+            _reached(trial.value, trial.step) if (trial := trials.get(number)) else "-"
+            for trials in by_side
+        ]
+        print(f"| {number} | " + " | ".join(cells) + " |")
+    for side in first.sides:
+        if isinstance(side.run, SweepRun) and side.run.trials:
+            t = min(side.run.trials, key=lambda trial: trial.created)
+            if t.scheduled and t.started and t.first_report:
+                print(
+                    f"{side.label}, first trial: submit -> the sweep's row "
+                    f"{side.run.created - side.started:.2f} s, -> the trial's "
+                    f"{t.created - side.run.created:.2f} s, -> placed "
+                    f"{t.scheduled - t.created:.2f} s, -> running {t.started - t.scheduled:.2f} s"
+                    f", -> first report (step {t.first_step}) {t.first_report - t.started:.2f} s"
+                )
+    print("\n| figure | each sitting | median | target |")
+    print("| --- | --- | --- | --- |")
+    for name, ratios, median, target in (
+        ("both warm", found.warm, found.warm_median, "<= 1"),
+        ("both cold", found.cold, found.cold_median, "none"),
+        (
+            "both cold, each service's start counted",
+            found.cold_from_launch,
+            found.cold_from_launch_median,
+            "none",
+        ),
+    ):
+        each = ", ".join(f"{ratio:.2f}" for ratio in ratios) or "-"
+        shown = f"**{median:.2f}**" if median is not None else "-"
+        figure = f"wall time to the best trial, ours / Ray Tune, {name}"
+        print(f"| {figure} | {each} | {shown} | {target} |")
 
 
 def plot(full: SweepRun, asha: SweepRun, ray: RayRun | None, steps: int, path: Path) -> None:

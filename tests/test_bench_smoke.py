@@ -96,14 +96,26 @@ def test_quick_bench_smoke(script: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def slow_smokes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[str]]]:
-    """Every slow script's smoke run, started together, AT_ONCE at a time."""
+def slow_smokes(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Future[str]]]:
+    """The smoke runs of the slow scripts whose tests were selected (`-k sweep` runs only the
+    sweep scripts'), started together, AT_ONCE at a time."""
     extra = {
         "time_to_accuracy": ("--plot", str(tmp_path_factory.mktemp("tta") / "tta.png")),
         "sweep": ("--no-ray",),
     }
+    selected = {
+        item.callspec.params["script"]
+        for item in request.session.items
+        if isinstance(item, pytest.Function) and item.originalname == "test_bench_smoke"
+    }
     with ThreadPoolExecutor(max_workers=AT_ONCE) as pool:
-        yield {script: pool.submit(run_smoke, script, *extra.get(script, ())) for script in SLOW}
+        yield {
+            script: pool.submit(run_smoke, script, *extra.get(script, ()))
+            for script in SLOW
+            if script in selected
+        }
 
 
 @pytest.mark.slow
