@@ -52,8 +52,14 @@ def check_scores(shape: Shape, ctx: BuildContext, layer: str, topk: int) -> None
 
 
 def flat_scores(scores: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    # (B, C) or (B, T, C) -> (N, C); labels (B,) or (B, T) -> (N,) int64
-    return scores.reshape(-1, scores.shape[-1]), labels.reshape(-1).long()
+    # (B, C) or (B, T, C) -> (N, C); labels (B,) or (B, T) -> (N,) int64. Tensors already in
+    # that form are passed as they are: a reshape to the same shape is a call and an autograd
+    # node that every step of a classifier would pay for nothing.
+    if scores.dim() != 2:
+        scores = scores.reshape(-1, scores.shape[-1])
+    if labels.dim() != 1:
+        labels = labels.reshape(-1)
+    return scores, labels if labels.dtype == torch.int64 else labels.long()
 
 
 def topk_accuracy(scores: torch.Tensor, labels: torch.Tensor, k: int) -> torch.Tensor:
