@@ -65,10 +65,12 @@ def flat_scores(scores: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tenso
 def topk_accuracy(scores: torch.Tensor, labels: torch.Tensor, k: int) -> torch.Tensor:
     """Fraction of predictions whose label is among the `k` highest scores (0-d tensor)."""
     scores, labels = flat_scores(scores, labels)
+    # mean(dtype=) converts the hits as it reads them (CPU), or as its own first step (CUDA):
+    # the value of .to(dtype).mean() to the bit, without a separate call and tensor.
     if k == 1:
-        return (scores.argmax(1) == labels).to(scores.dtype).mean()
+        return (scores.argmax(1) == labels).mean(dtype=scores.dtype)
     top = scores.topk(k, dim=1).indices  # (N, k)
-    return (top == labels.unsqueeze(1)).any(1).to(scores.dtype).mean()
+    return (top == labels.unsqueeze(1)).any(1).mean(dtype=scores.dtype)
 
 
 class SoftmaxLoss(Layer):

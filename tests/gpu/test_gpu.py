@@ -137,6 +137,24 @@ def test_training_batches_on_cuda_are_the_cpu_batches(
         assert torch.equal(next(on_gpu)[0].cpu(), next(on_cpu)[0])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_accuracy_on_cuda_is_the_mean_of_the_hits_to_the_bit(dtype: torch.dtype) -> None:
+    """CUDA's mean multiplies by 1/N: accuracy there is still what `.to(dtype).mean()` gave."""
+    from dsl.layers.loss import topk_accuracy
+
+    gen = torch.Generator().manual_seed(0)
+    for batch in (3, 7, 24, 100, 999):
+        logits = torch.randn(batch, 5, generator=gen).to(dtype).cuda()
+        labels = torch.randint(0, 5, (batch,), generator=gen).cuda()
+        for k in (1, 2):
+            if k == 1:  # argmax, which picks its own among equal scores
+                hits = logits.argmax(1) == labels
+            else:
+                hits = (logits.topk(k, dim=1).indices == labels.unsqueeze(1)).any(1)
+            expected = hits.to(dtype).mean()
+            assert torch.equal(topk_accuracy(logits, labels, k), expected)
+
+
 def test_a_job_through_a_node_agent_on_its_pinned_gpu(stack_factory: Any) -> None:
     from trainyard import Client
 
