@@ -65,6 +65,8 @@ class NeuralNet(nn.Module):
             ]
             for phase in ("train", "test")
         }
+        # Asked at every step (bp resets the state of each batch): the few layers that have one.
+        self._stateful = tuple(layer.module for layer in layers if layer.module.stateful)
 
     def steps(self, phase: Phase) -> list[Step]:
         """The layers `phase` runs, in order."""
@@ -95,14 +97,12 @@ class NeuralNet(nn.Module):
         return [(layer.config, layer.module) for layer in self.compiled]
 
     def reset_state(self) -> None:
-        for module in self.layers.values():
-            if module.stateful:
-                module.reset_state()  # type: ignore[operator]
+        for module in self._stateful:
+            module.reset_state()  # type: ignore[operator]
 
     def detach_state(self) -> None:
-        for module in self.layers.values():
-            if module.stateful:
-                module.detach_state()  # type: ignore[operator]
+        for module in self._stateful:
+            module.detach_state()  # type: ignore[operator]
 
     def forward(
         self,
@@ -120,21 +120,18 @@ class NeuralNet(nn.Module):
         flow = self._flow(y, phase)
         losses: list[torch.Tensor] = []
         metrics: dict[str, torch.Tensor] = {}
+        out: torch.Tensor | tuple[torch.Tensor, ...]
         for step in self._plans[phase]:
             if step.is_input:
-                flow.keep(step, x)
-                if step.name == stop_at:
-                    break
+                out = x
+            elif not step.wants_label:
+                out = flow.after_layer(step, step.module(*flow.inputs(step)))
+            elif y is None:
                 continue
-            inputs = flow.inputs(step)
-            out: torch.Tensor | tuple[torch.Tensor, ...]
-            if step.wants_label:
-                if y is None:
-                    continue
+            else:
+                inputs = flow.inputs(step)
                 inputs.append(flow.label(step))
                 out = run_labelled(step, inputs, losses, metrics if with_metrics else None)
-            else:
-                out = flow.after_layer(step, step.module(*inputs))
             flow.keep(step, out)
             if step.name == stop_at:
                 break
@@ -184,7 +181,11 @@ class Flow:
         self.outputs: dict[str, torch.Tensor | tuple[torch.Tensor, ...]] = {}
 
     def inputs(self, step: Step) -> list[torch.Tensor]:
-        return [_pick(self.outputs, ref) for ref in step.sources]
+        outputs = self.outputs  # a source with several outputs gives the one the ref names
+        return [
+            value[ref.output or 0] if isinstance(value := outputs[ref.layer], tuple) else value
+            for ref in step.sources
+        ]
 
     def label(self, step: Step) -> torch.Tensor:
         assert self.y is not None
@@ -197,12 +198,3 @@ class Flow:
 
     def keep(self, step: Step, out: torch.Tensor | tuple[torch.Tensor, ...]) -> None:
         self.outputs[step.name] = out
-
-
-def _pick(
-    outputs: dict[str, torch.Tensor | tuple[torch.Tensor, ...]], ref: SourceRef
-) -> torch.Tensor:
-    value = outputs[ref.layer]
-    if isinstance(value, tuple):
-        return value[ref.output or 0]
-    return value

@@ -27,6 +27,10 @@ AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {
 }
 
 
+# fp32's forward context, asked for at every step: nullcontext holds no state, so one serves all.
+_FP32 = nullcontext()
+
+
 class PrecisionError(ValueError):
     """A precision the worker's device does not train in."""
 
@@ -42,7 +46,7 @@ class Precision:
     def autocast(self) -> AbstractContextManager[object]:
         """The context of a forward pass; backward runs outside it, as torch advises."""
         if self.dtype is None:
-            return nullcontext()
+            return _FP32
         return torch.autocast(self.device_type, dtype=self.dtype)
 
     def backward(self, loss: torch.Tensor) -> None:

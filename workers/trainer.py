@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from contract.rundir import CHECKPOINTS, RESTART, SUMMARY, checkpoint_path
@@ -185,23 +186,45 @@ def selection_due(spec: JobSpec, done: int) -> bool:
 
 
 class _Window:
-    """Running sums of one display window, kept on the device until reported."""
+    """The figures of one display window: each step's values are kept as they came, device
+    tensors, and summed at the report, so that a step adds no device operation and never waits
+    for the device (a GPU step's host time is the trainer's cost there, bench/overhead.py).
+
+    The sums are the step-by-step fp32 sums the window always made (`np.add.accumulate` adds
+    in order, in fp32, as `sum = sum + value` did on the device), so the reported figures are
+    the same to the bit. Every `FOLD` steps the values kept so far are summed into the host's
+    running sums, which bounds what a long window (a large disp_freq) holds, at one wait for the
+    device per `FOLD` steps."""
+
+    FOLD = 1024
 
     def __init__(self) -> None:
-        self.sums: dict[str, torch.Tensor] = {}
+        self.kept: dict[str, list[torch.Tensor]] = {}
+        self.sums: dict[str, np.float32] = {}
         self.count = 0
         self.samples = 0
         self.started = time.perf_counter()
 
     def add(self, result: BatchResult, samples: int) -> None:
-        values = {"loss": result.loss, **result.metrics}
-        for key, tensor in values.items():
-            value = tensor.float()  # summed in fp32 whatever the forward computed in
-            self.sums[key] = self.sums[key] + value if key in self.sums else value
+        for key, tensor in {"loss": result.loss, **result.metrics}.items():
+            self.kept.setdefault(key, []).append(tensor)
         self.count += 1
         self.samples += samples
+        if len(self.kept["loss"]) >= self.FOLD:
+            self._fold()
+
+    def _fold(self) -> None:
+        """Sum the kept values into the running sums, in step order, in fp32."""
+        for key, tensors in self.kept.items():
+            values = torch.stack(tensors).float().cpu().numpy()  # (steps,)
+            if key in self.sums:
+                values = np.concatenate([[self.sums[key]], values]).astype(np.float32)
+            with np.errstate(over="ignore", invalid="ignore"):  # a diverged loss sums to inf/nan
+                self.sums[key] = np.add.accumulate(values)[-1]
+        self.kept = {}
 
     def report(self) -> dict[str, float]:
+        self._fold()
         elapsed = max(time.perf_counter() - self.started, 1e-9)
         out = {f"train/{k}": float(v) / self.count for k, v in self.sums.items()}
         out["samples_per_sec"] = self.samples / elapsed

@@ -150,6 +150,7 @@ class Updater:
             for (lr_s, wd_s), tensors in by_scales.items()
         ]
         self._lr_scales = [lr_s for lr_s, _ in by_scales]
+        self._lr = first_lr  # the rate the groups hold (times their scales)
         self.optimizer = _build_optimizer(groups, config, [entry.tensor for entry in params])
 
         self._params = [entry.tensor for entry in params]
@@ -168,8 +169,10 @@ class Updater:
     def step(self, step: int) -> None:
         """Update the parameters from their gradients for 0-based iteration `step`."""
         lr = self.lr_at(step)
-        for group, lr_scale in zip(self.optimizer.param_groups, self._lr_scales, strict=True):
-            group["lr"] = lr * lr_scale
+        if lr != self._lr:  # most schedules hold a rate for many steps (fixed, step)
+            for group, lr_scale in zip(self.optimizer.param_groups, self._lr_scales, strict=True):
+                group["lr"] = lr * lr_scale
+            self._lr = lr
         if self.scaler is not None:
             # The true gradients, for clipping too; a step whose gradients overflowed is skipped.
             self.scaler.unscale_(self.optimizer)

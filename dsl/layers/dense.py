@@ -21,8 +21,11 @@ class Dense(Layer):
         self.b = nn.Parameter(torch.empty(units)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # (B, *lead, *features) -> (B, *lead, in_features) -> (B, *lead, units)
-        return F.linear(x.flatten(self.axis), self.w, self.b)
+        # (B, *lead, *features) -> (B, *lead, in_features) -> (B, *lead, units); features on one
+        # axis already are not flattened (flatten would hand back `x` itself, after a call).
+        if x.dim() != self.axis + 1:
+            x = x.flatten(self.axis)
+        return F.linear(x, self.w, self.b)
 
     def forward_flops(self, in_shapes: list[Shape], out_shape: Shape | list[Shape]) -> int:
         # A multiply-add per weight at every position of the kept leading axes.

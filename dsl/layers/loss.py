@@ -52,17 +52,25 @@ def check_scores(shape: Shape, ctx: BuildContext, layer: str, topk: int) -> None
 
 
 def flat_scores(scores: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    # (B, C) or (B, T, C) -> (N, C); labels (B,) or (B, T) -> (N,) int64
-    return scores.reshape(-1, scores.shape[-1]), labels.reshape(-1).long()
+    # (B, C) or (B, T, C) -> (N, C); labels (B,) or (B, T) -> (N,) int64. Tensors already in
+    # that form are passed as they are: a reshape to the same shape is a call and an autograd
+    # node that every step of a classifier would pay for nothing.
+    if scores.dim() != 2:
+        scores = scores.reshape(-1, scores.shape[-1])
+    if labels.dim() != 1:
+        labels = labels.reshape(-1)
+    return scores, labels if labels.dtype == torch.int64 else labels.long()
 
 
 def topk_accuracy(scores: torch.Tensor, labels: torch.Tensor, k: int) -> torch.Tensor:
     """Fraction of predictions whose label is among the `k` highest scores (0-d tensor)."""
     scores, labels = flat_scores(scores, labels)
+    # mean(dtype=) converts the hits as it reads them (CPU), or as its own first step (CUDA):
+    # the value of .to(dtype).mean() to the bit, without a separate call and tensor.
     if k == 1:
-        return (scores.argmax(1) == labels).to(scores.dtype).mean()
+        return (scores.argmax(1) == labels).mean(dtype=scores.dtype)
     top = scores.topk(k, dim=1).indices  # (N, k)
-    return (top == labels.unsqueeze(1)).any(1).to(scores.dtype).mean()
+    return (top == labels.unsqueeze(1)).any(1).mean(dtype=scores.dtype)
 
 
 class SoftmaxLoss(Layer):

@@ -1,7 +1,8 @@
 """What needs a GPU, run by bench/gpu_check.sh on a lent one (`-m gpu`); skipped without CUDA.
 
 The trainer on cuda, a checkpoint carried cuda -> cpu -> cuda, bf16 and fp16, `compile: true`,
-the fused updater kernels, and a job through a node agent that pins it to its GPU.
+the fused updater kernels, training batches gathered on the GPU, and a job through a node agent
+that pins it to its GPU.
 """
 
 from __future__ import annotations
@@ -110,6 +111,48 @@ def test_the_fused_updater_kernels_on_cuda_match_the_loop() -> None:
             updater.step(step)
     for a, b in zip(fused_params, loop_params, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("resident", [True, False])
+def test_training_batches_on_cuda_are_the_cpu_batches(
+    monkeypatch: pytest.MonkeyPatch, resident: bool
+) -> None:
+    """A small training split is gathered on the GPU, a larger one on the host and copied
+    over: both hand out the CPU's batches, across the end of an epoch, for every rank."""
+    from workers.data import batches
+
+    if not resident:
+        monkeypatch.setattr(batches, "RESIDENT_BYTES", 0)
+    x, y = torch.randn(50, 3, 4), torch.arange(50)
+    for rank in range(2):
+        on_cpu = batches.TrainBatches(x, y, batch_size=8, seed=5, rank=rank, world=2)
+        on_gpu = batches.TrainBatches(x, y, 8, seed=5, rank=rank, world=2, device="cuda")
+        assert on_gpu.resident == resident
+        for _ in range(15):  # two epochs of 6 steps, and more
+            (x_cpu, y_cpu), (x_gpu, y_gpu) = next(on_cpu), next(on_gpu)
+            assert x_gpu.is_cuda and torch.equal(x_gpu.cpu(), x_cpu)
+            assert torch.equal(y_gpu.cpu(), y_cpu)
+        on_cpu.restore({"epoch": 3, "position": 2})
+        on_gpu.restore({"epoch": 3, "position": 2})
+        assert torch.equal(next(on_gpu)[0].cpu(), next(on_cpu)[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_accuracy_on_cuda_is_the_mean_of_the_hits_to_the_bit(dtype: torch.dtype) -> None:
+    """CUDA's mean multiplies by 1/N: accuracy there is still what `.to(dtype).mean()` gave."""
+    from dsl.layers.loss import topk_accuracy
+
+    gen = torch.Generator().manual_seed(0)
+    for batch in (3, 7, 24, 100, 999):
+        logits = torch.randn(batch, 5, generator=gen).to(dtype).cuda()
+        labels = torch.randint(0, 5, (batch,), generator=gen).cuda()
+        for k in (1, 2):
+            if k == 1:  # argmax, which picks its own among equal scores
+                hits = logits.argmax(1) == labels
+            else:
+                hits = (logits.topk(k, dim=1).indices == labels.unsqueeze(1)).any(1)
+            expected = hits.to(dtype).mean()
+            assert torch.equal(topk_accuracy(logits, labels, k), expected)
 
 
 def test_a_job_through_a_node_agent_on_its_pinned_gpu(stack_factory: Any) -> None:

@@ -4,9 +4,12 @@ Every data-parallel rank builds the same `TrainBatches` (same seed, same global 
 takes its own contiguous slice of each global batch, so the ranks together see exactly the batch
 the single-process trainer would see, and synchronous data-parallel training reproduces it.
 
-The samples stay in host memory, and each batch is gathered one step ahead. For a GPU it is
-gathered into pinned memory and copied without blocking, so the next batch is on its way while the
-GPU trains on this one.
+Each batch is gathered one step ahead. A training split of at most `RESIDENT_BYTES` is copied to
+a GPU once, with each epoch's order, and its batches are gathered there: two gathers on the device
+a step, where a batch gathered on the host and copied over costs the step's host thread a copy of
+the batch, two pinned buffers and two transfers (bench/overhead.py measures that host time). A
+larger split stays in host memory: each batch is gathered into pinned memory and copied without
+blocking, so the next batch is on its way while the GPU trains on this one.
 """
 
 from __future__ import annotations
@@ -17,6 +20,10 @@ import numpy as np
 import torch
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+# The largest training split (samples and labels) kept on a GPU: an MNIST-sized set is 200 MB; a
+# few workers sharing one GPU each hold their copy.
+RESIDENT_BYTES = 512 * 2**20
 
 
 class TrainBatches:
@@ -50,6 +57,11 @@ class TrainBatches:
             )
         self._x, self._y = x.contiguous(), y.contiguous()
         self._device = torch.device(device)
+        self._resident = (
+            self._device.type == "cuda" and self._x.nbytes + self._y.nbytes <= RESIDENT_BYTES
+        )
+        if self._resident:
+            self._x, self._y = self._x.to(self._device), self._y.to(self._device)
         self._ahead: Batch | None = None  # the next batch, gathered (and on its way to a GPU)
         self._seed, self._shuffle = seed, shuffle
         self._global = batch_size
@@ -62,6 +74,11 @@ class TrainBatches:
     def epoch(self) -> int:
         """The epoch the next batch comes from (0-based)."""
         return self._epoch
+
+    @property
+    def resident(self) -> bool:
+        """Whether the samples were copied to the GPU, where the batches are gathered."""
+        return self._resident
 
     @property
     def steps_per_epoch(self) -> int:
@@ -103,19 +120,24 @@ class TrainBatches:
         """The batch at the current position, on the device."""
         offset, rows = self._part
         start = self._position * self._global + offset
-        index = self._order[start : start + rows]
-        if self._device.type == "cuda":
+        index = self._order[start : start + rows]  # on the samples' device
+        if self._device.type == "cuda" and not self._resident:
             return _to_gpu(self._x, index, self._device), _to_gpu(self._y, index, self._device)
         return self._x.index_select(0, index), self._y.index_select(0, index)
 
     def _permutation(self, epoch: int) -> torch.Tensor:
-        """The row order of `epoch`, a function of (seed, epoch) only, so restoring is O(1)."""
+        """The row order of `epoch`, a function of (seed, epoch) only, so restoring is O(1); on
+        the samples' device."""
         if not self._shuffle:
-            return torch.arange(len(self._x))
-        seed = np.random.SeedSequence([self._seed % 2**63, epoch]).generate_state(1, np.uint64)
-        # Drawn on the CPU, next to the samples, so every device gives the same order.
-        generator = torch.Generator().manual_seed(int(seed[0]))
-        return torch.randperm(len(self._x), generator=generator)
+            order = torch.arange(len(self._x))
+        else:
+            seed = np.random.SeedSequence([self._seed % 2**63, epoch]).generate_state(1, np.uint64)
+            # Drawn on the CPU, so every device gives the same order.
+            generator = torch.Generator().manual_seed(int(seed[0]))
+            order = torch.randperm(len(self._x), generator=generator)
+        if self._resident:  # from pinned memory, without waiting for the device
+            return order.pin_memory().to(self._device, non_blocking=True)
+        return order
 
 
 def _to_gpu(rows: torch.Tensor, index: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -15,6 +15,7 @@ from torch.func import functional_call
 from dsl.init import initialise
 from dsl.layers.base import LAYERS, BuildContext, Layer, LayerShapeError, Shape, StatefulLayer
 from dsl.layers.embedding import Embedding
+from dsl.layers.loss import topk_accuracy
 from dsl.layers.rbm import RBM
 from dsl.layers.recurrent import Recurrent
 
@@ -375,6 +376,26 @@ def test_softmax_loss_over_sequences() -> None:
     torch.testing.assert_close(module.metrics(logits, labels)["accuracy"], hits)
     accuracy, _ = build({"type": "accuracy"}, [(6, 5)], ctx)
     torch.testing.assert_close(accuracy(logits, labels), hits)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("k", [1, 2])
+def test_accuracy_is_the_mean_of_the_hits_in_the_scores_dtype_to_the_bit(
+    dtype: torch.dtype, k: int
+) -> None:
+    """The trainer sums every step's accuracy: it is the value `.to(dtype).mean()` gave, to
+    the bit, for batch sizes whose fractions do not round evenly."""
+    gen = torch.Generator().manual_seed(0)
+    for batch in (1, 3, 7, 24, 100, 999):
+        logits = torch.randn(batch, 5, generator=gen).to(dtype)
+        labels = torch.randint(0, 5, (batch,), generator=gen)
+        if k == 1:  # argmax, which picks its own among equal scores
+            hits = logits.argmax(1) == labels
+        else:
+            hits = (logits.topk(k, dim=1).indices == labels.unsqueeze(1)).any(1)
+        expected = hits.to(dtype).mean()
+        got = topk_accuracy(logits, labels, k)
+        assert got.dtype == dtype and torch.equal(got, expected)
 
 
 def test_softmax_loss_gradcheck() -> None:
