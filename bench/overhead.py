@@ -108,13 +108,19 @@ class PlainLoop:
         self.autocast = precision == "bf16"
         self.loss_fn = nn.CrossEntropyLoss()
         self.gen = torch.Generator().manual_seed(0)
-        self.perm = torch.randperm(len(self.x), generator=self.gen)
+        self.device = device
+        self.perm = self.permutation()
         self.pos = 0
+
+    def permutation(self) -> torch.Tensor:
+        """An epoch's order, drawn on the CPU and kept beside the samples: a CPU index into CUDA
+        samples is copied over with a wait every step (the first GPU run's plain loop did)."""
+        return torch.randperm(len(self.x), generator=self.gen).to(self.device)
 
     def steps(self, count: int) -> None:
         for _ in range(count):
             if self.pos + self.batch > len(self.x):
-                self.perm, self.pos = torch.randperm(len(self.x), generator=self.gen), 0
+                self.perm, self.pos = self.permutation(), 0
             idx = self.perm[self.pos : self.pos + self.batch]
             self.pos += self.batch
             self.opt.zero_grad(set_to_none=True)
