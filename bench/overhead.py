@@ -50,7 +50,7 @@ WIDTHS = (784, 1000, 500, 10)  # input features, the hidden layers' units, class
 BATCH = 64
 
 
-JOB: dict[str, Any] = {
+BASE: dict[str, Any] = {  # the job without its net (job_document adds one)
     "name": "overhead-mlp",
     "seed": 0,
     "data": {
@@ -77,8 +77,12 @@ def job_document(widths: Sequence[int], batch: int) -> dict[str, Any]:
             layers.append({"name": f"relu{i}", "type": "relu", "srclayers": [source]})
             source = f"relu{i}"
     layers.append({"name": "loss", "type": "softmax_loss", "srclayers": [source]})
-    data = {**JOB["data"], "batch_size": batch, "num_features": widths[0]}
-    return {**JOB, "data": {**data, "num_classes": widths[-1]}, "neuralnet": {"layers": layers}}
+    data = {**BASE["data"], "batch_size": batch, "num_features": widths[0]}
+    return {**BASE, "data": {**data, "num_classes": widths[-1]}, "neuralnet": {"layers": layers}}
+
+
+# The default MLP's job, which bench/allreduce_vs_ddp.py and bench/ps_throughput.py train too.
+JOB = job_document(WIDTHS, BATCH)
 
 
 class PlainLoop:
