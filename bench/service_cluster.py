@@ -143,6 +143,16 @@ class Cluster:
             assert job is not None
             request_cancel(session, job, self.client, self.keys)
 
+    def cancel_unfinished(self) -> list[int]:
+        """Cancel every job not yet ended (what a failed test left running, which would hold
+        the slots that the next test's jobs wait for); their ids."""
+        with self.db.session() as session:
+            jobs = session.scalars(select(Job)).all()
+            running = [job for job in jobs if not JobState(job.state).terminal]
+            for job in running:
+                request_cancel(session, job, self.client, self.keys)
+            return [job.id for job in running]
+
     def wait_for(self, what: str, check: Callable[[], bool], timeout: float = TIMEOUT) -> float:
         started = time.monotonic()
         while time.monotonic() - started < timeout:

@@ -68,6 +68,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterato
         ps_server.stop()
 
 
+@pytest.fixture(autouse=True)
+def nothing_left_running(cluster: Cluster) -> Iterator[None]:
+    """A test that fails midway leaves its jobs running; they end here, not in the next test."""
+    yield
+    for job_id in cluster.cancel_unfinished():
+        cluster.wait_for(
+            f"job {job_id}, left running, to end",
+            lambda j=job_id: JobState(cluster.job(j).state).terminal,
+            timeout=30,
+        )
+
+
 def test_a_job_runs_queued_scheduled_running_succeeded(cluster: Cluster) -> None:
     job_id = cluster.submit(train_steps=40, disp_freq=10)
     cluster.wait_state(job_id, JobState.SUCCEEDED, JobState.FAILED)
@@ -180,7 +192,9 @@ def test_a_training_process_holds_only_its_own_jobs_redis_rights(cluster: Cluste
     shard_keys = list(ps_client.scan_iter(match=keys.ps_pattern(first)))
     ps_url = with_user(str(cluster.settings.redis_ps_urls), keys.job_user(first), password)
     with redis.Redis.from_url(ps_url) as tenant_ps:
-        assert shard_keys and tenant_ps.exists(*shard_keys) == len(shard_keys)
+        # Reached without NoPermissionError; a shard may have replaced a key (its snapshot)
+        # since the scan, so not every key need still exist.
+        assert shard_keys and tenant_ps.exists(*shard_keys) > 0
         forged = f"{keys.job_scope(other)}:ps:slices"
         for attempt in (
             lambda: tenant_ps.get(forged),
