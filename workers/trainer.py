@@ -601,8 +601,10 @@ class Trainer:
 
     def _load_rng_states(self, states: dict[str, torch.Tensor]) -> None:
         key = self._train_rng_key()
-        if key in states:
-            self.generator.set_state(states[key])
+        own = states.get(key)
+        # A checkpoint from before the keys were apart holds a CUDA job's state under "train".
+        if own is not None and own.numel() == self.generator.get_state().numel():
+            self.generator.set_state(own)
         elif any(name.startswith("train") for name in states):
             self.log(
                 f"the checkpoint's training generator was on another device; on "

@@ -17,7 +17,12 @@ import torch
 from contract.stream import MetricRecord
 from tests.conftest import compile_with_data
 from workers.algorithms import BatchResult
-from workers.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
+from workers.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    resolve_checkpoint,
+    save_checkpoint,
+)
 from workers.metrics import JsonlSink, read_metrics
 from workers.trainer import Summary, Trainer, TrainOptions, _Window
 
@@ -260,6 +265,21 @@ def test_resume_ends_where_an_uninterrupted_run_ends(
     assert all(torch.equal(whole[k], resumed[k]) for k in whole)
     # The resumed run appended to the same metrics.jsonl.
     assert [r["step"] for r in read_metrics(part) if "train/loss" in r][-1] == 60
+
+
+def test_a_generator_state_from_another_device_is_not_loaded(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    """A CUDA job's checkpoint held its generator's 16-byte state under "train", which a CPU
+    generator (5,056 bytes) refused: the run resumes with the seed's generator instead."""
+    train(mlp_job(), tmp_path, cache_dir, overrides={"train_steps": 20})
+    where = resolve_checkpoint(tmp_path)
+    saved = load_checkpoint(where)
+    saved.rng["train"] = torch.zeros(16, dtype=torch.uint8)  # a Philox state, as on cuda
+    save_checkpoint(where.parent, saved, keep=5)
+    second, recorder = train(mlp_job(), tmp_path, cache_dir, resume=True)
+    assert second.status == "succeeded" and second.steps == 60
+    assert any("training generator was on another device" in line for line in recorder.lines)
 
 
 def test_resume_without_a_checkpoint_starts_from_zero(tmp_path: Path, cache_dir: Path) -> None:
