@@ -238,20 +238,7 @@ def test_a_step_sent_again_replaces_the_parts_of_its_earlier_try(
 ) -> None:
     """A worker restarted alone sends its step again: the shard drops the parts it had of the
     earlier try and applies the step once, from the new parts."""
-    topology = Topology("downpour", 1, 1, 1, 1, True, 1, 0)
-    scope = f"test:{uuid.uuid4().hex[:8]}"
-    shards = Shards(topology, redis_url, [], scope, job_doc=JOB)
-    job, _ = compile_with_data(JOB, cache_dir=tmp_path / "cache")
-    worker = PSClient(
-        job.net,
-        plan=PSPlan.from_topology(topology),
-        connections=Connections(redis_url),
-        keys=PSKeys(scope),
-        group=0,
-        rank=0,
-        clip_norm=1.0,
-    )
-    worker.connect()
+    shards, worker = _downpour_worker(redis_url, tmp_path)
     main = redis.Redis.from_url(redis_url)
     slices = worker.slice_map.slices
     header = GradHeader(worker=0, group=0, step=0, version=0, norm=0.0, part=0, parts=2)
@@ -270,12 +257,13 @@ def test_a_step_sent_again_replaces_the_parts_of_its_earlier_try(
     worker.close()
 
 
-def _one_clean_update(redis_url: str, tmp_path: Path) -> dict[str, torch.Tensor]:
+def _downpour_worker(redis_url: str, tmp_path: Path) -> tuple[Shards, PSClient]:
+    """A downpour job's one shard (in a scope of its own) and its one worker, connected."""
     topology = Topology("downpour", 1, 1, 1, 1, True, 1, 0)
     scope = f"test:{uuid.uuid4().hex[:8]}"
     shards = Shards(topology, redis_url, [], scope, job_doc=JOB)
     job, _ = compile_with_data(JOB, cache_dir=tmp_path / "cache")
-    clean = PSClient(
+    worker = PSClient(
         job.net,
         plan=PSPlan.from_topology(topology),
         connections=Connections(redis_url),
@@ -284,7 +272,12 @@ def _one_clean_update(redis_url: str, tmp_path: Path) -> dict[str, torch.Tensor]
         rank=0,
         clip_norm=1.0,
     )
-    clean.connect()
+    worker.connect()
+    return shards, worker
+
+
+def _one_clean_update(redis_url: str, tmp_path: Path) -> dict[str, torch.Tensor]:
+    shards, clean = _downpour_worker(redis_url, tmp_path)
     for p in clean.params.values():
         p.grad = torch.full_like(p, 0.01)
     clean.step(0)
