@@ -143,6 +143,15 @@ class LocalCluster:
         for process in self.processes.values():
             process.wait()
 
+    def join_servers(self, timeout: float = 60.0) -> None:
+        """For a benchmark that drives the workers itself (start(servers) only): wait for the
+        processes it started to end, once its clients have finished; exit naming one that
+        failed."""
+        for role, process in self.processes.items():
+            process.wait(timeout=timeout)
+            if process.returncode:
+                raise SystemExit(f"{role} exited with {process.returncode}")
+
     def _log_tail(self, role: Role, lines: int = 30) -> str:
         kind, group, rank = role
         path = self.run_dir / "logs" / f"{kind}-g{group}r{rank}.log"

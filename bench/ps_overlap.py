@@ -162,10 +162,7 @@ def run(
                 times[kind].append(block(trainer)())
         for client in clients:
             client.finish()
-        for role, process in cluster.processes.items():
-            process.wait(timeout=60)
-            if process.returncode:
-                raise SystemExit(f"{role} exited with {process.returncode}")
+        cluster.join_servers()
     finally:
         cluster.stop()
         clear_ps_keys(connections[0], keys)

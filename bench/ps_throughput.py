@@ -207,10 +207,7 @@ def run(
             measured("round trip", round_trip_block)
         commands = raw.info("commandstats")
         client.finish()
-        for role, process in cluster.processes.items():
-            process.wait(timeout=60)
-            if process.returncode:
-                raise SystemExit(f"{role} exited with {process.returncode}")
+        cluster.join_servers()
     finally:
         cluster.stop()
         clear_ps_keys(connections, keys)
