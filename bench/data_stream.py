@@ -105,16 +105,32 @@ def write_shards(
     return next_id
 
 
-def job(data: dict[str, Any], sizes: Sizes, steps: int, **extra: Any) -> dict[str, Any]:
-    """The benchmark's net: an MLP over the features, 10 classes."""
+def job(
+    data: dict[str, Any],
+    sizes: Sizes,
+    steps: int,
+    *,
+    first: dict[str, Any] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The benchmark's net: an MLP over the features, 10 classes. `first`: a layer between
+    the input and the MLP (it reads `data`); `extra`: top-level keys, which win."""
+    inputs = [{"name": "data", "type": "input"}]
+    if first is not None:
+        inputs.append({**first, "srclayers": ["data"]})
     return {
         "name": "data-stream",
         "seed": 0,
         "data": {"batch_size": sizes.batch_size, **data},
         "neuralnet": {
             "layers": [
-                {"name": "data", "type": "input"},
-                {"name": "fc1", "type": "dense", "srclayers": ["data"], "units": sizes.hidden},
+                *inputs,
+                {
+                    "name": "fc1",
+                    "type": "dense",
+                    "srclayers": [inputs[-1]["name"]],
+                    "units": sizes.hidden,
+                },
                 {"name": "relu1", "type": "relu", "srclayers": ["fc1"]},
                 {"name": "fc2", "type": "dense", "srclayers": ["relu1"], "units": 10},
                 {"name": "loss", "type": "softmax_loss", "srclayers": ["fc2"]},

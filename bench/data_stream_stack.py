@@ -33,7 +33,7 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ import redis  # noqa: E402
 from sqlalchemy import select  # noqa: E402
 
 from bench import smoke  # noqa: E402
-from bench.data_stream import ID_SCALE, machine_load, write_shards  # noqa: E402
+from bench.data_stream import ID_SCALE, SMOKE, job, machine_load, write_shards  # noqa: E402
 from bench.load import start_stack  # noqa: E402
 from contract.allocation import PID  # noqa: E402
 from contract.keys import Keys  # noqa: E402
@@ -113,40 +113,18 @@ class Watch:
 
 def document(shards: Path, test: Path, trace: Path, args: argparse.Namespace) -> dict[str, Any]:
     """bench/data_stream.py's MLP with `sample_ids` first, on 2 allreduce workers."""
-    return {
-        "name": "data-stream-stack",
-        "seed": 0,
-        "data": {
-            "source": "shards",
-            "path": str(shards),
-            "test_path": str(test),
-            "batch_size": args.batch_size,
-            "shuffle": True,
-        },
-        "neuralnet": {
-            "layers": [
-                {"name": "data", "type": "input"},
-                {
-                    "name": "ids",
-                    "type": "sample_ids",
-                    "srclayers": ["data"],
-                    "trace": str(trace),
-                    "sleep": args.step_sleep,
-                },
-                {"name": "fc1", "type": "dense", "srclayers": ["ids"], "units": args.hidden},
-                {"name": "relu1", "type": "relu", "srclayers": ["fc1"]},
-                {"name": "fc2", "type": "dense", "srclayers": ["relu1"], "units": 10},
-                {"name": "loss", "type": "softmax_loss", "srclayers": ["fc2"]},
-            ]
-        },
-        "train_one_batch": {"alg": "bp"},
-        "updater": {"type": "sgd", "lr": {"base": 0.01}},
-        "train_steps": args.steps,
-        "disp_freq": max(1, min(50, args.steps // 8)),
-        "test": {"freq": 0, "steps": 1},
-        "checkpoint": {"freq": 0},
-        "cluster": {"framework": "allreduce", "nworkers_per_group": WORLD},
-    }
+    data = {"source": "shards", "path": str(shards), "test_path": str(test), "shuffle": True}
+    ids = {"name": "ids", "type": "sample_ids", "trace": str(trace), "sleep": args.step_sleep}
+    sizes = replace(SMOKE, batch_size=args.batch_size, hidden=args.hidden)
+    return job(
+        data,
+        sizes,
+        args.steps,
+        first=ids,
+        name="data-stream-stack",
+        disp_freq=max(1, min(50, args.steps // 8)),
+        cluster={"framework": "allreduce", "nworkers_per_group": WORLD},
+    )
 
 
 def history(trace: Path, workers: list[Worker]) -> dict[tuple[int, int], list[int]]:
