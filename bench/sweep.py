@@ -76,7 +76,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -109,6 +108,7 @@ from sweep_report import (
 
 from contract.settings import Settings
 from dsl.compiler import compile_job
+from scheduler.cli.redis_server import free_port
 from scheduler.cli.stack import Stack
 from scheduler.store.database import Database
 from scheduler.store.models import Job, Metric, Sweep
@@ -238,12 +238,6 @@ class BenchStack(Stack):
         env = super().child_env()
         env.update(TRAINYARD_NODE_SLOTS=str(SLOTS), TRAINYARD_NODE_GPUS="0")
         return env
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @contextmanager
