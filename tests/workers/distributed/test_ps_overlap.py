@@ -23,7 +23,7 @@ from workers.distributed.ps.overlap import PART_BYTES, ReadyParts, plan_parts
 from workers.distributed.ps.plan import Connections, PSKeys, PSPlan
 from workers.distributed.ps.shard import ShardServer
 from workers.distributed.ps.slicing import ParamInfo, plan_slices
-from workers.distributed.ps.wire import MAX_PARTS, GradHeader, encode_grad_message
+from workers.distributed.ps.wire import MAX_PARTS, GradHeader, decode_frames, encode_grad_message
 from workers.parallel import sync_through_servers
 from workers.trainer import StepHooks, Trainer, TrainOptions
 
@@ -380,3 +380,47 @@ def test_slices_updated_early_replay_to_the_same_bits(redis_url: str, tmp_path: 
     assert expected
     for name, tensor in second.updater.state_tensors().items():
         assert torch.equal(tensor, expected[name]), name
+
+
+def test_a_half_applied_update_is_published_only_whole(redis_url: str, tmp_path: Path) -> None:
+    """Slices updated early go to the staged blob, not to the parameters: a commit in between
+    (here of a message deleted while pending) leaves the parameters at their version, and the
+    commit of the update publishes all of it."""
+    topology = Topology("sandblaster", 1, 1, 1, 1, True, 1, 0)
+    plan = PSPlan.from_topology(topology)
+    keys = PSKeys(f"test:{uuid.uuid4().hex[:8]}")
+    job, _ = compile_with_data(UNCLIPPED, cache_dir=tmp_path / "cache")
+    connections = Connections(redis_url)
+    client = PSClient(
+        job.net,
+        plan=plan,
+        connections=connections,
+        keys=keys,
+        group=0,
+        rank=0,
+        overlap=True,
+        part_bytes=SMALL_PARTS,
+    )
+    client.connect()
+    shard = ShardServer(connections, keys, plan, 0, 0, client.slice_map, job.spec, gang=True)
+    shard.load(timeout=10)
+    for p in client.params.values():
+        p.grad = torch.full_like(p, 0.5)
+    messages = [
+        (f"{i + 1}-0".encode(), {b"m": client._message(0, part, 0.0)})
+        for i, part in enumerate(client._parts)
+    ]
+    before = connections.main.get(keys.params(0, 0))
+    shard.handle(messages[:-1])
+    staged = connections.main.get(keys.staged(0, 0))
+    assert staged is not None and staged != before
+    shard.handle([(b"9-0", None)])  # acknowledged and deleted: a commit of no update
+    assert connections.main.get(keys.params(0, 0)) == before
+    assert connections.main.hget(keys.state(0, 0), "version") == b"0"
+    shard.handle(messages[-1:])
+    after = decode_frames(connections.main.get(keys.params(0, 0)))
+    assert [f.version for f in after] == [1] * len(after)
+    for frame in after:
+        assert torch.equal(frame.tensor, shard.tensors[frame.slice_id])
+    client.close()
+    connections.close()

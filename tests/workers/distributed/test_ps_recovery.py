@@ -3,6 +3,7 @@ the job finishes with the parameters of an uninterrupted run."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -11,9 +12,13 @@ import redis
 import torch
 
 from bench.local_cluster import LocalCluster, prepare_launch
+from dsl.topology import Topology
 from tests.conftest import EXAMPLES, compile_with_data
+from tests.workers.distributed.test_ps_overlap import SMALL_PARTS, UNCLIPPED
 from workers.checkpoint import load_checkpoint, resolve_checkpoint
-from workers.distributed.ps.plan import PSKeys
+from workers.distributed.ps.client import PSClient
+from workers.distributed.ps.plan import Connections, PSKeys, PSPlan
+from workers.distributed.ps.wire import FRAME, decode_frames
 from workers.trainer import Trainer, TrainOptions
 
 torch.set_num_threads(1)
@@ -70,3 +75,97 @@ def test_a_killed_shard_is_replaced_and_the_job_finishes_exactly(
     distributed = load_checkpoint(resolve_checkpoint(tmp_path / "ps")).params
     for name, tensor in local.items():
         torch.testing.assert_close(distributed[name], tensor, rtol=1e-4, atol=2e-5, msg=name)
+
+
+def _staged_differs(client: redis.Redis, keys: PSKeys, ranges: list[tuple[int, int]]) -> bool:
+    """Whether the staged blob holds other bytes than the parameters in `ranges` (the
+    shard wrote an early-updated slice there and has not committed it)."""
+    pipe = client.pipeline(transaction=False)
+    for start, stop in ranges:
+        pipe.getrange(keys.staged(0, 0), start, stop - 1)
+        pipe.getrange(keys.params(0, 0), start, stop - 1)
+    replies = pipe.execute()
+    pairs = zip(replies[::2], replies[1::2], strict=True)
+    return any(len(a) == len(b) and a != b for a, b in pairs)
+
+
+def _train_through_a_shard_process(
+    redis_url: str, tmp: Path, *, kill_at: int | None
+) -> dict[str, torch.Tensor]:
+    """One overlapped sandblaster worker, driven here, against a shard process; with
+    `kill_at`, the shard is killed once it has staged some slices of that step's update, and
+    started again before the step's last part is sent. The worker's parameters at the end."""
+    doc = {**UNCLIPPED, "train_steps": 8}
+    topology = Topology("sandblaster", 1, 1, 1, 1, True, 1, 0)
+    name = "killed" if kill_at is not None else "whole"
+    config = prepare_launch(
+        json.dumps(doc), topology, redis_url, tmp / name, cache_dir=tmp / "cache"
+    )
+    keys = PSKeys(config.scope)
+    job, data = compile_with_data(doc, cache_dir=tmp / "cache")
+    client = PSClient(
+        job.net,
+        plan=PSPlan.from_topology(topology),
+        connections=Connections(redis_url),
+        keys=keys,
+        group=0,
+        rank=0,
+        overlap=True,
+        part_bytes=SMALL_PARTS,
+        wait_timeout=60,
+    )
+    main = redis.Redis.from_url(redis_url)
+    cluster = LocalCluster(config)
+    role = ("server", 0, 0)
+    cluster.start([role])
+    try:
+        client.connect()
+        # The parts a hook sends (all but the round trip's): their slices' byte ranges.
+        blob = client.connections.client(client.urls[0]).get(keys.params(0, 0))
+        spans, offset = {}, 0
+        for frame in decode_frames(blob):
+            stop = offset + FRAME.size + -(-frame.tensor.nbytes // 8) * 8
+            spans[frame.slice_id], offset = (offset, stop), stop
+        early = [spans[s.id] for part in client._parts[:-1] for s in part.slices]
+        for step in range(doc["train_steps"]):
+            client.begin_step(step)
+            for p in client.params.values():
+                p.grad = None
+            rows = slice(16 * step, 16 * step + 16)
+            out = job.net(data.x_train[rows], data.y_train[rows], "train")
+            assert out.loss is not None
+            out.loss.backward()
+            if step == kill_at:
+                deadline = time.monotonic() + 60
+                while not _staged_differs(main, keys, early):
+                    assert time.monotonic() < deadline, "the shard staged nothing early"
+                    time.sleep(0.005)
+                cluster.kill(role)
+                cluster.processes[role].wait()
+                assert _shard_version(main, keys) == step  # killed before the commit
+                cluster.start([role])
+            client.step(step)
+        client.finish()
+        cluster.join_servers()
+    finally:
+        cluster.stop()
+        client.close()
+    if kill_at is not None:
+        log = (tmp / name / "logs" / "server-g0r0.log").read_text()
+        assert f"resumed at version {kill_at} " in log
+    assert _shard_version(main, keys) == doc["train_steps"]
+    return {name: p.detach().clone() for name, p in job.net.named_params().items()}
+
+
+@pytest.mark.slow
+def test_a_shard_killed_between_updating_slices_early_and_committing_them(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """The killed shard had updated some slices of a step and written them to the staged
+    blob; its replacement reads the step's parts again, updates them again over that blob and
+    commits: the parameters are bit for bit those of a run without the kill."""
+    whole = _train_through_a_shard_process(redis_url, tmp_path, kill_at=None)
+    killed = _train_through_a_shard_process(redis_url, tmp_path, kill_at=5)
+    assert whole.keys() == killed.keys()
+    for name, tensor in whole.items():
+        assert torch.equal(tensor, killed[name]), name

@@ -9,6 +9,7 @@ from workers.distributed.ps.slicing import ParamInfo, plan_slices, slice_views
 from workers.distributed.ps.wire import (
     FRAME,
     MESSAGE,
+    FrameBuffer,
     GradHeader,
     WireError,
     decode_frames,
@@ -50,6 +51,29 @@ def test_frames_round_trip_exactly() -> None:
     # Raw bytes plus a fixed 48-byte header per slice (payloads are 8-byte aligned).
     payload = sum(t.numel() * 4 for _, t in items)
     assert len(blob) - payload <= len(items) * (FRAME.size + 7)
+
+
+def test_a_frame_buffer_is_rebuilt_from_its_ranges_over_an_older_blob() -> None:
+    """What a shard does with the staged blob: some frames written as they are updated, the
+    rest and the others' headers at the commit, over a blob of an older version."""
+    items = [(0, torch.arange(3.0)), (1, torch.tensor(7.0)), (2, torch.ones(5)), (3, torch.ones(2))]
+    buffer = FrameBuffer(items, version=4)
+    older = bytearray(buffer.view())
+
+    def write(ranges: list[tuple[int, memoryview]]) -> None:
+        for offset, data in ranges:
+            older[offset : offset + len(data)] = data
+
+    for tensor in buffer.tensors.values():
+        tensor.add_(1)
+    early = buffer.ranges([0, 1, 3])
+    assert [offset for offset, _ in early] == [0, buffer.ranges([3])[0][0]]  # 0 and 1 joined
+    write(early)  # still at version 4 in their headers
+    buffer.set_version(5)
+    write(buffer.ranges([2]) + buffer.ranges([0, 1, 3], headers_only=True))
+    assert bytes(older) == bytes(buffer.view())
+    assert all(len(data) == FRAME.size for _, data in buffer.ranges([0, 3], headers_only=True))
+    assert [f.version for f in decode_frames(bytes(older))] == [5] * 4
 
 
 def test_odd_sizes_and_scalars_keep_alignment() -> None:

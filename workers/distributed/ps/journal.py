@@ -24,7 +24,7 @@ import safetensors.torch
 import torch
 
 from workers.distributed.ps.plan import CONSUMER_GROUP, PSKeys
-from workers.distributed.ps.wire import Frame, GradHeader, decode_grad_message
+from workers.distributed.ps.wire import Frame, GradHeader, Range, decode_grad_message
 
 POLL_SECONDS = 0.05
 NOTICES_KEPT = 8
@@ -131,9 +131,19 @@ class ShardJournal:
             if "BUSYGROUP" not in str(exc):
                 raise
 
+    def stage(self, ranges: Sequence[Range]) -> None:
+        """Write `ranges` of the next version into the staged blob; `commit(..., staged)`
+        writes the rest and publishes it. The staged blob holds an older version (or nothing):
+        every range of the next version is written, one of the two ways, before it counts."""
+        staged = self.keys.staged(self.server_group, self.shard)
+        pipe = self.client.pipeline(transaction=False)
+        for offset, data in ranges:
+            pipe.setrange(staged, offset, data)
+        pipe.execute()
+
     def commit(
         self,
-        params: memoryview,
+        params: memoryview | Sequence[Range] | None,
         version: int,
         updates: Sequence[Update],
         notify: Sequence[int],
@@ -143,12 +153,24 @@ class ShardJournal:
     ) -> None:
         """Publish `params` at `version`, acknowledge the messages consumed (`empty_ids`:
         deleted ones), log the updates - or, given the updater's state, take a snapshot - and
-        wake the workers waiting for this version, all or nothing."""
+        wake the workers waiting for this version, all or nothing. `params` is the whole blob,
+        the ranges that, written over the staged copy (`stage`), make it, or None to leave
+        the parameters as they are."""
         sg, shard = self.server_group, self.shard
         params_key, grads = self.keys.params(sg, shard), self.grads
         consumed = [eid for update in updates for eid in update.entry_ids]
         pipe = self.client.pipeline(transaction=True)
-        pipe.set(params_key, params)
+        if isinstance(params, memoryview):
+            pipe.set(params_key, params)
+        elif params is not None:
+            # The staged blob becomes the parameters, and the old parameters the staged blob,
+            # whose bytes the next version overwrites in place: no copy, nothing freed.
+            staged, spare = self.keys.staged(sg, shard), self.keys.staged(sg, shard) + ":old"
+            for offset, data in params:
+                pipe.setrange(staged, offset, data)
+            pipe.rename(params_key, spare)
+            pipe.rename(staged, params_key)
+            pipe.rename(spare, staged)
         pipe.hset(self.keys.state(sg, shard), "version", version)
         if consumed or empty_ids:
             pipe.xack(grads, CONSUMER_GROUP, *consumed, *empty_ids)

@@ -117,6 +117,11 @@ class PSKeys:
         """The shard's parameters: one blob of frames, all at the current version."""
         return self._shard(server_group, shard) + ":params"
 
+    def staged(self, server_group: int, shard: int) -> str:
+        """A copy of the parameters blob that the shard overwrites, slice by slice, as it
+        updates slices early, and renames to `params` when it commits the version."""
+        return self._shard(server_group, shard) + ":staged"
+
     def state(self, server_group: int, shard: int) -> str:
         """Hash: version (the current one), snapshot (the version of the last snapshot) and
         updater (the updater state at the snapshot, safetensors bytes)."""

@@ -48,6 +48,7 @@ from workers.distributed.ps.wire import (
     Frame,
     FrameBuffer,
     GradHeader,
+    Range,
     decode_frames,
     decode_grad_message,
 )
@@ -154,6 +155,8 @@ class ShardServer:
         self._pending: dict[tuple[int, int], dict[int, dict[int, _Part]]] = {}
         # (worker group, step) -> the slices of that pending update already applied
         self._applied: dict[tuple[int, int], set[int]] = {}
+        # The slices updated early that the staged copy of the parameters holds (journal.stage)
+        self._staged: set[int] = set()
         self._queue: list[Update] = []  # complete, in arrival order, maybe awaiting norms
 
     # -- state in Redis ------------------------------------------------------------------------
@@ -211,12 +214,24 @@ class ShardServer:
         *,
         snapshot: bool = False,
     ) -> None:
-        """Commit this version (ShardJournal.commit), with a snapshot when asked."""
+        """Commit this version (ShardJournal.commit), with a snapshot when asked.
+
+        Slices updated early were written to the staged blob as they were updated (`_apply_early`):
+        the commit then writes only the rest and the new version into it and publishes it. A
+        commit of no update while an update is half applied early leaves the parameters as
+        they are; the whole blob is only sent when nothing was staged."""
         self._blob.set_version(self.version)
         state = self.updater.state_tensors() if snapshot else None
-        self.journal.commit(
-            self._blob.view(), self.version, updates, notify, empty_ids, updater_state=state
-        )
+        params: memoryview | list[Range] | None = self._blob.view()
+        if self._staged:
+            params = None
+            if updates:
+                rest = set(self.tensors) - self._staged
+                params = self._blob.ranges(rest) + self._blob.ranges(
+                    self._staged, headers_only=True
+                )
+                self._staged = set()
+        self.journal.commit(params, self.version, updates, notify, empty_ids, updater_state=state)
         if snapshot:
             self._snapshot_version = self.version
 
@@ -305,6 +320,9 @@ class ShardServer:
         ]
         self._step_slices(key[1], self._average(messages))
         self._applied[key] = applied | ready
+        # Sent to Redis now, while the workers' backward passes go on, not with the commit.
+        self.journal.stage(self._blob.ranges(ready))
+        self._staged |= ready
 
     def _step_slices(self, step: int, grads: dict[int, torch.Tensor]) -> None:
         """The updater's step `step` on the slices in `grads` (the others have no gradient)."""

@@ -45,6 +45,9 @@ _ALIGN = 8
 _PADDING = bytes(_ALIGN)
 
 
+Range = tuple[int, memoryview]  # (offset, bytes) of part of a blob
+
+
 class WireError(ValueError):
     """A blob that is not in the wire format (truncated, wrong magic, unknown dtype)."""
 
@@ -121,26 +124,43 @@ class FrameBuffer:
     """Frames encoded once into a buffer whose payloads `tensors` view (slice id -> tensor).
 
     The owner updates the tensors in place and sends `view()` as it is: no encoding copy per
-    version. Only the version fields of the headers change (`set_version`).
+    version. Only the version fields of the headers change (`set_version`). `ranges` gives the
+    byte ranges of some frames, to overwrite just those in a copy of the buffer kept elsewhere.
     """
 
     def __init__(self, tensors: Iterable[tuple[int, torch.Tensor]], version: int) -> None:
         self.buffer = bytearray(encode_frames(tensors, version))
         frames = decode_frames(self.buffer)  # writable views: the buffer is a bytearray
         self.tensors = {frame.slice_id: frame.tensor for frame in frames}
-        self._version_offsets = []
+        self._spans: dict[int, tuple[int, int]] = {}  # slice id -> its frame's [start, stop)
         offset = 0
         for frame in frames:
-            self._version_offsets.append(offset + _VERSION_OFFSET)
             nbytes = frame.tensor.numel() * frame.tensor.element_size()
-            offset += FRAME.size + nbytes + (-nbytes % _ALIGN)
+            stop = offset + FRAME.size + nbytes + (-nbytes % _ALIGN)
+            self._spans[frame.slice_id] = (offset, stop)
+            offset = stop
 
     def set_version(self, version: int) -> None:
-        for offset in self._version_offsets:
-            _VERSION.pack_into(self.buffer, offset, version)
+        for start, _ in self._spans.values():
+            _VERSION.pack_into(self.buffer, start + _VERSION_OFFSET, version)
 
     def view(self) -> memoryview:
         return memoryview(self.buffer)
+
+    def ranges(self, slice_ids: Iterable[int], *, headers_only: bool = False) -> list[Range]:
+        """(offset, bytes) of the frames of `slice_ids` (or of their headers alone), adjacent
+        frames joined into one range, in buffer order."""
+        wanted = sorted(self._spans[i] for i in slice_ids)
+        if headers_only:
+            wanted = [(start, start + FRAME.size) for start, _ in wanted]
+        joined: list[list[int]] = []
+        for start, stop in wanted:
+            if joined and joined[-1][1] == start:
+                joined[-1][1] = stop
+            else:
+                joined.append([start, stop])
+        view = memoryview(self.buffer)
+        return [(start, view[start:stop]) for start, stop in joined]
 
 
 def decode_frames(
