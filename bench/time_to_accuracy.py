@@ -93,6 +93,18 @@ CASES = [
         "1 group x 2, parameters averaged every 32 steps",
     ),
     Case(
+        "localsgd-32-delay",
+        "mnist1d_cnn_localsgd.yaml",
+        {"cluster.sync_freq": 32, "cluster.localsgd_delay": 8},
+        "1 group x 2, averaged every 32 steps, each averaging over the next 8",
+    ),
+    Case(
+        "localsgd-32-delay-4",
+        "mnist1d_cnn_localsgd.yaml",
+        {"cluster.sync_freq": 32, "cluster.localsgd_delay": 4},
+        "1 group x 2, averaged every 32 steps, each averaging over the next 4",
+    ),
+    Case(
         "allreduce-powersgd-1",
         "mnist1d_cnn_powersgd.yaml",
         {"cluster.powersgd_rank": 1},

@@ -294,6 +294,12 @@ class ClusterConfig(StrictModel):
         description="localsgd: steps that all-reduce the gradients, as allreduce does, before "
         "the replicas train apart (post-local SGD)",
     )
+    localsgd_delay: int = Field(
+        default=0,
+        ge=0,
+        description="localsgd: steps the replicas go on training while their parameters are "
+        "averaged (the mean taken in after them); 0 waits for each averaging; below sync_freq",
+    )
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     max_restarts: int = Field(
         default=3,

@@ -69,6 +69,15 @@ def _powersgd_issues(spec: JobSpec, topology: Topology, source: SourceMap) -> li
 
 def _localsgd_issues(spec: JobSpec, topology: Topology, source: SourceMap) -> list[SpecIssue]:
     issues = []
+    if spec.cluster.localsgd_delay >= spec.cluster.sync_freq:
+        issues.append(
+            source.issue(
+                ("cluster", "localsgd_delay"),
+                f"localsgd_delay {spec.cluster.localsgd_delay} is not below sync_freq "
+                f"{spec.cluster.sync_freq}: each averaging is taken in before the next starts",
+                f"set localsgd_delay to at most {spec.cluster.sync_freq - 1}",
+            )
+        )
     if spec.cluster.compression != "none":
         issues.append(
             source.issue(

@@ -424,7 +424,12 @@ def _localsgd(ctx: RunContext, cleanup: ExitStack) -> Worker:
     options = ctx.train_options(world=member.world)
     job = on_device(ctx.job, device=ctx.device)
     cluster = ctx.spec.cluster
-    local = LocalSGD(job.net, period=cluster.sync_freq, warmup=cluster.localsgd_warmup)
+    local = LocalSGD(
+        job.net,
+        period=cluster.sync_freq,
+        warmup=cluster.localsgd_warmup,
+        delay=cluster.localsgd_delay,
+    )
     hooks = sync_apart(StepHooks(), local=local)
     hooks = agreed_stops(hooks, device=ctx.device)
     trainer = Trainer(job, ctx.dataset, options, ctx.sinks, hooks=hooks)

@@ -52,6 +52,8 @@ def test_what_post_local_sgd_cannot_run_is_refused_where_it_is_written() -> None
         {"framework": "localsgd"}, pipeline={"stages": 2, "microbatches": 2}
     )
     assert path == "pipeline" and "post-local SGD hook" in message
+    [(path, message)] = _issues({"framework": "localsgd", "sync_freq": 4, "localsgd_delay": 4})
+    assert path == "cluster.localsgd_delay" and "not below sync_freq 4" in message
 
 
 def test_powersgd_is_refused_where_ddp_does_not_carry_the_gradients() -> None:
@@ -74,6 +76,7 @@ def test_what_ddp_carries_compiles() -> None:
         _compiles({"framework": "allreduce", "compression": compression, "powersgd_rank": 4})
     _compiles({"framework": "local", "compression": "powersgd"})  # nothing is exchanged
     _compiles({"framework": "localsgd", "sync_freq": 4, "localsgd_warmup": 20})
+    _compiles({"framework": "localsgd", "sync_freq": 4, "localsgd_delay": 3})
     # Whole gradients after the algorithm or the schedule, in a wire type: as before DDP.
     rnn = {"source": "synthetic", "task": "sequence", "num_samples": 64, "seq_len": 8,
            "batch_size": 8}  # fmt: skip

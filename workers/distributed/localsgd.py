@@ -13,18 +13,28 @@ Only parameters are averaged: the updater's state (momentum, Adam's moments) sta
 worker's own, as in torch's post-local SGD. With sync_freq 1 and an updater linear in the
 gradient (sgd, with momentum and weight decay) the run equals allreduce's: the mean of the
 replicas' steps from equal parameters is the step of the mean gradient.
+
+With `cluster.localsgd_delay: d` > 0 the replicas do not wait for the averaging: at a sync
+step each sends a copy of its parameters to an all-reduce that runs in the background while it
+takes its next d steps, and after the d-th it swaps its copy for the mean and keeps what it
+learnt meanwhile (parameters += mean - copy), as overlapped local SGD does (Wang et al.,
+"Overlap Local-SGD", 2020). The replicas are then apart by their last d steps only; the last
+step still averages them whole, after taking in an averaging in flight. The step that takes
+the mean in is fixed (d steps after the sync), so a run is as reproducible as without.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (
     PostLocalSGDState,
     post_localSGD_hook,
 )
-from torch.distributed.algorithms.model_averaging import utils as averaging
+from torch.distributed.algorithms.model_averaging import utils as model_averaging
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
 from dsl.net import NeuralNet
@@ -35,13 +45,32 @@ if TYPE_CHECKING:
     from workers.trainer import Trainer
 
 
+@dataclass
+class _Averaging:
+    """A sum of the replicas' parameters in flight, and this replica's copy it started from."""
+
+    copy: torch.Tensor
+    total: torch.Tensor
+    work: dist.Work
+    due: int  # steps done when the mean is taken in
+
+
 class LocalSGD:
     """DDP that stops all-reducing after the warm-up, and the averager of the parameters."""
 
     def __init__(
-        self, net: NeuralNet, *, group: ProcessGroup = None, period: int, warmup: int
+        self,
+        net: NeuralNet,
+        *,
+        group: ProcessGroup = None,
+        period: int,
+        warmup: int,
+        delay: int = 0,
     ) -> None:
-        self.warmup = warmup
+        if not 0 <= delay < period:
+            raise ValueError(f"a localsgd delay of {delay} steps is not in [0, {period})")
+        self.warmup, self.delay, self.group = warmup, delay, group
+        self._averaging: _Averaging | None = None
         self.state = PostLocalSGDState(
             process_group=group,
             subgroup=None,
@@ -61,14 +90,42 @@ class LocalSGD:
         warmup + sync_freq, warmup + 2 sync_freq, ..."""
         self.state.iter = min(trainer.step, self.warmup)
         self.averager.step = trainer.step + 1
+        self._averaging = None  # one in flight when the run stopped is not taken in
 
     @torch.no_grad()
     def after_update(self, trainer: Trainer, step: int) -> None:
         """Average the replicas when a sync is due after step `step` (0-based), or it is the
         last one."""
+        if self.delay:
+            self._after_update_delayed(trainer, step)
+            return
         due = self.averager.step >= self.warmup and (
             (self.averager.step - self.warmup) % self.averager.period == 0
         )
         self.averager.average_parameters(self.params)
         if not due and step + 1 == trainer.spec.train_steps:
-            averaging.average_parameters(iter(self.params), self.averager.process_group)
+            model_averaging.average_parameters(iter(self.params), self.averager.process_group)
+
+    def _after_update_delayed(self, trainer: Trainer, step: int) -> None:
+        """With a delay: take in the averaging in flight when its step has come, start one at a
+        sync step; average whole at the last step."""
+        done = step + 1
+        last = done == trainer.spec.train_steps
+        averaging = self._averaging
+        if averaging is not None and (done == averaging.due or last):
+            averaging.work.wait()
+            averaging.total.div_(dist.get_world_size(self.group))
+            averaging.total.sub_(averaging.copy)  # the mean - this replica's copy
+            for param, change in zip(
+                self.params, averaging.total.split([p.numel() for p in self.params]), strict=True
+            ):
+                param.add_(change.view_as(param))
+            self._averaging = None
+        if last:
+            model_averaging.average_parameters(iter(self.params), self.averager.process_group)
+        elif done >= self.warmup and (done - self.warmup) % self.averager.period == 0:
+            copy = torch.cat([p.detach().reshape(-1) for p in self.params])
+            total = copy.clone()
+            work = dist.all_reduce(total, group=self.group, async_op=True)
+            assert work is not None
+            self._averaging = _Averaging(copy, total, work, done + self.delay)

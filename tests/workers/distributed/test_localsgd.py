@@ -47,8 +47,13 @@ MLP: dict[str, Any] = {
 }  # fmt: skip
 
 
-def _job(sync_freq: int, warmup: int) -> dict[str, Any]:
-    cluster = {"framework": "localsgd", "sync_freq": sync_freq, "localsgd_warmup": warmup}
+def _job(sync_freq: int, warmup: int, delay: int = 0) -> dict[str, Any]:
+    cluster = {
+        "framework": "localsgd",
+        "sync_freq": sync_freq,
+        "localsgd_warmup": warmup,
+        "localsgd_delay": delay,
+    }
     return {**MLP, "cluster": cluster}
 
 
@@ -56,7 +61,12 @@ def _train(rank: int, tmp: Path, name: str, job: dict[str, Any]) -> dict[str, fl
     """localsgd's pieces as workers/parallel.py applies them; the parameters after each step."""
     compiled, data = compile_with_data(job, cache_dir=tmp)
     cluster = compiled.spec.cluster
-    local = LocalSGD(compiled.net, period=cluster.sync_freq, warmup=cluster.localsgd_warmup)
+    local = LocalSGD(
+        compiled.net,
+        period=cluster.sync_freq,
+        warmup=cluster.localsgd_warmup,
+        delay=cluster.localsgd_delay,
+    )
     hooks = agreed_stops(sync_apart(StepHooks(), local=local), device="cpu")
     trainer = Trainer(compiled, data, TrainOptions(tmp / name, rank=rank, world=WORLD), hooks=hooks)
 
@@ -67,6 +77,27 @@ def _train(rank: int, tmp: Path, name: str, job: dict[str, Any]) -> dict[str, fl
     return trainer.run(on_step=snapshot).metrics
 
 
+def _delayed_mean(rank: int, tmp: Path) -> list[float]:
+    """LocalSGD with a delay of 2 on parameters set by hand: replica r holds r + 1 when the
+    sync after step 4 starts the averaging, then learns 10 (r + 1) more; its parameters after
+    steps 5 and 6 (the mean is taken in after step 6)."""
+    compiled, data = compile_with_data(_job(PERIOD, 0, delay=2), cache_dir=tmp)
+    trainer = Trainer(compiled, data, TrainOptions(tmp / f"by-hand-{rank}", rank=rank, world=WORLD))
+    local = LocalSGD(compiled.net, period=PERIOD, warmup=0, delay=2)
+    local.at_start(trainer)
+    seen = []
+    with torch.no_grad():
+        for p in local.params:
+            p.fill_(rank + 1.0)
+        local.after_update(trainer, 3)  # 4 steps done: a sync step
+        for p in local.params:
+            p.add_(10.0 * (rank + 1))
+        for step in (4, 5):
+            local.after_update(trainer, step)
+            seen.append(sorted({float(v) for p in local.params for v in p.reshape(-1)}))
+    return seen
+
+
 def _worker(rank: int, tmp: Path) -> None:
     torch.set_num_threads(1)
     member = GroupMember(rank, WORLD)
@@ -74,6 +105,8 @@ def _worker(rank: int, tmp: Path) -> None:
     results = {
         "every": _train(rank, tmp, "every", _job(1, 0)),
         "apart": _train(rank, tmp, "apart", _job(PERIOD, WARMUP)),
+        "delayed": _train(rank, tmp, "delayed", _job(PERIOD, WARMUP, delay=2)),
+        "by_hand": _delayed_mean(rank, tmp),
     }
     (tmp / f"results-rank{rank}.json").write_text(json.dumps(results))
     leave_group()
@@ -115,3 +148,29 @@ def test_replicas_are_equal_after_the_warm_up_and_each_sync_and_apart_between(
         assert equal == (step in synced), f"step {step}"
     metrics = json.loads((group_run / "results-rank0.json").read_text())["apart"]
     assert metrics["test/accuracy"] > 0.6  # 4 classes: chance is 0.25
+
+
+@pytest.mark.slow
+def test_a_delayed_averaging_is_taken_in_after_the_delay_keeping_what_each_replica_learnt(
+    group_run: Path,
+) -> None:
+    """Replica r held r + 1 when the averaging started (mean 1.5) and learnt 10 (r + 1) while
+    it ran: after the delay it holds 1.5 + 10 (r + 1), before it what it learnt on its own."""
+    for rank in range(WORLD):
+        seen = json.loads((group_run / f"results-rank{rank}.json").read_text())["by_hand"]
+        assert seen == [[11.0 * (rank + 1)], [1.5 + 10.0 * (rank + 1)]]
+
+
+@pytest.mark.slow
+def test_with_a_delay_the_replicas_are_equal_through_the_warm_up_and_at_the_end(
+    group_run: Path,
+) -> None:
+    """Averaged after steps 2 (equal replicas), 6 and 10, each taken in two steps later (the
+    last at the last step, which averages whole): never equal between the warm-up and the
+    end, each replica keeping its last two steps."""
+    for step in range(1, STEPS + 1):
+        zero, one = _params(group_run, "delayed", step, 0), _params(group_run, "delayed", step, 1)
+        equal = all(torch.equal(zero[name], one[name]) for name in zero)
+        assert equal == (step in {1, 2, STEPS}), f"step {step}"
+    metrics = json.loads((group_run / "results-rank0.json").read_text())["delayed"]
+    assert metrics["test/accuracy"] > 0.6
