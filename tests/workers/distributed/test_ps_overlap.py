@@ -14,6 +14,7 @@ import pytest
 import redis
 import torch
 
+from dsl.net import NeuralNet
 from dsl.topology import Topology
 from tests.conftest import compile_with_data
 from tests.workers.distributed.test_ps_client import Shards
@@ -61,6 +62,24 @@ JOB = {
 SMALL_PARTS = 16 * 1024  # the net's 0.5 MB would be one part per shard at PART_BYTES
 # Without clipping, a sandblaster shard updates each slice as soon as every worker sent it.
 UNCLIPPED = {**JOB, "updater": {"type": "sgd", "momentum": 0.9, "lr": {"base": 0.05}}}
+
+
+ONE_WORKER = Topology("sandblaster", 1, 1, 1, 1, True, 1, 0)
+
+
+def one_overlapped_worker(net: NeuralNet, redis_url: str, keys: PSKeys, **options: Any) -> PSClient:
+    """The worker of ONE_WORKER, whose gradient leaves in SMALL_PARTS during the backward pass."""
+    return PSClient(
+        net,
+        plan=PSPlan.from_topology(ONE_WORKER),
+        connections=Connections(redis_url),
+        keys=keys,
+        group=0,
+        rank=0,
+        overlap=True,
+        part_bytes=SMALL_PARTS,
+        **options,
+    )
 
 
 def _train(
@@ -142,7 +161,6 @@ def test_the_gradient_travels_in_parts_during_the_backward_pass(
 ) -> None:
     """The parts leave as the backward pass produces them: the last layers' parts are in the
     shard's stream when the backward pass reaches the first layer."""
-    topology = Topology("sandblaster", 1, 1, 1, 1, True, 1, 0)
     job, data = compile_with_data(JOB, cache_dir=tmp_path / "cache")
     main = redis.Redis.from_url(redis_url)
     keys = PSKeys(f"test:{uuid.uuid4().hex[:8]}")
@@ -156,16 +174,7 @@ def test_the_gradient_travels_in_parts_during_the_backward_pass(
 
     # Registered before the client's hooks: runs before fc1/w's gradient is handed over.
     job.net.named_params()["fc1/w"].register_post_accumulate_grad_hook(at_first_layer)
-    client = PSClient(
-        job.net,
-        plan=PSPlan.from_topology(topology),
-        connections=Connections(redis_url),
-        keys=keys,
-        group=0,
-        rank=0,
-        overlap=True,
-        part_bytes=SMALL_PARTS,
-    )
+    client = one_overlapped_worker(job.net, redis_url, keys)
     sending.append(client)
     client.begin_step(0)
     out = job.net(data.x_train[:16], data.y_train[:16], "train")
@@ -335,20 +344,10 @@ def test_slices_updated_early_replay_to_the_same_bits(redis_url: str, tmp_path: 
     """A replacement shard applies each logged update whole; the shard before it updated the
     slices part by part as they came: the same parameters (ShardServer.load checks them bit
     for bit) and the same momentum."""
-    topology = Topology("sandblaster", 1, 1, 1, 1, True, 1, 0)
-    plan = PSPlan.from_topology(topology)
+    plan = PSPlan.from_topology(ONE_WORKER)
     keys = PSKeys(f"test:{uuid.uuid4().hex[:8]}")
     job, data = compile_with_data(UNCLIPPED, cache_dir=tmp_path / "cache")
-    client = PSClient(
-        job.net,
-        plan=plan,
-        connections=Connections(redis_url),
-        keys=keys,
-        group=0,
-        rank=0,
-        overlap=True,
-        part_bytes=SMALL_PARTS,
-    )
+    client = one_overlapped_worker(job.net, redis_url, keys)
     client.connect()
     first = ShardServer(
         Connections(redis_url), keys, plan, 0, 0, client.slice_map, job.spec, gang=True
@@ -386,21 +385,11 @@ def test_a_half_applied_update_is_published_only_whole(redis_url: str, tmp_path:
     """Slices updated early go to the staged blob, not to the parameters: a commit in between
     (here of a message deleted while pending) leaves the parameters at their version, and the
     commit of the update publishes all of it."""
-    topology = Topology("sandblaster", 1, 1, 1, 1, True, 1, 0)
-    plan = PSPlan.from_topology(topology)
+    plan = PSPlan.from_topology(ONE_WORKER)
     keys = PSKeys(f"test:{uuid.uuid4().hex[:8]}")
     job, _ = compile_with_data(UNCLIPPED, cache_dir=tmp_path / "cache")
-    connections = Connections(redis_url)
-    client = PSClient(
-        job.net,
-        plan=plan,
-        connections=connections,
-        keys=keys,
-        group=0,
-        rank=0,
-        overlap=True,
-        part_bytes=SMALL_PARTS,
-    )
+    client = one_overlapped_worker(job.net, redis_url, keys)
+    connections = client.connections
     client.connect()
     shard = ShardServer(connections, keys, plan, 0, 0, client.slice_map, job.spec, gang=True)
     shard.load(timeout=10)

@@ -12,12 +12,10 @@ import redis
 import torch
 
 from bench.local_cluster import LocalCluster, prepare_launch
-from dsl.topology import Topology
 from tests.conftest import EXAMPLES, compile_with_data
-from tests.workers.distributed.test_ps_overlap import SMALL_PARTS, UNCLIPPED
+from tests.workers.distributed.test_ps_overlap import ONE_WORKER, UNCLIPPED, one_overlapped_worker
 from workers.checkpoint import load_checkpoint, resolve_checkpoint
-from workers.distributed.ps.client import PSClient
-from workers.distributed.ps.plan import Connections, PSKeys, PSPlan
+from workers.distributed.ps.plan import PSKeys
 from workers.distributed.ps.wire import FRAME, decode_frames
 from workers.trainer import Trainer, TrainOptions
 
@@ -96,24 +94,13 @@ def _train_through_a_shard_process(
     `kill_at`, the shard is killed once it has staged some slices of that step's update, and
     started again before the step's last part is sent. The worker's parameters at the end."""
     doc = {**UNCLIPPED, "train_steps": 8}
-    topology = Topology("sandblaster", 1, 1, 1, 1, True, 1, 0)
     name = "killed" if kill_at is not None else "whole"
     config = prepare_launch(
-        json.dumps(doc), topology, redis_url, tmp / name, cache_dir=tmp / "cache"
+        json.dumps(doc), ONE_WORKER, redis_url, tmp / name, cache_dir=tmp / "cache"
     )
     keys = PSKeys(config.scope)
     job, data = compile_with_data(doc, cache_dir=tmp / "cache")
-    client = PSClient(
-        job.net,
-        plan=PSPlan.from_topology(topology),
-        connections=Connections(redis_url),
-        keys=keys,
-        group=0,
-        rank=0,
-        overlap=True,
-        part_bytes=SMALL_PARTS,
-        wait_timeout=60,
-    )
+    client = one_overlapped_worker(job.net, redis_url, keys, wait_timeout=60)
     main = redis.Redis.from_url(redis_url)
     cluster = LocalCluster(config)
     role = ("server", 0, 0)
