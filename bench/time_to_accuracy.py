@@ -93,6 +93,12 @@ CASES = [
         "1 group x 2, parameters averaged every 32 steps",
     ),
     Case(
+        "localsgd-64",
+        "mnist1d_cnn_localsgd.yaml",
+        {"cluster.sync_freq": 64},
+        "1 group x 2, parameters averaged every 64 steps",
+    ),
+    Case(
         "localsgd-32-delay",
         "mnist1d_cnn_localsgd.yaml",
         {"cluster.sync_freq": 32, "cluster.localsgd_delay": 8},
