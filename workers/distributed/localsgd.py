@@ -69,7 +69,7 @@ class LocalSGD:
     ) -> None:
         if not 0 <= delay < period:
             raise ValueError(f"a localsgd delay of {delay} steps is not in [0, {period})")
-        self.warmup, self.delay, self.group = warmup, delay, group
+        self.warmup, self.delay = warmup, delay
         self._averaging: _Averaging | None = None
         self.state = PostLocalSGDState(
             process_group=group,
@@ -99,33 +99,38 @@ class LocalSGD:
         if self.delay:
             self._after_update_delayed(trainer, step)
             return
-        due = self.averager.step >= self.warmup and (
-            (self.averager.step - self.warmup) % self.averager.period == 0
-        )
+        due = self._sync_due(self.averager.step)
         self.averager.average_parameters(self.params)
         if not due and step + 1 == trainer.spec.train_steps:
             model_averaging.average_parameters(iter(self.params), self.averager.process_group)
+
+    def _sync_due(self, done: int) -> bool:
+        """Whether the replicas are averaged once `done` steps are done (PeriodicModelAverager's
+        rule: after steps warmup, warmup + sync_freq, ...)."""
+        return done >= self.warmup and (done - self.warmup) % self.averager.period == 0
 
     def _after_update_delayed(self, trainer: Trainer, step: int) -> None:
         """With a delay: take in the averaging in flight when its step has come, start one at a
         sync step; average whole at the last step."""
         done = step + 1
         last = done == trainer.spec.train_steps
-        averaging = self._averaging
-        if averaging is not None and (done == averaging.due or last):
-            averaging.work.wait()
-            averaging.total.div_(dist.get_world_size(self.group))
-            averaging.total.sub_(averaging.copy)  # the mean - this replica's copy
-            for param, change in zip(
-                self.params, averaging.total.split([p.numel() for p in self.params]), strict=True
-            ):
-                param.add_(change.view_as(param))
+        group = self.averager.process_group
+        if self._averaging is not None and (done == self._averaging.due or last):
+            self._take_in(self._averaging, dist.get_world_size(group))
             self._averaging = None
         if last:
-            model_averaging.average_parameters(iter(self.params), self.averager.process_group)
-        elif done >= self.warmup and (done - self.warmup) % self.averager.period == 0:
+            model_averaging.average_parameters(iter(self.params), group)
+        elif self._sync_due(done):
             copy = torch.cat([p.detach().reshape(-1) for p in self.params])
             total = copy.clone()
-            work = dist.all_reduce(total, group=self.group, async_op=True)
+            work = dist.all_reduce(total, group=group, async_op=True)
             assert work is not None
             self._averaging = _Averaging(copy, total, work, done + self.delay)
+
+    def _take_in(self, averaging: _Averaging, world: int) -> None:
+        """parameters += the replicas' mean - this replica's copy, once the sum has come."""
+        averaging.work.wait()
+        change = averaging.total.div_(world).sub_(averaging.copy)
+        sizes = [p.numel() for p in self.params]
+        for param, part in zip(self.params, change.split(sizes), strict=True):
+            param.add_(part.view_as(param))
