@@ -18,6 +18,7 @@ from dsl.net import NeuralNet
 from dsl.topology import Topology
 from tests.conftest import compile_with_data
 from tests.workers.distributed.test_ps_client import Shards
+from workers.data import Dataset
 from workers.distributed.ps.client import PSClient, PSError
 from workers.distributed.ps.journal import SNAPSHOT_EVERY
 from workers.distributed.ps.overlap import PART_BYTES, ReadyParts, plan_parts
@@ -80,6 +81,18 @@ def one_overlapped_worker(net: NeuralNet, redis_url: str, keys: PSKeys, **option
         part_bytes=SMALL_PARTS,
         **options,
     )
+
+
+def armed_backward(client: PSClient, net: NeuralNet, data: Dataset, step: int) -> None:
+    """Step `step`'s forward and backward pass on its 16 rows, armed: the parts of its
+    gradient leave as the backward pass completes them (`client.step` sends the rest)."""
+    client.begin_step(step)
+    for p in client.params.values():
+        p.grad = None
+    rows = slice(16 * step % 240, 16 * step % 240 + 16)
+    out = net(data.x_train[rows], data.y_train[rows], "train")
+    assert out.loss is not None
+    out.loss.backward()
 
 
 def _train(
@@ -359,13 +372,7 @@ def test_slices_updated_early_replay_to_the_same_bits(redis_url: str, tmp_path: 
     serving.start()
     steps = SNAPSHOT_EVERY + 3
     for step in range(steps):
-        client.begin_step(step)
-        for p in client.params.values():
-            p.grad = None
-        rows = slice(16 * step % 240, 16 * step % 240 + 16)
-        out = job.net(data.x_train[rows], data.y_train[rows], "train")
-        assert out.loss is not None
-        out.loss.backward()
+        armed_backward(client, job.net, data, step)
         client.step(step)
     stop.set()
     serving.join(timeout=10)

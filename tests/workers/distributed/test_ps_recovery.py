@@ -13,10 +13,15 @@ import torch
 
 from bench.local_cluster import LocalCluster, prepare_launch
 from tests.conftest import EXAMPLES, compile_with_data
-from tests.workers.distributed.test_ps_overlap import ONE_WORKER, UNCLIPPED, one_overlapped_worker
+from tests.workers.distributed.test_ps_overlap import (
+    ONE_WORKER,
+    UNCLIPPED,
+    armed_backward,
+    one_overlapped_worker,
+)
 from workers.checkpoint import load_checkpoint, resolve_checkpoint
 from workers.distributed.ps.plan import PSKeys
-from workers.distributed.ps.wire import FRAME, decode_frames
+from workers.distributed.ps.wire import FrameBuffer, decode_frames
 from workers.trainer import Trainer, TrainOptions
 
 torch.set_num_threads(1)
@@ -109,19 +114,11 @@ def _train_through_a_shard_process(
         client.connect()
         # The parts a hook sends (all but the round trip's): their slices' byte ranges.
         blob = client.connections.client(client.urls[0]).get(keys.params(0, 0))
-        spans, offset = {}, 0
-        for frame in decode_frames(blob):
-            stop = offset + FRAME.size + -(-frame.tensor.nbytes // 8) * 8
-            spans[frame.slice_id], offset = (offset, stop), stop
-        early = [spans[s.id] for part in client._parts[:-1] for s in part.slices]
+        frames = FrameBuffer(((f.slice_id, f.tensor) for f in decode_frames(blob)), 0)
+        sent = [s.id for part in client._parts[:-1] for s in part.slices]
+        early = [(at, at + len(data)) for at, data in frames.ranges(sent)]
         for step in range(doc["train_steps"]):
-            client.begin_step(step)
-            for p in client.params.values():
-                p.grad = None
-            rows = slice(16 * step, 16 * step + 16)
-            out = job.net(data.x_train[rows], data.y_train[rows], "train")
-            assert out.loss is not None
-            out.loss.backward()
+            armed_backward(client, job.net, data, step)
             if step == kill_at:
                 deadline = time.monotonic() + 60
                 while not _staged_differs(main, keys, early):

@@ -165,7 +165,8 @@ class ShardJournal:
         elif params is not None:
             # The staged blob becomes the parameters, and the old parameters the staged blob,
             # whose bytes the next version overwrites in place: no copy, nothing freed.
-            staged, spare = self.keys.staged(sg, shard), self.keys.staged(sg, shard) + ":old"
+            staged = self.keys.staged(sg, shard)
+            spare = staged + ":old"  # exists only inside this transaction
             for offset, data in params:
                 pipe.setrange(staged, offset, data)
             pipe.rename(params_key, spare)
