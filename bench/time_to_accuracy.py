@@ -99,7 +99,7 @@ CASES = [
         "1 group x 2, parameters averaged every 64 steps",
     ),
     Case(
-        "localsgd-32-delay",
+        "localsgd-32-delay-8",
         "mnist1d_cnn_localsgd.yaml",
         {"cluster.sync_freq": 32, "cluster.localsgd_delay": 8},
         "1 group x 2, averaged every 32 steps, each averaging over the next 8",
