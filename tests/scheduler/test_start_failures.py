@@ -5,7 +5,8 @@ test, each with the start timeout the test needs) log in to the session's real r
 Redis users of their own with their roles' rights, as under `trainyard up`; a SQLite file; the
 API in-process, through which each test reads the job's detail and events as its user would.
 Each test breaks one step with the real thing: a real `ACL SETUSER` takes a right away from the
-agent's or the scheduler's Redis user, or SIGSTOP stops the agent.
+agent's or the scheduler's Redis user, the agent's folder of memory cgroups is removed under it,
+or SIGSTOP stops the agent.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import uuid
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -230,3 +232,43 @@ def test_a_job_whose_agent_is_stopped_fails_within_the_start_timeout(stack: Stac
         timeout=WAIT,
     )
     assert cluster.client.hget(cluster.keys.allocation(alloc.id), "pid") is None
+
+
+def agent_cgroups(pid: int) -> Path | None:
+    """The folder the agent makes its processes' memory cgroups in (scheduler/agent/confine.py),
+    below its own cgroup; None where the machine let it make none."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            root = Path("/sys/fs/cgroup/memory")
+        elif controllers == "":
+            root = Path("/sys/fs/cgroup")
+        else:
+            continue
+        folder = root / path.lstrip("/") / f"trainyard-{NODE}-{pid}"
+        if folder.is_dir():
+            return folder
+    return None
+
+
+def test_a_memory_cgroup_that_cannot_be_made_fails_the_job_with_the_reason(stack: Stack) -> None:
+    """The agent's folder of memory cgroups is removed under it (as a machine's cgroup
+    manager may): the cgroup of the job's process cannot be made, and the job fails
+    (cluster.max_restarts 0) with the step and the error."""
+    cluster = stack.cluster
+    folder = agent_cgroups(cluster.agents[NODE].pid)
+    if folder is None:
+        pytest.skip("this machine lets the node agent make no memory cgroups")
+    with scheduler(stack):
+        folder.rmdir()  # empty: no process of the agent's runs
+        try:
+            job_id = cluster.submit(train_steps=20, **{"cluster.max_restarts": 0})
+            cluster.wait_state(job_id, *TERMINAL, timeout=WAIT)
+        finally:
+            folder.mkdir()
+    detail = stack.detail(job_id)
+    assert detail["state"] == JobState.FAILED
+    said = "did not start: its memory cgroup could not be made (FileNotFoundError: "
+    assert detail["error"].startswith(said), detail["error"]
+    assert stack.events(job_id)[-1] == ("FAILED", f"worker 0/0 on {NODE} failed: {detail['error']}")
+    assert cluster.agents[NODE].poll() is None
