@@ -64,6 +64,7 @@ class Cluster:
             TRAINYARD_HEARTBEAT_SECONDS=repr(s.heartbeat_seconds),
             TRAINYARD_NODE_TIMEOUT_SECONDS=repr(s.node_timeout_seconds),
             TRAINYARD_SCHEDULE_SECONDS=repr(s.schedule_seconds),
+            TRAINYARD_START_TIMEOUT_SECONDS=repr(s.start_timeout_seconds),
             TRAINYARD_SCHEDULER_LEASE_SECONDS=repr(s.scheduler_lease_seconds),
             TRAINYARD_RESTART_POINT_SECONDS=repr(s.restart_point_seconds),
             **extra,

@@ -105,6 +105,13 @@ class AllocationInfo:
         return from_fields(cls, fields, allocation_id=allocation_id)
 
 
+def not_started(step: str, error: BaseException) -> str:
+    """The reason a placed process never ran, as its node agent or the scheduler reports it (a
+    FAILED StateRecord without an exit code): the step of its start that failed, and the error.
+    The job's events and error name it after the process ("worker 0/0 on n1 did not start: ...")."""
+    return f"did not start: {step} ({type(error).__name__}: {error})"
+
+
 def stop_requested(client: redis.Redis, keys: Keys, job_id: int, allocation_id: int) -> bool:
     """The user cancelled the job, or the scheduler stopped this allocation."""
     pipe = client.pipeline(transaction=False)

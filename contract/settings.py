@@ -285,6 +285,13 @@ class Settings(BaseSettings):
 
     # The scheduler
     schedule_seconds: float = Field(default=0.25, gt=0, description="placement loop period")
+    start_timeout_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        description="a placed process that nothing reports started (or failed to start) within "
+        "this time is written off, and its job placed again or failed as after a failure "
+        "(docs/reliability.md); the time restarts while its node agent says it supervises it",
+    )
     scheduler_lease_seconds: float = Field(
         default=10.0,
         gt=0,

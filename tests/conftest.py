@@ -64,6 +64,7 @@ SHARED_WORKER = {
     "tests/scheduler/agent/test_node_agent.py": "busy",
     "tests/scheduler/agent/test_confinement.py": "busy",
     "tests/scheduler/test_faults.py": "busy",
+    "tests/scheduler/test_start_failures.py": "busy",
 }
 
 # Marks of tests that take long (a service, a cluster, a browser, test hosts of their own).

@@ -11,7 +11,11 @@ jobs (no Celery worker, no worker processes) until it is stopped.
 
 The task `trainyard.run_allocation(allocation_id)` is thin and idempotent: it claims the
 allocation once, reports RUNNING, hands the allocation to a worker process, supervises it
-(cancel -> kill its process group) and reports how it ended, all on the job's stream.
+(cancel -> kill its process group) and reports how it ended, all on the job's stream. A step of
+the start that fails (the claim, its Redis login, its memory cgroup, the fork, whatever raises)
+is reported there too, as the process FAILED with the step and the error (`NotStarted`), so its
+job's recovery decides and its user sees why; what cannot even be reported is caught by the
+scheduler's start timeout (scheduler/daemon/starts.py).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +47,7 @@ from contract.allocation import (
     AllocationInfo,
     AllocationState,
     ExitCode,
+    not_started,
     stop_requested,
 )
 from contract.codec import decode
@@ -140,6 +146,23 @@ def create_launcher(settings: Settings) -> Launcher:
     if settings.fork_workers:
         return ForkServer(entry_command(settings), worker_env())
     return FreshProcesses(entry_command(settings), worker_env())
+
+
+class NotStarted(Exception):
+    """A step of an allocation's start failed; the message is the reason its job is told."""
+
+
+@contextlib.contextmanager
+def starting(step: str) -> Iterator[None]:
+    """Whatever `step` raises (a Redis command its user may not run, a file system that will not
+    write, a fork that fails, a plugin that raises in the fork server) as a `NotStarted` that
+    names the step."""
+    try:
+        yield
+    except NotStarted:
+        raise
+    except Exception as exc:
+        raise NotStarted(not_started(step, exc)) from exc
 
 
 @dataclass(frozen=True)
@@ -241,33 +264,48 @@ class Agent:
         if not fields:
             log.warning("allocation %s is not in Redis; ignored", allocation_id)
             return "missing"
-        if not self.client.hsetnx(key, CLAIMED, f"{self.name} {time.time():.3f}"):
-            return "already claimed"
-        # Remembered until its end is reported: an agent that starts again reconciles these.
-        self.client.sadd(self.keys.node_claims(self.name), str(allocation_id))
         info = AllocationInfo.from_hash(allocation_id, fields)
-        stream = JobStream(self.client, self.keys, info.job_id, info.attempt)
-        if stop_requested(self.client, self.keys, info.job_id, allocation_id):
-            outcome = Outcome(AllocationState.CANCELLED, self._stop_reason(info), None)
-        else:
-            stream.publish(
-                StateRecord(allocation_id, AllocationState.RUNNING, reason=f"on {self.name}")
-            )
+        try:
+            with starting(f"its node agent on {self.name} could not claim it"):
+                if not self.client.hsetnx(key, CLAIMED, f"{self.name} {time.time():.3f}"):
+                    return "already claimed"
+                # Remembered until its end is reported: an agent that starts again reconciles
+                # these.
+                self.client.sadd(self.keys.node_claims(self.name), str(allocation_id))
             outcome = self._run(info, fields.get(REDIS_PASSWORD, ""))
-        self._report(info, outcome)
-        return str(outcome.state)
+        except NotStarted as exc:
+            log.error("allocation %s (job %s) %s", allocation_id, info.job_id, exc)
+            outcome = Outcome(AllocationState.FAILED, str(exc), None)
+        return self._report(info, outcome)
 
-    def _report(self, info: AllocationInfo, outcome: Outcome) -> None:
+    def _report(self, info: AllocationInfo, outcome: Outcome) -> str:
+        """Its end on the job's stream, then in its record; the state reported ("unreported"
+        when the stream could not be written: the scheduler's timeouts write it off)."""
         key = self.keys.allocation(info.allocation_id)
         stream = JobStream(self.client, self.keys, info.job_id, info.attempt)
-        stream.publish(
-            StateRecord(info.allocation_id, outcome.state, outcome.reason, outcome.exit_code)
-        )
+        try:
+            stream.publish(
+                StateRecord(info.allocation_id, outcome.state, outcome.reason, outcome.exit_code)
+            )
+        except redis.RedisError as exc:
+            log.error(
+                "allocation %s (job %s) ended %s (%s) and could not say so on its stream: %s",
+                info.allocation_id,
+                info.job_id,
+                outcome.state,
+                outcome.reason,
+                exc,
+            )
+            return "unreported"
         pipe = self.client.pipeline(transaction=False)
         pipe.hset(key, FINISHED, outcome.state)
         pipe.expire(key, FINISHED_TTL_SECONDS)
         pipe.srem(self.keys.node_claims(self.name), str(info.allocation_id))
-        pipe.execute()
+        try:
+            pipe.execute()
+        except redis.RedisError as exc:  # its end is on the stream, which is what counts
+            log.warning("allocation %s: its record keeps no end: %s", info.allocation_id, exc)
+        return str(outcome.state)
 
     def reconcile(self) -> list[int]:
         """At start: the allocations an earlier run of this agent claimed and never reported
@@ -310,31 +348,35 @@ class Agent:
         return urls[0], ",".join(urls[1:])
 
     def _run(self, info: AllocationInfo, password: str) -> Outcome:
-        try:
+        """Start the allocation's process, each step named (NotStarted), and supervise it."""
+        with starting("its stop flag could not be read"):
+            if stop_requested(self.client, self.keys, info.job_id, info.allocation_id):
+                return Outcome(AllocationState.CANCELLED, self._stop_reason(info), None)
+        with starting("its start could not be reported"):
+            JobStream(self.client, self.keys, info.job_id, info.attempt).publish(
+                StateRecord(info.allocation_id, AllocationState.RUNNING, reason=f"on {self.name}")
+            )
+        with starting("its Redis login could not be made"):
             url, ps_urls = self.worker_urls(info, password)
-        except ValueError as exc:
-            return Outcome(AllocationState.FAILED, str(exc), None)
         key = self.keys.allocation(info.allocation_id)
         cgroup = None
         if self.cgroups is not None and info.memory_mb > 0:
-            try:
+            with starting("its memory cgroup could not be made"):
                 cgroup = self.cgroups.make(f"alloc-{info.allocation_id}", info.memory_mb)
-            except OSError as exc:
-                why = f"its memory cgroup could not be made: {exc}"
-                return Outcome(AllocationState.FAILED, why, None)
-            self.client.hset(key, CGROUP, str(cgroup))  # the process joins it first thing
         try:
-            try:
+            if cgroup is not None:
+                with starting("its memory cgroup could not be recorded"):
+                    self.client.hset(key, CGROUP, str(cgroup))  # the process joins it first thing
+            with starting("its worker process could not be started"):
                 process = self.launcher.run(info.allocation_id, url, ps_urls)
-            except OSError as exc:
-                why = f"the worker process did not start: {exc}"
-                return Outcome(AllocationState.FAILED, why, None)
-            self.client.hset(key, PID, str(process.pid))
-            if cgroup is not None and self.cgroups is not None:
-                # It joins by itself too; whichever is first, nothing of it runs unconfined long.
-                with contextlib.suppress(OSError):
-                    self.cgroups.add(cgroup, process.pid)
             try:
+                with starting("its worker process could not be recorded"):
+                    self.client.hset(key, PID, str(process.pid))
+                if cgroup is not None and self.cgroups is not None:
+                    # It joins by itself too; whichever is first, nothing of it runs unconfined
+                    # long.
+                    with contextlib.suppress(OSError):
+                        self.cgroups.add(cgroup, process.pid)
                 return self._supervise(info, process, cgroup)
             finally:
                 if process.alive():

@@ -34,6 +34,7 @@ from contract.allocation import (
     STOP,
     AllocationInfo,
     AllocationState,
+    not_started,
 )
 from contract.announcements import JOB, SWEEP, relay
 from contract.codec import decode
@@ -50,6 +51,7 @@ from scheduler.daemon.nodes import (
     sync_nodes,
     write_off_silent,
 )
+from scheduler.daemon.starts import StartWatch, report_not_started, write_off_unstarted
 from scheduler.daemon.sweep_thread import TrialPruning, run_sweeps
 from scheduler.daemon.webhooks import run_webhooks
 from scheduler.ingest.ingester import Ingester
@@ -401,17 +403,25 @@ def dispatch(
     ps_clients: Sequence[redis.Redis] = (),
 ) -> None:
     """Write each allocation's record (with its Redis password when jobs have users of their
-    own), then send its task (IDs only) to its node's queue."""
+    own), then send its task (IDs only) to its node's queue. One that cannot be is reported
+    not started, with the step that failed (scheduler/daemon/starts.py)."""
     for item in items:
         key = keys.allocation(item.allocation_id)
-        fields: dict[Any, Any] = item.info.to_hash()
-        if job_users:
-            fields[REDIS_PASSWORD] = grant_job_user(client, keys, item.info, ps_clients)
-        pipe = client.pipeline(transaction=True)
-        pipe.delete(key)  # an id reused after a deleted job must not look claimed
-        pipe.hset(key, mapping=fields)
-        pipe.execute()
-        celery.send_task(RUN_ALLOCATION, args=[item.allocation_id], queue=item.queue)
+        step = "the scheduler could not make its job's Redis user"
+        try:
+            fields: dict[Any, Any] = item.info.to_hash()
+            if job_users:
+                fields[REDIS_PASSWORD] = grant_job_user(client, keys, item.info, ps_clients)
+            step = "the scheduler could not write its allocation record"
+            pipe = client.pipeline(transaction=True)
+            pipe.delete(key)  # an id reused after a deleted job must not look claimed
+            pipe.hset(key, mapping=fields)
+            pipe.execute()
+            step = "the scheduler could not send its task"
+            celery.send_task(RUN_ALLOCATION, args=[item.allocation_id], queue=item.queue)
+        except Exception as exc:
+            report_not_started(client, keys, item.info, not_started(step, exc))
+            continue
         client.hset(key, DISPATCHED, repr(time.time()))
 
 
@@ -526,6 +536,7 @@ def act(
         job_users=settings.redis_job_users,
     )
     memo = PlanMemo()
+    starts = StartWatch()
     try:
         while not stop.is_set():
             started = time.monotonic()
@@ -533,7 +544,7 @@ def act(
                 if not lease.hold():
                     log.error("lost the scheduler lease to %s; waiting again", lease.holder_now())
                     return
-                scheduling_pass(db, client, keys, celery, settings, tracker, sweeper, memo)
+                scheduling_pass(db, client, keys, celery, settings, tracker, sweeper, memo, starts)
                 record_pass(client, keys, "schedule")
             except Exception:
                 log.exception("scheduling pass failed; retrying")
@@ -559,10 +570,12 @@ def scheduling_pass(
     tracker: NodeTracker,
     sweeper: KeySweeper | None = None,
     memo: PlanMemo | None = None,
+    starts: StartWatch | None = None,
 ) -> list[int]:
     """Node sync, then placement and dispatch; returns the ids of the allocations sent. With
     `memo`, the queue is planned again only when it, the nodes or the owners' shares changed,
-    and each new plan is saved for GET /cluster."""
+    and each new plan is saved for GET /cluster; with `starts`, placed processes that never
+    start are written off after the start timeout."""
     memo = memo if memo is not None else PlanMemo()
     reported = read_nodes(client, keys)
     with db.session() as session:
@@ -599,6 +612,9 @@ def scheduling_pass(
                 keys,
                 write_off_silent(session, silent, timeout, settings.artifacts()),
             )
+            if starts is not None:  # placed processes that never started
+                late = write_off_unstarted(session, client, keys, starts, settings)
+                stop_allocations(client, keys, late)
             ended = sweeper.ended_jobs(session)
         if ended:
             removed = sweeper.sweep(ended)

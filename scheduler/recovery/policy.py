@@ -6,6 +6,8 @@ holds what changes rows and files):
 - the ingester (scheduler/ingest/batch.py), when a process's state record says it `Ended`;
 - the node sync (scheduler/daemon/nodes.py), for each job of a `NodeLost`, and for each job
   with a `Silent` process (its agent stopped vouching for it);
+- the start watch (scheduler/daemon/starts.py), for each job with an `Unstarted` process (placed,
+  and not reported started within the start timeout);
 - the scheduler's pass (scheduler/daemon/loop.py), for a `Vacant` place: a failed process of a
   placed job that nothing replaced yet.
 
@@ -94,7 +96,16 @@ class Vacant:
     role: str
 
 
-Event = Ended | NodeLost | Silent | Vacant
+@dataclass(frozen=True)
+class Unstarted:
+    """A placed process of the job that nothing reported started (nor failed to start) within
+    the start timeout: its task or its agent is stuck, or what went wrong could not be said."""
+
+    job: JobFacts
+    reason: str
+
+
+Event = Ended | NodeLost | Silent | Unstarted | Vacant
 
 
 # -- the decisions -------------------------------------------------------------------------------
@@ -160,7 +171,7 @@ Decision = Continue | Finish | Fail | Requeue | RestartAlone | ReplaceShard | Pl
 @overload
 def decide(event: Ended) -> Continue | Finish | Fail | Requeue | RestartAlone | ReplaceShard: ...
 @overload
-def decide(event: NodeLost | Silent) -> Continue | Finish | Fail | Requeue: ...
+def decide(event: NodeLost | Silent | Unstarted) -> Continue | Finish | Fail | Requeue: ...
 @overload
 def decide(event: Vacant) -> Continue | PlaceAgain: ...
 def decide(event: Event) -> Decision:
@@ -223,7 +234,7 @@ def _failed(event: Ended) -> Fail | Requeue | RestartAlone | ReplaceShard:
     return Fail(error=reason, reason=f"{who} failed: {reason}")
 
 
-def _lost(event: NodeLost | Silent) -> Continue | Finish | Fail | Requeue:
+def _lost(event: NodeLost | Silent | Unstarted) -> Continue | Finish | Fail | Requeue:
     """A lost process cannot report its end: the caller writes off what still runs of the job
     whatever the decision (a requeue does it as its first step)."""
     job = event.job
@@ -237,6 +248,13 @@ def _lost(event: NodeLost | Silent) -> Continue | Finish | Fail | Requeue:
         if may_requeue and left:
             return Requeue(event.reason, counted=True)
         return Fail(error=event.reason, reason=event.reason)
+    if isinstance(event, Unstarted):
+        if job.cancel_requested:  # nothing of it runs: the cancellation is done
+            return Finish(JobState.CANCELLED, f"cancelled by the user ({event.reason})")
+        if may_requeue and left:
+            return Requeue(event.reason, counted=True)
+        error = f"{event.reason} (no restarts left: cluster.max_restarts is {job.max_restarts})"
+        return Fail(error=error, reason=error)
     if job.cancel_requested:
         # Its processes went with the node: the cancellation its user asked for is done.
         return Finish(JobState.CANCELLED, f"cancelled by the user ({event.reason})")

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from contract.allocation import AllocationState, ExitCode
+from contract.allocation import AllocationState, ExitCode, not_started
 from scheduler.recovery.policy import (
     MAX_SHARD_REPLACEMENTS,
     MEMORY_HINT,
@@ -24,6 +24,7 @@ from scheduler.recovery.policy import (
     Requeue,
     RestartAlone,
     Silent,
+    Unstarted,
     Vacant,
     decide,
     headline,
@@ -45,6 +46,9 @@ KILLED = "exited -9 (killed by SIGKILL)"
 CANCELLED_BY_USER = Finish(JobState.CANCELLED, "cancelled by the user")
 LOST = "node lost: n1 sent no heartbeat for 3s"
 SILENT = "worker 0/1 on n1: no word from its node agent for 3s"
+NOT_STARTED = not_started("its memory cgroup could not be made", PermissionError(13, "denied"))
+UNSTARTED = "worker 0/1 on n1 did not start within 3s"
+NO_START_LEFT = f"{UNSTARTED} (no restarts left: cluster.max_restarts is 3)"
 
 
 def ended(
@@ -136,6 +140,16 @@ CASES: list[tuple[str, Event, Decision]] = [
         "its last restart, failing for good",
         ended(exit_code=1, reason="a\nb", restarts=3),
         fail("a\nb"),
+    ),
+    (
+        "a process that did not start: placed again, the step in the cause",
+        ended(exit_code=None, reason=NOT_STARTED, state=JobState.SCHEDULED),
+        Requeue(f"{WHO} {NOT_STARTED}", counted=True),
+    ),
+    (
+        "a process that did not start, no restarts left",
+        ended(exit_code=None, reason=NOT_STARTED, restarts=3),
+        fail(NOT_STARTED),
     ),
     # an asynchronous worker restarts alone; a pipelined one with its pipeline's other stages
     ("asynchronous worker", ended(job=ALONE), RestartAlone(f"{WHO} {KILLED}")),
@@ -294,6 +308,28 @@ CASES: list[tuple[str, Event, Decision]] = [
         Fail(SILENT, SILENT),
     ),
     ("silent, an ended job", Silent(replace(GANG, state=JobState.SUCCEEDED), SILENT), Continue()),
+    # -- a placed process that never started -------------------------------------------------
+    ("unstarted", Unstarted(GANG, UNSTARTED), Requeue(UNSTARTED, counted=True)),
+    (
+        "unstarted, a scheduled job",
+        Unstarted(replace(GANG, state=JobState.SCHEDULED), UNSTARTED),
+        Requeue(UNSTARTED, counted=True),
+    ),
+    (
+        "unstarted, restarts at max_restarts",
+        Unstarted(replace(GANG, restarts=3), UNSTARTED),
+        Fail(NO_START_LEFT, NO_START_LEFT),
+    ),
+    (
+        "unstarted while cancelling",
+        Unstarted(replace(GANG, cancel_requested=True), UNSTARTED),
+        Finish(JobState.CANCELLED, f"cancelled by the user ({UNSTARTED})"),
+    ),
+    (
+        "unstarted, an ended job",
+        Unstarted(replace(GANG, state=JobState.CANCELLED), UNSTARTED),
+        Continue(),
+    ),
     # -- a failed process that nothing replaced yet -------------------------------------------
     ("vacant shard", Vacant(GANG, "server"), PlaceAgain()),
     ("vacant asynchronous worker", Vacant(ALONE, "worker"), PlaceAgain()),
