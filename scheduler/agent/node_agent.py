@@ -367,7 +367,7 @@ class Agent:
             if cgroup is not None:
                 with starting("its memory cgroup could not be recorded"):
                     self.client.hset(key, CGROUP, str(cgroup))  # the process joins it first thing
-            with starting("its worker process could not be started"):
+            with starting("its worker process could not be started"), self._vouching(info):
                 process = self.launcher.run(info.allocation_id, url, ps_urls)
             try:
                 with starting("its worker process could not be recorded"):
@@ -384,6 +384,31 @@ class Agent:
         finally:
             if cgroup is not None and self.cgroups is not None:
                 self.cgroups.remove(cgroup)
+
+    @contextlib.contextmanager
+    def _vouching(self, info: AllocationInfo) -> Iterator[None]:
+        """While a start blocks (a fork server still importing torch, up to WARM_UP_SECONDS on
+        a busy machine), the allocation's seen time is refreshed as `_supervise` refreshes it:
+        it has been reported RUNNING, and the scheduler writes off a running process nobody
+        vouches for within the node timeout."""
+        key, done = self.keys.allocation(info.allocation_id), threading.Event()
+
+        def vouch() -> None:
+            while True:
+                try:
+                    self.client.hset(key, SEEN, repr(time.time()))
+                except redis.RedisError as exc:  # as a heartbeat: Redis may come back
+                    log.warning("allocation %s: seen time not written: %s", info.allocation_id, exc)
+                if done.wait(self.settings.heartbeat_seconds):
+                    return
+
+        thread = threading.Thread(target=vouch, name=f"vouch-{info.allocation_id}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
 
     def _supervise(
         self, info: AllocationInfo, process: WorkerProcess, cgroup: Path | None

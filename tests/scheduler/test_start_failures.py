@@ -16,6 +16,7 @@ import os
 import secrets
 import signal
 import threading
+import time
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import redis
 from sqlalchemy import select
@@ -48,6 +50,7 @@ NODE = "node-s"
 # that what writes the job off is the start timeout.
 NODE_TIMEOUT = 300.0
 SHORT_START = 5.0  # the start timeout of the test that stops the agent
+SILENT = 8.0  # the node timeout of the test that holds the fork server for twice as long
 WAIT = 120.0  # how long a test waits for an outcome on a busy 2-core machine
 
 
@@ -232,6 +235,34 @@ def test_a_job_whose_agent_is_stopped_fails_within_the_start_timeout(stack: Stac
         timeout=WAIT,
     )
     assert cluster.client.hget(cluster.keys.allocation(alloc.id), "pid") is None
+
+
+def test_a_start_held_longer_than_the_node_timeout_is_not_written_off(stack: Stack) -> None:
+    """The node's fork server is held (SIGSTOP) while the job's process is reported RUNNING and
+    the agent waits for the fork, for twice the node timeout, as a fork server still importing
+    torch on a busy machine holds it: the agent vouches for the process meanwhile (its seen
+    time), so the scheduler does not write it off as silent, and the job ends SUCCEEDED with
+    no restart."""
+    cluster = stack.cluster
+    agent = psutil.Process(cluster.agents[NODE].pid)
+
+    def fork_servers() -> list[psutil.Process]:
+        return [p for p in agent.children(recursive=True) if "--fork-server" in p.cmdline()]
+
+    with scheduler(stack, node_timeout_seconds=SILENT):
+        cluster.wait_for("the agent's fork server", lambda: len(fork_servers()) == 1)
+        [fork_server] = fork_servers()
+        fork_server.suspend()
+        try:
+            job_id = cluster.submit(train_steps=20, **{"cluster.max_restarts": 1})
+            cluster.wait_state(job_id, JobState.RUNNING, timeout=WAIT)
+            time.sleep(2 * SILENT)
+        finally:
+            fork_server.resume()
+        cluster.wait_state(job_id, *TERMINAL, timeout=WAIT)
+    assert stack.detail(job_id)["state"] == JobState.SUCCEEDED, stack.events(job_id)
+    states = [state for state, _ in stack.events(job_id)]
+    assert states == ["QUEUED", "SCHEDULED", "RUNNING", "SUCCEEDED"], stack.events(job_id)
 
 
 def agent_cgroups(pid: int) -> Path | None:
