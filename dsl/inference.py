@@ -27,7 +27,7 @@ from torch import nn
 from dsl.graph import SourceRef
 from dsl.layers.base import StatefulLayer
 from dsl.model_card import MODEL_KEY, ModelCard
-from dsl.net import NeuralNet, Step
+from dsl.net import NeuralNet, Step, module_key
 
 DTYPES = {"float32": torch.float32, "int64": torch.int64}
 
@@ -94,8 +94,9 @@ class InferenceNet(nn.Module):
         needed = _needed(steps, output.layer)
         # (name, sources, is_input) of each layer the scores depend on, in order
         self.plan = [(s.name, s.sources, s.is_input) for s in steps if s.name in needed]
+        # keyed as the training net keys them: a copy `block.0.ln` of a block is `block/0/ln`
         self.layers = nn.ModuleDict(
-            {s.name: s.module for s in steps if s.name in needed and not s.is_input}
+            {module_key(s.name): s.module for s in steps if s.name in needed and not s.is_input}
         )
         self.output = output
         self.card, self.step, self.probabilities = card, step, probabilities
@@ -110,12 +111,18 @@ class InferenceNet(nn.Module):
             if is_input:
                 outputs[name] = x
                 continue
-            module = self.layers[name]
+            module = self.layers[module_key(name)]
             if isinstance(module, StatefulLayer):
                 module.reset_state()  # each batch on its own
             outputs[name] = module(*[_pick(outputs, ref) for ref in sources])
         scores = _pick(outputs, self.output)  # (B, *score_shape)
         return torch.softmax(scores, dim=-1) if self.probabilities else scores
+
+    def named_layers(self) -> list[tuple[str, nn.Module]]:
+        """The layers the scores depend on by their job-language names, in order."""
+        return [
+            (name, self.layers[module_key(name)]) for name, _, is_input in self.plan if not is_input
+        ]
 
     def check_input(self, x: torch.Tensor) -> torch.Tensor:
         """`x` as the net takes it: its samples reshaped to the sample shape where they hold
@@ -179,7 +186,7 @@ def inference_net(loaded: LoadedCheckpoint, *, probabilities: bool = False) -> I
     model = InferenceNet(compiled.net, card, step=loaded.step, probabilities=probabilities)
     problems = []
     with torch.no_grad():
-        for name, module in model.layers.items():
+        for name, module in model.named_layers():
             for kind, found, tensors in (
                 ("parameter", loaded.params, module.named_parameters()),
                 ("buffer", loaded.buffers, module.named_buffers()),

@@ -360,7 +360,9 @@ class TrainedRun:
 
 # Examples trained once a session for the tests of models leaving the platform: the steps, and
 # checkpoints every half of them (keep_best on, so a run has a best and a latest checkpoint).
-TRAINED_EXAMPLES = {"digits_mlp": 40, "mnist1d_cnn": 30}
+# char_gpt is the net of repeated blocks (layers named block.0.ln1), on batches of 4.
+TRAINED_EXAMPLES = {"digits_mlp": 40, "mnist1d_cnn": 30, "char_gpt": 6}
+SMALLER = {"char_gpt": {"data.batch_size": 4}}
 
 
 @pytest.fixture(scope="session")
@@ -377,6 +379,7 @@ def trained_runs(
             "checkpoint.freq": steps // 2,
             "checkpoint.keep": 3,
             "checkpoint.keep_best": True,
+            **SMALLER.get(name, {}),
         }
         path = EXAMPLES / f"{name}.yaml"
         compiled, dataset = compile_with_data(

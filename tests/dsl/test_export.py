@@ -146,3 +146,25 @@ def test_a_text_jobs_exports_take_token_ids_and_record_the_vocabulary(tmp_path: 
         torch.testing.assert_close(program.module()(x), scores, atol=1e-4, rtol=0)
     with pytest.raises(InferenceError, match=r"token ids in \[0, 10\), and the input has 12"):
         model.check_input(torch.full((1, 16), 12))
+
+
+def test_a_net_of_repeated_blocks_loads_and_exports(
+    trained_runs: dict[str, TrainedRun], tmp_path: Path
+) -> None:
+    """char_gpt's copies of its block are layers named block.0.ln1, ...: torch takes no '.' in
+    a module's name, and the checkpoint's parameters keep the job language's names."""
+    run = trained_runs["char_gpt"]
+    latest = list_checkpoints(run.run_dir / CHECKPOINTS)[-1][1]
+    model = load_inference_net(latest)
+    assert "block.1.att" in dict(model.named_layers())
+    x = run.x_test[:8]  # (B, T) token ids
+    expected = run.scores[:8]  # (B, T, V)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), expected, atol=1e-5, rtol=0)
+    onnx_file = export_model(model, "onnx", tmp_path / "gpt.onnx")
+    session = onnxruntime.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+    (scores,) = session.run(None, {"x": x.numpy()})
+    np.testing.assert_allclose(scores, expected.numpy(), atol=1e-4, rtol=0)
+    program = torch.export.load(str(export_model(model, "torch-export", tmp_path / "gpt.pt2")))
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(x), expected, atol=1e-4, rtol=0)
