@@ -394,3 +394,39 @@ def trained_runs(
         assert isinstance(out, torch.Tensor)
         runs[name] = TrainedRun(name, run_dir, dataset.x_test, dataset.y_test, out)
     return runs
+
+
+# The example plugin (docs/plugins.md): the layer rmsnorm, the updater signsgd.
+PLUGIN = ROOT / "tests" / "fixtures" / "plugin_dist" / "trainyard_rmsnorm.py"
+PLUGIN_BLOCKS = """\
+name: rmsnorm-blocks
+data: {source: synthetic, task: classification, num_samples: 64, num_features: 8, batch_size: 16}
+neuralnet:
+  layers:
+    - {name: data, type: input}
+    - name: block
+      type: repeat
+      times: 2
+      srclayers: [data]
+      layers:
+        - {name: norm, type: rmsnorm, srclayers: [block]}
+    - {name: out, type: dense, srclayers: [block]}
+    - {name: loss, type: softmax_loss, srclayers: [out]}
+updater: {type: sgd, lr: {base: 0.1}}
+train_steps: 2
+"""
+
+
+@pytest.fixture(scope="session")
+def plugin_run(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
+    """The run directory of a net of repeated blocks with the plugin's layer (block.0.norm,
+    block.1.norm), trained in this process, the plugin unloaded again after."""
+    from dsl.plugins import load_plugins, unloaded_after
+    from workers.trainer import Trainer, TrainOptions
+
+    run_dir = tmp_path_factory.mktemp("runs") / "rmsnorm-blocks"
+    with unloaded_after():
+        load_plugins([str(PLUGIN)])
+        compiled, dataset = compile_with_data(PLUGIN_BLOCKS, cache_dir=cache_dir)
+        Trainer(compiled, dataset, TrainOptions(run_dir=run_dir)).run()
+    return run_dir

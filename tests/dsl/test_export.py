@@ -21,6 +21,7 @@ from dsl.export import export_model, metadata_path
 from dsl.inference import InferenceError, InferenceNet, load_inference_net
 from dsl.layers.base import BuildContext
 from dsl.model_card import DataFacts, ModelCard
+from dsl.plugins import load_plugins, unloaded_after
 from tests.conftest import ROOT, TrainedRun
 
 EXAMPLES = ["digits_mlp", "mnist1d_cnn"]
@@ -168,3 +169,57 @@ def test_a_net_of_repeated_blocks_loads_and_exports(
     program = torch.export.load(str(export_model(model, "torch-export", tmp_path / "gpt.pt2")))
     with torch.no_grad():
         torch.testing.assert_close(program.module()(x), expected, atol=1e-4, rtol=0)
+
+
+CUMMAX_PLUGIN = """\
+import torch
+from torch import nn
+from trainyard.plugins import layer
+
+
+@layer("cummax")
+class CumMax(nn.Module):
+    "The running maximum over the last axis."
+
+    def __init__(self, in_shape):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.cummax(x, dim=-1).values
+"""
+
+
+def test_a_layer_onnx_cannot_carry_is_named(tmp_path: Path) -> None:
+    """ONNX has no cummax: the refusal names the layer and its type, not torch's traceback;
+    torch.export carries it."""
+    plugin = tmp_path / "cummax_layer.py"
+    plugin.write_text(CUMMAX_PLUGIN)
+    job = {
+        "name": "running-max",
+        "data": {"source": "synthetic", "num_features": 8},
+        "neuralnet": {
+            "layers": [
+                {"name": "data", "type": "input"},
+                {"name": "fc", "type": "dense", "srclayers": ["data"], "units": 8},
+                {"name": "peak", "type": "cummax", "srclayers": ["fc"]},
+                {"name": "out", "type": "dense", "srclayers": ["peak"]},
+                {"name": "loss", "type": "softmax_loss", "srclayers": ["out"]},
+            ]
+        },
+        "updater": {"type": "sgd", "lr": {"base": 0.1}},
+        "train_steps": 1,
+    }
+    with unloaded_after():
+        load_plugins([str(plugin)])
+        compiled = compile_job(job, BuildContext(sample_shape=(8,), num_classes=3))
+        model = InferenceNet(compiled.net, ModelCard(compiled.spec, DataFacts((8,), "float32", 3)))
+        with pytest.raises(
+            InferenceError,
+            match=r"the onnx export cannot carry layer 'peak' \(type cummax\): ONNX has no "
+            r"function for torch's aten\.cummax",
+        ):
+            export_model(model, "onnx", tmp_path / "m.onnx")
+        program = torch.export.load(str(export_model(model, "torch-export", tmp_path / "m.pt2")))
+        x = torch.randn(4, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(program.module()(x), model(x))
