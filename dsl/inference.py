@@ -79,15 +79,18 @@ def _read_card(text: str, path: Path) -> ModelCard:
     has not loaded) or a card that does not validate is an InferenceError."""
     try:
         return ModelCard.from_json(text)
-    except ValueError as exc:  # pydantic's ValidationError and json's errors are ValueErrors
-        unknown = sorted(set(_layer_types(json.loads(text)["spec"])) - set(LAYERS))
+    except (ValueError, KeyError, TypeError) as exc:  # pydantic's and json's are ValueErrors
+        try:
+            unknown = sorted(set(_layer_types(json.loads(text).get("spec"))) - set(LAYERS))
+        except (ValueError, AttributeError):
+            unknown = []
         if unknown:
             raise InferenceError(
                 f"checkpoint {path.name} is of a net with layer type(s) {', '.join(unknown)}, "
                 "which this process does not know: a plugin's (docs/plugins.md); load it here "
                 "too (TRAINYARD_PLUGINS, or install its package)"
             ) from None
-        first = str(exc).splitlines()[:3]
+        first = [f"it has no {exc}"] if isinstance(exc, KeyError) else str(exc).splitlines()[:3]
         raise InferenceError(
             f"the model card of checkpoint {path.name} does not describe a job: " + " ".join(first)
         ) from None

@@ -100,6 +100,9 @@ def test_a_checkpoint_without_a_card_or_that_does_not_fit_is_refused(
     save_file(tensors, str(wrong), metadata=meta)
     with pytest.raises(InferenceError, match=r"fc2/w has shape \[3, 3\]"):
         load_inference_net(wrong)
+    save_file(tensors, str(wrong), metadata={**meta, "model": '{"spec": {"name": "x"}}'})
+    with pytest.raises(InferenceError, match=r"model card of checkpoint wrong\.safetensors"):
+        read_checkpoint(wrong)
 
 
 def test_a_plugin_net_loads_where_its_plugin_does_and_is_named_where_not(
