@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import warnings
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
+from torch import nn
 
 from dsl.inference import InferenceError, InferenceNet, load_inference_net
 
@@ -48,24 +50,24 @@ def export_model(model: InferenceNet, fmt: str, out: Path) -> Path:
     meta = model.metadata()
     text = json.dumps(meta, indent=2, sort_keys=True) + "\n"
     if fmt == "torch-export":
-        program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
+        try:
+            program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
+        except Exception as exc:  # torch's exporter raises many kinds; a located refusal
+            raise InferenceError(_refusal(model, fmt, exc, example)) from None
         torch.export.save(program, str(out), extra_files={f"{METADATA_KEY}.json": text})
         metadata_path(out).write_text(text)
         return out
     _need_onnx()
-    with warnings.catch_warnings():
-        # torch's exporter, at 2.13, asks pytree a question pytree has deprecated
-        warnings.simplefilter("ignore", FutureWarning)
-        onnx_program = torch.onnx.export(
+    try:
+        onnx_program = _onnx_program(
             model,
             (example,),
             input_names=["x"],
             output_names=[meta["output"]["name"]],
             dynamic_shapes=({0: batch},),
-            dynamo=True,
-            verbose=False,
         )
-    assert onnx_program is not None
+    except Exception as exc:  # torch's exporter raises many kinds; a located refusal
+        raise InferenceError(_refusal(model, fmt, exc, example)) from None
     proto = onnx_program.model_proto
     entry = proto.metadata_props.add()
     entry.key, entry.value = METADATA_KEY, json.dumps(meta, sort_keys=True)
@@ -74,6 +76,56 @@ def export_model(model: InferenceNet, fmt: str, out: Path) -> Path:
     onnx.save(proto, str(out))
     metadata_path(out).write_text(text)
     return out
+
+
+def _onnx_program(module: nn.Module, args: tuple[Any, ...], **options: Any) -> Any:
+    with warnings.catch_warnings():
+        # torch's exporter, at 2.13, asks pytree a question pytree has deprecated
+        warnings.simplefilter("ignore", FutureWarning)
+        program = torch.onnx.export(module, args, dynamo=True, verbose=False, **options)
+    assert program is not None
+    return program
+
+
+class _Alone(nn.Module):
+    """One layer as a module of its own, to be exported alone."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        return self.layer(*inputs)
+
+
+def _refusal(model: InferenceNet, fmt: str, exc: Exception, example: torch.Tensor) -> str:
+    """Why `model` cannot be exported as `fmt`: the first layer that cannot be exported alone,
+    by name and type, with the operation the format lacks where torch names one."""
+    reason = _reason(exc)
+    inputs = model.layer_inputs(example)
+    for name, layer in model.named_layers():
+        alone = _Alone(layer).eval()
+        try:
+            if fmt == "onnx":
+                _onnx_program(alone, inputs[name])
+            else:
+                torch.export.export(alone, inputs[name])
+        except Exception as failed:
+            return (
+                f"the {fmt} export cannot carry layer '{name}' (type "
+                f"{model.layer_type(name)}): {_reason(failed)}"
+            )
+    return f"the {fmt} export of job '{model.card.spec.name}' failed: {reason}"
+
+
+def _reason(exc: Exception) -> str:
+    """The operation torch says the format has no function for, else the error's first line."""
+    text = str(exc)
+    found = re.search(r"No ONNX function found for <OpOverload\(op='([\w.]+)'", text)
+    if found:
+        return f"ONNX has no function for torch's {found.group(1)}"
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return f"{type(exc).__name__}: {first[:300]}"
 
 
 def _example(model: InferenceNet) -> torch.Tensor:

@@ -15,6 +15,8 @@ prediction for euclidean_loss.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,10 +26,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open
 from torch import nn
 
+from dsl.errors import JobSpecError
 from dsl.graph import SourceRef
-from dsl.layers.base import StatefulLayer
+from dsl.layers.base import LAYERS, StatefulLayer
 from dsl.model_card import MODEL_KEY, ModelCard
-from dsl.net import NeuralNet, Step
+from dsl.net import NeuralNet, Step, module_key
 
 DTYPES = {"float32": torch.float32, "int64": torch.int64}
 
@@ -57,6 +60,7 @@ def read_checkpoint(path: str | Path) -> LoadedCheckpoint:
             f"checkpoint {path} has no model card (it was written before checkpoints described "
             "their model, or by another program); train the job again to get one"
         )
+    card = _read_card(meta[MODEL_KEY], Path(path))
     groups: dict[str, dict[str, torch.Tensor]] = {"param": {}, "buffer": {}}
     for key, tensor in tensors.items():
         prefix, _, name = key.partition("/")
@@ -64,10 +68,46 @@ def read_checkpoint(path: str | Path) -> LoadedCheckpoint:
             groups[prefix][name] = tensor
     return LoadedCheckpoint(
         step=int(meta.get("step", "0")),
-        card=ModelCard.from_json(meta[MODEL_KEY]),
+        card=card,
         params=groups["param"],
         buffers=groups["buffer"],
     )
+
+
+def _read_card(text: str, path: Path) -> ModelCard:
+    """The checkpoint's model card; a layer type this process does not know (a plugin's it
+    has not loaded) or a card that does not validate is an InferenceError."""
+    try:
+        return ModelCard.from_json(text)
+    except (ValueError, KeyError, TypeError) as exc:  # pydantic's and json's are ValueErrors
+        try:
+            unknown = sorted(set(_layer_types(json.loads(text).get("spec"))) - set(LAYERS))
+        except (ValueError, AttributeError):
+            unknown = []
+        if unknown:
+            raise InferenceError(
+                f"checkpoint {path.name} is of a net with layer type(s) {', '.join(unknown)}, "
+                "which this process does not know: a plugin's (docs/plugins.md); load it here "
+                "too (TRAINYARD_PLUGINS, or install its package)"
+            ) from None
+        first = [f"it has no {exc}"] if isinstance(exc, KeyError) else str(exc).splitlines()[:3]
+        raise InferenceError(
+            f"the model card of checkpoint {path.name} does not describe a job: " + " ".join(first)
+        ) from None
+
+
+def _layer_types(spec: Any) -> Iterator[str]:
+    """The layer types a raw job spec names, inside repeated blocks too."""
+    items = spec.get("neuralnet", {}).get("layers", []) if isinstance(spec, dict) else []
+    todo = list(items)
+    while todo:
+        item = todo.pop()
+        if not isinstance(item, dict):
+            continue
+        if item.get("type") == "repeat":
+            todo.extend(item.get("layers", []))
+        elif isinstance(item.get("type"), str):
+            yield item["type"]
 
 
 class InferenceNet(nn.Module):
@@ -94,9 +134,11 @@ class InferenceNet(nn.Module):
         needed = _needed(steps, output.layer)
         # (name, sources, is_input) of each layer the scores depend on, in order
         self.plan = [(s.name, s.sources, s.is_input) for s in steps if s.name in needed]
+        # keyed as the training net keys them: a copy `block.0.ln` of a block is `block/0/ln`
         self.layers = nn.ModuleDict(
-            {s.name: s.module for s in steps if s.name in needed and not s.is_input}
+            {module_key(s.name): s.module for s in steps if s.name in needed and not s.is_input}
         )
+        self.types = {c.config.name: c.config.type for c in net.compiled if c.config.name in needed}
         self.output = output
         self.card, self.step, self.probabilities = card, step, probabilities
         self.input_shape = tuple(card.data.sample_shape)
@@ -105,17 +147,44 @@ class InferenceNet(nn.Module):
         self.eval()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = _pick(self._run(x), self.output)  # (B, *score_shape)
+        return torch.softmax(scores, dim=-1) if self.probabilities else scores
+
+    def _run(
+        self, x: torch.Tensor, taken: dict[str, tuple[torch.Tensor, ...]] | None = None
+    ) -> dict[str, torch.Tensor | tuple[torch.Tensor, ...]]:
+        """Every layer's output; what each layer took in `taken`, where given."""
         outputs: dict[str, torch.Tensor | tuple[torch.Tensor, ...]] = {}
         for name, sources, is_input in self.plan:
             if is_input:
                 outputs[name] = x
                 continue
-            module = self.layers[name]
+            module = self.layers[module_key(name)]
             if isinstance(module, StatefulLayer):
                 module.reset_state()  # each batch on its own
-            outputs[name] = module(*[_pick(outputs, ref) for ref in sources])
-        scores = _pick(outputs, self.output)  # (B, *score_shape)
-        return torch.softmax(scores, dim=-1) if self.probabilities else scores
+            inputs = tuple(_pick(outputs, ref) for ref in sources)
+            if taken is not None:
+                taken[name] = inputs
+            outputs[name] = module(*inputs)
+        return outputs
+
+    def named_layers(self) -> list[tuple[str, nn.Module]]:
+        """The layers the scores depend on by their job-language names, in order."""
+        return [
+            (name, self.layers[module_key(name)]) for name, _, is_input in self.plan if not is_input
+        ]
+
+    def layer_type(self, name: str) -> str:
+        """The job-language type of layer `name`."""
+        return self.types[name]
+
+    def layer_inputs(self, x: torch.Tensor) -> dict[str, tuple[torch.Tensor, ...]]:
+        """What each layer takes when the net scores `x`, by layer name (for telling which
+        layer an export cannot carry)."""
+        taken: dict[str, tuple[torch.Tensor, ...]] = {}
+        with torch.no_grad():
+            self._run(x, taken)
+        return taken
 
     def check_input(self, x: torch.Tensor) -> torch.Tensor:
         """`x` as the net takes it: its samples reshaped to the sample shape where they hold
@@ -175,11 +244,14 @@ def inference_net(loaded: LoadedCheckpoint, *, probabilities: bool = False) -> I
     from dsl.compiler import compile_job
 
     card = loaded.card
-    compiled = compile_job(card.spec, card.data.build_context())
+    try:
+        compiled = compile_job(card.spec, card.data.build_context())
+    except JobSpecError as exc:
+        raise InferenceError(f"job '{card.spec.name}'s net does not build here: {exc}") from None
     model = InferenceNet(compiled.net, card, step=loaded.step, probabilities=probabilities)
     problems = []
     with torch.no_grad():
-        for name, module in model.layers.items():
+        for name, module in model.named_layers():
             for kind, found, tensors in (
                 ("parameter", loaded.params, module.named_parameters()),
                 ("buffer", loaded.buffers, module.named_buffers()),

@@ -361,7 +361,9 @@ class TrainedRun:
 
 # Examples trained once a session for the tests of models leaving the platform: the steps, and
 # checkpoints every half of them (keep_best on, so a run has a best and a latest checkpoint).
-TRAINED_EXAMPLES = {"digits_mlp": 40, "mnist1d_cnn": 30}
+# char_gpt is the net of repeated blocks (layers named block.0.ln1), on batches of 4.
+TRAINED_EXAMPLES = {"digits_mlp": 40, "mnist1d_cnn": 30, "char_gpt": 6}
+SMALLER = {"char_gpt": {"data.batch_size": 4}}
 
 
 @pytest.fixture(scope="session")
@@ -378,6 +380,7 @@ def trained_runs(
             "checkpoint.freq": steps // 2,
             "checkpoint.keep": 3,
             "checkpoint.keep_best": True,
+            **SMALLER.get(name, {}),
         }
         path = EXAMPLES / f"{name}.yaml"
         compiled, dataset = compile_with_data(
@@ -392,3 +395,39 @@ def trained_runs(
         assert isinstance(out, torch.Tensor)
         runs[name] = TrainedRun(name, run_dir, dataset.x_test, dataset.y_test, out)
     return runs
+
+
+# The example plugin (docs/plugins.md): the layer rmsnorm, the updater signsgd.
+PLUGIN = ROOT / "tests" / "fixtures" / "plugin_dist" / "trainyard_rmsnorm.py"
+PLUGIN_BLOCKS = """\
+name: rmsnorm-blocks
+data: {source: synthetic, task: classification, num_samples: 64, num_features: 8, batch_size: 16}
+neuralnet:
+  layers:
+    - {name: data, type: input}
+    - name: block
+      type: repeat
+      times: 2
+      srclayers: [data]
+      layers:
+        - {name: norm, type: rmsnorm, srclayers: [block]}
+    - {name: out, type: dense, srclayers: [block]}
+    - {name: loss, type: softmax_loss, srclayers: [out]}
+updater: {type: sgd, lr: {base: 0.1}}
+train_steps: 2
+"""
+
+
+@pytest.fixture(scope="session")
+def plugin_run(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
+    """The run directory of a net of repeated blocks with the plugin's layer (block.0.norm,
+    block.1.norm), trained in this process, the plugin unloaded again after."""
+    from dsl.plugins import load_plugins, unloaded_after
+    from workers.trainer import Trainer, TrainOptions
+
+    run_dir = tmp_path_factory.mktemp("runs") / "rmsnorm-blocks"
+    with unloaded_after():
+        load_plugins([str(PLUGIN)])
+        compiled, dataset = compile_with_data(PLUGIN_BLOCKS, cache_dir=cache_dir)
+        Trainer(compiled, dataset, TrainOptions(run_dir=run_dir)).run()
+    return run_dir

@@ -65,12 +65,17 @@ def load_model(
 
 
 def load_checkpoint_model(path: Path, *, probabilities: bool = False) -> InferenceNet:
-    """The inference net of one checkpoint file; a problem is a ModelError."""
+    """The inference net of one checkpoint file; a problem is a ModelError. The plugins this
+    process is configured with (TRAINYARD_PLUGINS, installed ones) load first, as in every
+    process of the platform: a net may have their layers."""
+    from dsl import plugins
     from dsl.inference import InferenceError, load_inference_net
 
     try:
+        if plugins.wanted():
+            plugins.load_plugins()
         return load_inference_net(path, probabilities=probabilities)
-    except InferenceError as exc:
+    except (InferenceError, plugins.PluginError) as exc:
         raise ModelError(str(exc)) from None
 
 

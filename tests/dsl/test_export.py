@@ -21,6 +21,7 @@ from dsl.export import export_model, metadata_path
 from dsl.inference import InferenceError, InferenceNet, load_inference_net
 from dsl.layers.base import BuildContext
 from dsl.model_card import DataFacts, ModelCard
+from dsl.plugins import load_plugins, unloaded_after
 from tests.conftest import ROOT, TrainedRun
 
 EXAMPLES = ["digits_mlp", "mnist1d_cnn"]
@@ -146,3 +147,79 @@ def test_a_text_jobs_exports_take_token_ids_and_record_the_vocabulary(tmp_path: 
         torch.testing.assert_close(program.module()(x), scores, atol=1e-4, rtol=0)
     with pytest.raises(InferenceError, match=r"token ids in \[0, 10\), and the input has 12"):
         model.check_input(torch.full((1, 16), 12))
+
+
+def test_a_net_of_repeated_blocks_loads_and_exports(
+    trained_runs: dict[str, TrainedRun], tmp_path: Path
+) -> None:
+    """char_gpt's copies of its block are layers named block.0.ln1, ...: torch takes no '.' in
+    a module's name, and the checkpoint's parameters keep the job language's names."""
+    run = trained_runs["char_gpt"]
+    latest = list_checkpoints(run.run_dir / CHECKPOINTS)[-1][1]
+    model = load_inference_net(latest)
+    assert "block.1.att" in dict(model.named_layers())
+    x = run.x_test[:8]  # (B, T) token ids
+    expected = run.scores[:8]  # (B, T, V)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), expected, atol=1e-5, rtol=0)
+    onnx_file = export_model(model, "onnx", tmp_path / "gpt.onnx")
+    session = onnxruntime.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+    (scores,) = session.run(None, {"x": x.numpy()})
+    np.testing.assert_allclose(scores, expected.numpy(), atol=1e-4, rtol=0)
+    program = torch.export.load(str(export_model(model, "torch-export", tmp_path / "gpt.pt2")))
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(x), expected, atol=1e-4, rtol=0)
+
+
+CUMMAX_PLUGIN = """\
+import torch
+from torch import nn
+from trainyard.plugins import layer
+
+
+@layer("cummax")
+class CumMax(nn.Module):
+    "The running maximum over the last axis."
+
+    def __init__(self, in_shape):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.cummax(x, dim=-1).values
+"""
+
+
+def test_a_layer_onnx_cannot_carry_is_named(tmp_path: Path) -> None:
+    """ONNX has no cummax: the refusal names the layer and its type, not torch's traceback;
+    torch.export carries it."""
+    plugin = tmp_path / "cummax_layer.py"
+    plugin.write_text(CUMMAX_PLUGIN)
+    job = {
+        "name": "running-max",
+        "data": {"source": "synthetic", "num_features": 8},
+        "neuralnet": {
+            "layers": [
+                {"name": "data", "type": "input"},
+                {"name": "fc", "type": "dense", "srclayers": ["data"], "units": 8},
+                {"name": "peak", "type": "cummax", "srclayers": ["fc"]},
+                {"name": "out", "type": "dense", "srclayers": ["peak"]},
+                {"name": "loss", "type": "softmax_loss", "srclayers": ["out"]},
+            ]
+        },
+        "updater": {"type": "sgd", "lr": {"base": 0.1}},
+        "train_steps": 1,
+    }
+    with unloaded_after():
+        load_plugins([str(plugin)])
+        compiled = compile_job(job, BuildContext(sample_shape=(8,), num_classes=3))
+        model = InferenceNet(compiled.net, ModelCard(compiled.spec, DataFacts((8,), "float32", 3)))
+        with pytest.raises(
+            InferenceError,
+            match=r"the onnx export cannot carry layer 'peak' \(type cummax\): ONNX has no "
+            r"function for torch's aten\.cummax",
+        ):
+            export_model(model, "onnx", tmp_path / "m.onnx")
+        program = torch.export.load(str(export_model(model, "torch-export", tmp_path / "m.pt2")))
+        x = torch.randn(4, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(program.module()(x), model(x))

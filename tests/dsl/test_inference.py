@@ -14,7 +14,8 @@ from dsl.compiler import compile_job
 from dsl.inference import InferenceError, InferenceNet, load_inference_net, read_checkpoint
 from dsl.layers.base import BuildContext
 from dsl.model_card import DataFacts, ModelCard
-from tests.conftest import EXAMPLES, TrainedRun
+from dsl.plugins import load_plugins, unloaded_after
+from tests.conftest import EXAMPLES, PLUGIN, TrainedRun
 
 DIGITS = BuildContext(sample_shape=(1, 8, 8), num_classes=10)
 
@@ -99,3 +100,19 @@ def test_a_checkpoint_without_a_card_or_that_does_not_fit_is_refused(
     save_file(tensors, str(wrong), metadata=meta)
     with pytest.raises(InferenceError, match=r"fc2/w has shape \[3, 3\]"):
         load_inference_net(wrong)
+    save_file(tensors, str(wrong), metadata={**meta, "model": '{"spec": {"name": "x"}}'})
+    with pytest.raises(InferenceError, match=r"model card of checkpoint wrong\.safetensors"):
+        read_checkpoint(wrong)
+
+
+def test_a_plugin_net_loads_where_its_plugin_does_and_is_named_where_not(
+    plugin_run: Path,
+) -> None:
+    with unloaded_after():
+        load_plugins([str(PLUGIN)])
+        model = load_inference_net(latest(plugin_run))
+        assert [name for name, _ in model.named_layers()] == ["block.0.norm", "block.1.norm", "out"]
+    with pytest.raises(
+        InferenceError, match=r"layer type\(s\) rmsnorm, which this process does not know"
+    ):
+        load_inference_net(latest(plugin_run))

@@ -17,7 +17,7 @@ from trainyard.cli import app
 runner = CliRunner(env={"COLUMNS": "200"})  # rich wraps at 80 columns in a file
 
 
-@pytest.mark.parametrize("example", ["digits_mlp", "mnist1d_cnn"])
+@pytest.mark.parametrize("example", ["digits_mlp", "mnist1d_cnn", "char_gpt"])
 def test_predict_a_run_directory(
     trained_runs: dict[str, TrainedRun], tmp_path: Path, example: str
 ) -> None:

@@ -12,7 +12,8 @@ import torch
 
 import trainyard
 from contract.rundir import CHECKPOINTS, SUMMARY, list_checkpoints
-from tests.conftest import TrainedRun
+from dsl.plugins import unloaded_after
+from tests.conftest import PLUGIN, TrainedRun
 from trainyard.loading import ModelError, checkpoint_file, parse_choice, run_dir_checkpoint
 from trainyard.predicting import predict_array, predict_file
 
@@ -108,3 +109,17 @@ def test_predict_names_bad_input(trained_runs: dict[str, TrainedRun], tmp_path: 
         predict_file(model, both, out)
     with pytest.raises(ModelError, match=r"\.npy, \.npz, \.csv file"):
         predict_file(model, tmp_path / "x.txt", out)
+
+
+def test_load_model_loads_the_configured_plugins(
+    plugin_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A net with a plugin's layer loads where the plugin is configured, as in the platform's
+    processes; where it is not, the error names the layer type."""
+    checkpoint = run_dir_checkpoint(plugin_run)
+    with pytest.raises(ModelError, match=r"layer type\(s\) rmsnorm"):
+        trainyard.load_model(checkpoint)
+    monkeypatch.setenv("TRAINYARD_PLUGINS", str(PLUGIN))
+    with unloaded_after():
+        model = trainyard.load_model(checkpoint)
+        assert "block.1.norm" in dict(model.named_layers())
