@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,7 +25,17 @@ from contract.keys import Keys
 from contract.nodes import NodeRegistration
 from scheduler.placement.cluster import ACTIVE_ALLOCATIONS
 from scheduler.recovery.actions import fail, job_facts, requeue, write_off
-from scheduler.recovery.policy import Continue, Fail, Finish, NodeLost, Requeue, Silent, decide
+from scheduler.recovery.policy import (
+    Continue,
+    Fail,
+    Finish,
+    JobFacts,
+    NodeLost,
+    Requeue,
+    Silent,
+    Unstarted,
+    decide,
+)
 from scheduler.store.lifecycle import transition
 from scheduler.store.models import Allocation, Job, Node
 from scheduler.store.states import NodeState
@@ -197,19 +208,36 @@ def write_off_silent(
     session: Session, silent: list[Allocation], timeout: float, artifacts: Path | None
 ) -> list[int]:
     """Place the jobs of silent processes again (a counted restart) or fail them."""
-    stops: list[int] = []
-    for job_id in sorted({alloc.job_id for alloc in silent}):
-        job = session.get(Job, job_id, with_for_update=True)
-        if job is None:
-            continue
-        alloc = next(a for a in silent if a.job_id == job_id)
-        node = session.get(Node, alloc.node_id)
-        where = f" on {node.name}" if node is not None else ""
-        reason = (
+
+    def reason(alloc: Allocation, where: str) -> str:
+        return (
             f"{alloc.role} {alloc.group}/{alloc.rank}{where}: no word from its node agent for "
             f"{timeout:g}s (the agent is stuck, or Redis restarted and lost its records)"
         )
-        stops += carry_out(session, job, decide(Silent(job_facts(job), reason)), artifacts)
+
+    return write_off_jobs(session, silent, Silent, reason, artifacts)
+
+
+def write_off_jobs(
+    session: Session,
+    lost: list[Allocation],
+    event: Callable[[JobFacts, str], Silent | Unstarted],
+    reason: Callable[[Allocation, str], str],
+    artifacts: Path | None,
+) -> list[int]:
+    """For each job with processes in `lost` (its first one named in the reason, with where it
+    was placed), what the recovery policy decides of `event`, carried out; the allocations to
+    stop."""
+    stops: list[int] = []
+    for job_id in sorted({alloc.job_id for alloc in lost}):
+        job = session.get(Job, job_id, with_for_update=True)
+        if job is None:
+            continue
+        alloc = next(a for a in lost if a.job_id == job_id)
+        node = session.get(Node, alloc.node_id)
+        said = reason(alloc, f" on {node.name}" if node is not None else "")
+        log.warning("job %s: %s", job_id, said)
+        stops += carry_out(session, job, decide(event(job_facts(job), said)), artifacts)
     return stops
 
 

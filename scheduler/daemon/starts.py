@@ -27,11 +27,10 @@ from contract.allocation import SEEN, AllocationInfo, AllocationState
 from contract.keys import Keys
 from contract.settings import Settings
 from contract.stream import JobStream, StateRecord
-from scheduler.daemon.nodes import carry_out
+from scheduler.daemon.nodes import write_off_jobs
 from scheduler.placement.cluster import LIVE_JOBS
-from scheduler.recovery.actions import job_facts
-from scheduler.recovery.policy import Unstarted, decide
-from scheduler.store.models import Allocation, Job, Node
+from scheduler.recovery.policy import Unstarted
+from scheduler.store.models import Allocation, Job
 
 log = logging.getLogger("trainyard.scheduler")
 
@@ -100,23 +99,15 @@ def write_off_unstarted(
     counted restart), or fail them, as the recovery policy decides; the allocations to stop."""
     timeout = settings.start_timeout_seconds
     late = unstarted_allocations(session, client, keys, watch, timeout, now)
-    stops: list[int] = []
-    for job_id in sorted({alloc.job_id for alloc in late}):
-        job = session.get(Job, job_id, with_for_update=True)
-        if job is None:
-            continue
-        alloc = next(a for a in late if a.job_id == job_id)
-        node = session.get(Node, alloc.node_id)
-        where = f" on {node.name}" if node is not None else ""
-        reason = (
+
+    def reason(alloc: Allocation, where: str) -> str:
+        return (
             f"{alloc.role} {alloc.group}/{alloc.rank}{where} did not start within {timeout:g}s "
             "(TRAINYARD_START_TIMEOUT_SECONDS): nothing reported it started or why it could "
             "not; its node agent may be stuck"
         )
-        log.warning("job %s: %s", job_id, reason)
-        decision = decide(Unstarted(job_facts(job), reason))
-        stops += carry_out(session, job, decision, settings.artifacts())
-    return stops
+
+    return write_off_jobs(session, late, Unstarted, reason, settings.artifacts())
 
 
 def report_not_started(client: redis.Redis, keys: Keys, info: AllocationInfo, reason: str) -> None:
