@@ -63,22 +63,18 @@ def test_the_stack_says_which_redis_it_started(fresh: RunningStack) -> None:
     assert "redis: valkey 9." in said and "bundled with Trainyard" in said, said
 
 
-def test_a_two_worker_allreduce_job_succeeds(client: Client) -> None:
-    job = client.submit(
-        EXAMPLES / "mnist1d_allreduce.yaml",
-        overrides={"train_steps": 40, "test.freq": 40, "checkpoint.freq": 0, "disp_freq": 10},
-    )
-    assert isinstance(job, Job)
-    ended = job.wait(timeout=WAIT_SECONDS)
-    assert ended.state == "SUCCEEDED", (ended.state, ended.error)
-    assert ended.summary["test/accuracy"] > 0.0
-
-
-def test_a_two_stage_pipeline_job_succeeds(client: Client) -> None:
-    job = client.submit(
-        EXAMPLES / "digits_cnn_pipeline.yaml",
-        overrides={"train_steps": 20, "test.freq": 20, "disp_freq": 10},
-    )
+@pytest.mark.parametrize(
+    ("example", "overrides"),
+    [
+        # two workers, each logged in as the job's Redis user
+        ("mnist1d_allreduce", {"train_steps": 40, "test.freq": 40, "checkpoint.freq": 0}),
+        ("digits_cnn_pipeline", {"train_steps": 20, "test.freq": 20}),  # two stages
+    ],
+)
+def test_a_multi_process_job_succeeds(
+    client: Client, example: str, overrides: dict[str, int]
+) -> None:
+    job = client.submit(EXAMPLES / f"{example}.yaml", overrides={**overrides, "disp_freq": 10})
     assert isinstance(job, Job)
     ended = job.wait(timeout=WAIT_SECONDS)
     assert ended.state == "SUCCEEDED", (ended.state, ended.error)
