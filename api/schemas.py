@@ -73,6 +73,12 @@ WARNINGS = "what a valid submission is warned of, e.g. selecting on the test spl
 
 class JobDetail(JobOut):
     spec_yaml: str = Field(description="the document as submitted")
+    effective_yaml: str | None = Field(
+        description="the document the job runs: spec_yaml with the overrides applied"
+    )
+    override_lines: dict[str, int] = Field(
+        description="each override's key.path -> its 1-based line in effective_yaml"
+    )
     warnings: list[str] = Field(description=WARNINGS)
 
 

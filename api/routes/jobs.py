@@ -44,6 +44,7 @@ from api.submission import SUBMIT_BODY, SubmissionDep
 from dsl.compiler import CompiledJob
 from dsl.graph import SourceRef
 from dsl.objective import job_warnings
+from dsl.overrides import override_lines
 from dsl.schema import JobSpec
 from scheduler.admission import submit
 from scheduler.admission.checks import check_job
@@ -91,6 +92,10 @@ def detail_of(session: SessionDep, job: Job) -> JobDetail:
     return JobDetail(
         **job_fields(job, owner, position),
         spec_yaml=job.spec_yaml,
+        effective_yaml=job.effective_yaml,
+        override_lines=override_lines(job.effective_yaml, job.overrides)
+        if job.effective_yaml is not None
+        else {},
         warnings=job_warnings(JobSpec.model_validate(job.spec)),
     )
 

@@ -47,8 +47,15 @@ export const JOB_STATES: JobState[] = [
 ];
 export const TERMINAL: ReadonlySet<string> = new Set(["SUCCEEDED", "FAILED", "CANCELLED", "PRUNED"]);
 
-/** A job as listed; fetched by id (JobDetail) it also carries the submitted document. */
-export type Job = JobOut & Partial<Pick<JobDetail, "spec_yaml" | "warnings">>;
+/** A job as listed; fetched by id (JobDetail) it also carries the submitted document and the
+ * effective one (its overrides applied). */
+export type Job = JobOut &
+  Partial<Pick<JobDetail, "spec_yaml" | "effective_yaml" | "override_lines" | "warnings">>;
+
+/** What the job runs: the submitted document with its overrides applied. */
+export function effectiveYaml(job: Job): string {
+  return job.effective_yaml ?? job.spec_yaml ?? "";
+}
 /** A located problem in a job document; `line`/`column` are 1-based. */
 export type SpecIssue = Issue;
 export type Validation = ValidationOut;

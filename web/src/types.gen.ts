@@ -260,6 +260,10 @@ export interface ImportanceOut {
 export interface JobDetail extends JobOut {
   /** the document as submitted */
   spec_yaml: string;
+  /** the document the job runs: spec_yaml with the overrides applied */
+  effective_yaml: string | null;
+  /** each override's key.path -> its 1-based line in effective_yaml */
+  override_lines: Record<string, number>;
   /** what a valid submission is warned of, e.g. selecting on the test split */
   warnings: string[];
 }

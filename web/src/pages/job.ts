@@ -9,6 +9,7 @@ import {
   type StageTimeline,
   TERMINAL,
   api,
+  effectiveYaml,
   isPipelined,
   streamUrl,
 } from "../api";
@@ -16,11 +17,11 @@ import { fill, formatDuration, formatTime, h } from "../dom";
 import type { Params, Scope } from "../scope";
 import { errorText } from "../scope";
 import { MAX_POINTS, MetricCharts } from "../components/charts";
-import { DRAFT_KEY, yamlEditor } from "../components/editor";
+import { DRAFT_KEY } from "../components/editor";
 import { errorBox, fact, progressBar, stateBadge, warningBox } from "../components/widgets";
 import { bestOf } from "./jobs";
 import { environmentTab } from "./environment";
-import { checkpointsTab, eventsTab, graphTab, logsTab, pipelineTab, predictionsTab } from "./jobtabs";
+import { checkpointsTab, eventsTab, graphTab, logsTab, pipelineTab, predictionsTab, yamlTab } from "./jobtabs";
 
 const TABS = ["charts", "graph", "pipeline", "events", "logs", "checkpoints", "predictions", "environment", "yaml"] as const;
 type Tab = (typeof TABS)[number];
@@ -88,11 +89,7 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
     checkpoints: (pane) => checkpointsTab(pane, ctx),
     environment: (pane) => environmentTab(pane, ctx),
     predictions: (pane) => predictionsTab(pane, ctx),
-    yaml: (pane) => {
-      const spec = job?.spec_yaml ?? "";
-      const view = yamlEditor(pane, { doc: spec, readOnly: true });
-      scope.onDispose(() => view.destroy());
-    },
+    yaml: (pane) => yamlTab(pane, ctx),
   };
 
   const select = (tab: Tab) => {
@@ -172,7 +169,8 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
       "button",
       {
         onclick: () => {
-          localStorage.setItem(DRAFT_KEY, j.spec_yaml ?? "");
+          // the document the job ran: its overrides carried into the copy
+          localStorage.setItem(DRAFT_KEY, effectiveYaml(j));
           location.hash = "#/new";
         },
       },

@@ -1,9 +1,10 @@
 // The job detail tabs that fetch their own data: graph, pipeline, events, logs, checkpoints and
-// the job's batch prediction runs.
+// the job's batch prediction runs; and its YAML.
 
-import { type Pipeline, type StageTimeline, TERMINAL, api, isPipelined } from "../api";
+import { type Pipeline, type StageTimeline, TERMINAL, api, effectiveYaml, isPipelined } from "../api";
 import { fill, formatBytes, formatCount, formatTime, h } from "../dom";
 import { errorText } from "../scope";
+import { type LineMark, yamlEditor } from "../components/editor";
 import { drawGraph, stageKey } from "../components/graph";
 import { drawTimeline } from "../components/timeline";
 import { errorBox, fact, stateBadge, table } from "../components/widgets";
@@ -373,4 +374,45 @@ export function predictionsTab(pane: HTMLElement, ctx: JobContext): void {
   };
   const reload = () => void load().catch((error) => fill(host, errorBox(errorText(error))));
   reload();
+}
+
+/** An override as `--set` writes it. */
+function setFlag(path: string, value: unknown): string {
+  return `--set ${path}=${typeof value === "string" ? value : JSON.stringify(value)}`;
+}
+
+/** The document the job runs (its overrides applied, each marked on its line), and the one
+ * submitted. */
+export function yamlTab(pane: HTMLElement, ctx: JobContext): void {
+  const job = ctx.job();
+  if (!job) return;
+  const overrides = Object.entries(job.overrides);
+  const lines = job.override_lines ?? {};
+  const marks: LineMark[] = overrides.flatMap(([path, value]) =>
+    lines[path] === undefined ? [] : [{ line: lines[path], note: setFlag(path, value) }],
+  );
+  const host = h("div", { id: "yaml-effective" });
+  if (overrides.length > 0) {
+    pane.append(
+      h(
+        "p",
+        { class: "muted", id: "yaml-overrides" },
+        `Submitted with ${overrides.map(([path, value]) => setFlag(path, value)).join(" ")}; ` +
+          "the document below has them applied, each marked on its line.",
+      ),
+    );
+  }
+  pane.append(host);
+  const view = yamlEditor(host, { doc: effectiveYaml(job), readOnly: true, marks });
+  ctx.scope.onDispose(() => view.destroy());
+  if (overrides.length > 0) {
+    pane.append(
+      h(
+        "details",
+        { id: "yaml-submitted" },
+        h("summary", {}, "As submitted, before the overrides"),
+        h("pre", { class: "yaml-submitted" }, job.spec_yaml ?? ""),
+      ),
+    );
+  }
 }
