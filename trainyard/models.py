@@ -14,7 +14,7 @@ class CheckpointOut(BaseModel):
     step: int
     size: int = Field(description="bytes")
     created_at: datetime
-    best: bool = Field(description="the checkpoint of the objective's best step (keep_best)")
+    best: bool = Field(description="the objective's best checkpoint (docs/models.md)")
 
 
 NodeState = Literal["ALIVE", "DRAINING", "LOST"]

@@ -368,16 +368,19 @@ def job_graph(
     "/{job_id}/checkpoints",
     response_model=list[CheckpointOut],
     summary="Checkpoints of a job",
-    description="The checkpoints still on disk, oldest first; `best` marks the one of the "
-    "objective's best step (checkpoint.keep_best).",
+    description="The checkpoints still on disk, oldest first; `best` marks the objective's "
+    "best of them: the one checkpoint.keep_best kept, else the one whose step has the best "
+    "value of the objective.",
     responses=errors(401, 404, 422),
 )
 def job_checkpoints(
     job: VisibleJob, session: SessionDep, services: ServicesDep
 ) -> list[CheckpointOut]:
+    kept = report_store.checkpoints(session, job.id, artifacts=services.settings.artifacts())
+    best = report_store.best_checkpoint(session, job.id, kept)
     return [
-        CheckpointOut(step=c.step, size=c.size, created_at=aware(c.created_at), best=c.best)
-        for c in report_store.checkpoints(session, job.id, artifacts=services.settings.artifacts())
+        CheckpointOut(step=c.step, size=c.size, created_at=aware(c.created_at), best=c.step == best)
+        for c in kept
     ]
 
 

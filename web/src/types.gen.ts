@@ -7,7 +7,7 @@ export interface CheckpointOut {
   /** bytes */
   size: number;
   created_at: string;
-  /** the checkpoint of the objective's best step (keep_best) */
+  /** the objective's best checkpoint (docs/models.md) */
   best: boolean;
 }
 

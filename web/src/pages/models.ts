@@ -6,7 +6,7 @@ import { fill, formatTime, formatValue, h } from "../dom";
 import { type Scope, errorText } from "../scope";
 import { type Column, errorBox, table } from "../components/widgets";
 
-function objective(v: ModelVersionOut): string {
+export function objective(v: ModelVersionOut): string {
   return `${v.objective} ${formatValue(v.objective_value)} (${v.objective_mode})`;
 }
 
