@@ -389,7 +389,7 @@ class PipelineOut(BaseModel):
 
 class PredictionOut(BaseModel):
     id: int
-    job_id: int | None = Field(description="the job whose checkpoint scores (null: a model's)")
+    job_id: int | None = Field(description="the job whose checkpoint scores (a model's: its job)")
     model: str | None = Field(description="the registered model that scores, name@version")
     run_job_id: int = Field(description="the placed job whose workers score (its live stream)")
     dataset: str

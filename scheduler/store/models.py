@@ -450,7 +450,8 @@ class Prediction(Base):
     __tablename__ = "predictions"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
-    # The job whose checkpoint scores (null: a registered model's, or the job was deleted).
+    # The job whose checkpoint scores: a registered model's, the job it was registered from
+    # (null once the job was deleted).
     job_id: Mapped[int | None] = mapped_column(
         ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True, index=True
     )

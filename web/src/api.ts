@@ -29,7 +29,7 @@ import type {
   ValidationOut,
 } from "./types.gen";
 
-export type { JobPage, JobState, ModelVersionOut, SweepDetail, SweepOut, SweepPage } from "./types.gen";
+export type { JobPage, JobState, ModelVersionOut, PredictionOut, SweepDetail, SweepOut, SweepPage } from "./types.gen";
 
 export const API = "/api/v1";
 const TOKEN_KEY = "trainyard.token";
@@ -224,6 +224,10 @@ export const api = {
     json<Comparison>("/compare", { query: { jobs: ids.join(",") }, signal }),
   predictions: (id: number, signal?: AbortSignal) =>
     json<PredictionOut[]>(`/jobs/${id}/predictions`, { signal }),
+  /** The prediction run a job of framework `predict` places. */
+  runOfJob: (id: number, signal?: AbortSignal) => json<PredictionOut>(`/jobs/${id}/prediction`, { signal }),
+  modelPredictions: (name: string, version: number, signal?: AbortSignal) =>
+    json<PredictionOut[]>(`/models/${encodeURIComponent(name)}/${version}/predictions`, { signal }),
   predictionOutput: async (id: number): Promise<Blob> =>
     (await send(`/predictions/${id}/output`)).blob(),
   // A job's records as files: metrics.csv, logs.txt or tensorboard (a tar of event files).

@@ -416,7 +416,7 @@ export interface PipelineOut {
 
 export interface PredictionOut {
   id: number;
-  /** the job whose checkpoint scores (null: a model's) */
+  /** the job whose checkpoint scores (a model's: its job) */
   job_id: number | null;
   /** the registered model that scores, name@version */
   model: string | null;

@@ -1,9 +1,17 @@
 // The job detail tabs that fetch their own data: graph, pipeline, events, logs, checkpoints and
 // the job's batch prediction runs; and its YAML.
 
-import { type Pipeline, type StageTimeline, TERMINAL, api, effectiveYaml, isPipelined } from "../api";
+import {
+  type Pipeline,
+  type PredictionOut,
+  type StageTimeline,
+  TERMINAL,
+  api,
+  effectiveYaml,
+  isPipelined,
+} from "../api";
 import { fill, formatBytes, formatCount, formatTime, h } from "../dom";
-import { errorText } from "../scope";
+import { type Scope, errorText } from "../scope";
 import { type LineMark, yamlEditor } from "../components/editor";
 import { drawGraph, stageKey } from "../components/graph";
 import { drawTimeline } from "../components/timeline";
@@ -305,14 +313,25 @@ export function checkpointsTab(pane: HTMLElement, ctx: JobContext): void {
 
 const PREDICTIONS_POLL_MS = 1000;
 
-// The job's batch prediction runs (POST /jobs/{id}/predictions): state, progress, the scores'
-// download once a run has succeeded. Read again every second while a run is still going.
+// The job's batch prediction runs (POST /jobs/{id}/predictions, and those of the models
+// registered from it): state, progress, the scores' download once a run has succeeded.
 export function predictionsTab(pane: HTMLElement, ctx: JobContext): void {
   const host = h("div", { id: "predictions", class: "table-wrap" });
   pane.append(
     h("p", { class: "muted" }, "Batch prediction on the cluster: trainyard predict JOB --dataset NAME --workers N"),
     host,
   );
+  predictionRuns(host, ctx.scope, (signal) => api.predictions(ctx.id, signal), "No prediction runs of this job.");
+}
+
+/** Prediction runs as a table, each linked to its own page, read again every second while a
+ * run is still going. */
+export function predictionRuns(
+  host: HTMLElement,
+  scope: Scope,
+  fetchRuns: (signal: AbortSignal) => Promise<PredictionOut[]>,
+  empty: string,
+): void {
   const download = async (id: number, dataset: string, button: HTMLButtonElement) => {
     button.disabled = true;
     try {
@@ -327,14 +346,15 @@ export function predictionsTab(pane: HTMLElement, ctx: JobContext): void {
     }
   };
   let timer: ReturnType<typeof setTimeout> | undefined;
-  ctx.scope.onDispose(() => clearTimeout(timer));
+  scope.onDispose(() => clearTimeout(timer));
   const load = async () => {
-    const rows = await api.predictions(ctx.id, ctx.scope.signal);
+    const rows = await fetchRuns(scope.signal);
     fill(
       host,
       table(
         [
-          { title: "run", cell: (p) => `#${p.id}`, className: "num" },
+          { title: "run", cell: (p) => h("a", { href: `#/jobs/${p.run_job_id}`, class: "run-link" }, `#${p.id}`), className: "num" },
+          { title: "model", cell: (p) => p.model ?? (p.job_id === null ? "—" : `job #${p.job_id}`) },
           { title: "dataset", cell: (p) => p.dataset },
           { title: "state", cell: (p) => stateBadge(p.state) },
           {
@@ -363,12 +383,12 @@ export function predictionsTab(pane: HTMLElement, ctx: JobContext): void {
         ],
         rows,
         {
-          empty: "No prediction runs of this job.",
+          empty,
           rowAttrs: (p) => ({ "data-prediction": String(p.id), "data-state": p.state }),
         },
       ),
     );
-    if (rows.some((p) => !TERMINAL.has(p.state)) && !ctx.scope.signal.aborted) {
+    if (rows.some((p) => !TERMINAL.has(p.state)) && !scope.signal.aborted) {
       timer = setTimeout(reload, PREDICTIONS_POLL_MS);
     }
   };
