@@ -1,6 +1,8 @@
 // Job detail: a header with state, progress, downloads and actions, and tabs for the live charts (SSE), the
 // compiled net, a pipelined job's stages and timelines, the events timeline, logs with follow,
-// checkpoints, the environment its workers trained in and the job's YAML.
+// checkpoints, its prediction runs, the environment its workers trained in and the job's YAML (the
+// document it runs, its overrides marked). A prediction run's job shows the rows it scored and
+// only the events, logs and environment.
 
 import {
   ApiError,
