@@ -73,6 +73,12 @@ WARNINGS = "what a valid submission is warned of, e.g. selecting on the test spl
 
 class JobDetail(JobOut):
     spec_yaml: str = Field(description="the document as submitted")
+    effective_yaml: str | None = Field(
+        description="the document the job runs: spec_yaml with the overrides applied"
+    )
+    override_lines: dict[str, int] = Field(
+        description="each override's key.path -> its 1-based line in effective_yaml"
+    )
     warnings: list[str] = Field(description=WARNINGS)
 
 
@@ -368,7 +374,7 @@ class CheckpointOut(BaseModel):
     step: int
     size: int = Field(description="bytes")
     created_at: datetime
-    best: bool = Field(description="the checkpoint of the objective's best step (keep_best)")
+    best: bool = Field(description="the objective's best checkpoint (docs/models.md)")
 
 
 class NodeOut(BaseModel):
@@ -592,7 +598,7 @@ class PredictionCreate(BaseModel):
 
 class PredictionOut(BaseModel):
     id: int
-    job_id: int | None = Field(description="the job whose checkpoint scores (null: a model's)")
+    job_id: int | None = Field(description="the job whose checkpoint scores (a model's: its job)")
     model: str | None = Field(description="the registered model that scores, name@version")
     run_job_id: int = Field(description="the placed job whose workers score (its live stream)")
     dataset: str

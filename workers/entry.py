@@ -224,7 +224,7 @@ def _train(context: RunContext, stream: JobStream, confined: str = "") -> Summar
     jsonl = JsonlSink(run_dir)
     tensorboard = TensorBoardSink(run_dir, job_parameters(context.spec))
     sinks: list[MetricSink] = [
-        RedisSink(stream, group=context.group, rank=context.rank),
+        RedisSink(stream, group=context.group, rank=context.rank, training_lines=lead),
         jsonl,
         tensorboard,
         StderrLog(),

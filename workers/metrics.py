@@ -3,7 +3,10 @@
 The trainer emits named scalars at a step (`train/loss`, `val/accuracy`, `test/accuracy`, `lr`,
 ...), the job's events (a run that stopped early) and log lines; sinks write them to
 metrics.jsonl, TensorBoard event files, the console, or (in the service) the job's Redis
-stream. A sink gets every record; it keeps what it wants.
+stream. A sink gets every record; it keeps what it wants. In the service, the job's lead
+worker also writes each report and evaluation to the job's log as a training line
+(`training_line`): one per display window and per evaluation, so the log grows with the
+metrics, not with the steps.
 """
 
 from __future__ import annotations
@@ -29,6 +32,40 @@ if TYPE_CHECKING:
     from dsl.flatten import Scalar
 
 Emitted = MetricRecord | TimelineRecord | EventRecord | EnvironmentRecord
+
+# A training window's figures in a training line, as `trainyard submit --follow` shows them.
+TRAINING_FIGURES = (
+    ("train/loss", "loss", "{:.4f}"),
+    ("train/accuracy", "acc", "{:.3f}"),
+    ("train/recon_error", "recon", "{:.4f}"),
+    ("lr", "lr", "{:.3g}"),
+    ("samples_per_sec", "samples/s", "{:,.0f}"),
+)
+EVALUATIONS = ("val", "test")  # the splits an evaluation reports, `val/accuracy`
+
+
+def training_line(record: MetricRecord) -> str | None:
+    """The job log's line for a report: `step 100: loss 0.4321  acc 0.912  lr 0.05  samples/s
+    12,345`, or an evaluation's `step 500: test loss 0.2100  test accuracy 0.9530`; None for a
+    record of neither (a parameter server's counters)."""
+    values = {
+        name: value
+        for name, value in record.values.items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    }
+    parts = [
+        f"{label} {fmt.format(values[name]) if math.isfinite(values[name]) else values[name]}"
+        for name, label, fmt in TRAINING_FIGURES
+        if name in values
+    ]
+    if not any(name.startswith("train/") for name in values):
+        parts = [
+            f"{split} {name} {value:.4f}"
+            for key, value in values.items()
+            for split, _, name in [key.partition("/")]
+            if split in EVALUATIONS and name
+        ]
+    return f"step {record.step}: {'  '.join(parts)}" if parts else None
 
 
 class MetricSink(Protocol):
@@ -134,13 +171,23 @@ class TensorBoardSink:
 
 
 class RedisSink:
-    """Publishes metrics, log lines and checkpoints to the job's stream."""
+    """Publishes metrics, log lines and checkpoints to the job's stream; with `training_lines`
+    (the job's lead worker), each report and evaluation as a log line too."""
 
-    def __init__(self, stream: JobStream, *, group: int = 0, rank: int = 0) -> None:
+    def __init__(
+        self, stream: JobStream, *, group: int = 0, rank: int = 0, training_lines: bool = False
+    ) -> None:
         self.stream, self.group, self.rank = stream, group, rank
+        self.training_lines = training_lines
 
     def emit(self, record: Emitted) -> None:
         self.stream.publish(record)
+        if self.training_lines and isinstance(record, MetricRecord):
+            line = training_line(record)
+            if line is not None:
+                self.stream.publish(
+                    LogRecord(line, group=self.group, rank=self.rank, time=record.time)
+                )
 
     def log(self, line: str) -> None:
         self.stream.publish(LogRecord(line, group=self.group, rank=self.rank))

@@ -44,6 +44,7 @@ from api.submission import SUBMIT_BODY, SubmissionDep
 from dsl.compiler import CompiledJob
 from dsl.graph import SourceRef
 from dsl.objective import job_warnings
+from dsl.overrides import override_lines
 from dsl.schema import JobSpec
 from scheduler.admission import submit
 from scheduler.admission.checks import check_job
@@ -91,6 +92,10 @@ def detail_of(session: SessionDep, job: Job) -> JobDetail:
     return JobDetail(
         **job_fields(job, owner, position),
         spec_yaml=job.spec_yaml,
+        effective_yaml=job.effective_yaml,
+        override_lines=override_lines(job.effective_yaml, job.overrides)
+        if job.effective_yaml is not None
+        else {},
         warnings=job_warnings(JobSpec.model_validate(job.spec)),
     )
 
@@ -363,16 +368,19 @@ def job_graph(
     "/{job_id}/checkpoints",
     response_model=list[CheckpointOut],
     summary="Checkpoints of a job",
-    description="The checkpoints still on disk, oldest first; `best` marks the one of the "
-    "objective's best step (checkpoint.keep_best).",
+    description="The checkpoints still on disk, oldest first; `best` marks the objective's "
+    "best of them: the one checkpoint.keep_best kept, else the one whose step has the best "
+    "value of the objective.",
     responses=errors(401, 404, 422),
 )
 def job_checkpoints(
     job: VisibleJob, session: SessionDep, services: ServicesDep
 ) -> list[CheckpointOut]:
+    kept = report_store.checkpoints(session, job.id, artifacts=services.settings.artifacts())
+    best = report_store.best_checkpoint(session, job.id, kept)
     return [
-        CheckpointOut(step=c.step, size=c.size, created_at=aware(c.created_at), best=c.best)
-        for c in report_store.checkpoints(session, job.id, artifacts=services.settings.artifacts())
+        CheckpointOut(step=c.step, size=c.size, created_at=aware(c.created_at), best=c.step == best)
+        for c in kept
     ]
 
 

@@ -14,6 +14,7 @@ from api.routes.models import Name, Which
 from api.schemas import PredictionCreate, PredictionOut, errors
 from scheduler.admission.predict import PredictionRequest, start_prediction
 from scheduler.store import predictions as prediction_store
+from scheduler.store import registry
 from scheduler.store.models import aware
 from scheduler.store.states import JobState
 
@@ -108,6 +109,34 @@ def create_model_prediction(
 )
 def job_predictions(job: VisibleJob, session: SessionDep, user: CurrentUser) -> list[PredictionOut]:
     return [prediction_out(v) for v in prediction_store.job_predictions(session, user, job.id)]
+
+
+@router.get(
+    "/models/{name}/{which}/predictions",
+    response_model=list[PredictionOut],
+    summary="A registered model's prediction runs",
+    description="Your prediction runs of the model version (a number or a tag), newest first.",
+    responses=errors(401, 404, 422),
+)
+def model_predictions(
+    name: Name, which: Which, session: SessionDep, user: CurrentUser
+) -> list[PredictionOut]:
+    version = registry.get_model(session, user, name, int(which) if which.isdigit() else which)
+    ref = f"{version.name}@{version.version}"
+    return [prediction_out(v) for v in prediction_store.model_predictions(session, user, ref)]
+
+
+@router.get(
+    "/jobs/{job_id}/prediction",
+    response_model=PredictionOut,
+    summary="The prediction run a job places",
+    description="For a job of framework `predict`: the prediction run whose workers it places "
+    "(rows scored, the model, the dataset); 404 for any other job.",
+    responses=errors(401, 404, 422),
+)
+def run_of_job(job: VisibleJob, session: SessionDep, user: CurrentUser) -> PredictionOut:
+    row = prediction_store.run_prediction(session, user, job.id)
+    return prediction_out(prediction_store.view(session, row))
 
 
 @router.get(

@@ -122,13 +122,19 @@ class CheckedJob:
         return selection_warnings(self.spec)
 
     def to_new_job(
-        self, *, spec_yaml: str, overrides: Mapping[str, Any], priority: int = 0
+        self,
+        *,
+        spec_yaml: str,
+        overrides: Mapping[str, Any],
+        effective_yaml: str,
+        priority: int = 0,
     ) -> NewJob:
         objective = resolve_objective(self.spec)
         return NewJob(
             name=self.spec.name,
             spec_yaml=spec_yaml,
             overrides=dict(overrides),
+            effective_yaml=effective_yaml,
             spec=self.execution_spec,
             topology=self.topology.to_dict(),
             plugins=plugin_needs(

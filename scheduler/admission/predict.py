@@ -183,7 +183,8 @@ def _model(
             f"model {version.name}@{version.version} is one checkpoint: name no checkpoint"
         )
     ref = f"{version.name}@{version.version}"
-    return _Model(model_file(version), version.step, dict(version.spec), ref, None, ref)
+    # the job it was registered from (null once deleted): the run is listed on its page too
+    return _Model(model_file(version), version.step, dict(version.spec), ref, version.job_id, ref)
 
 
 def _ends_in_softmax(spec: JobSpec) -> bool:

@@ -30,6 +30,7 @@ from contract.keys import Keys
 from contract.settings import Settings
 from dsl.budget import CompileBudget
 from dsl.errors import JobSpecError, SpecIssue
+from dsl.overrides import effective_document
 from dsl.source import read_document
 from scheduler.admission.checks import (
     CheckedJob,
@@ -197,6 +198,8 @@ def new_job(checked: Checked) -> NewJob:
     new = checked.job.to_new_job(
         spec_yaml=submission.spec_yaml,
         overrides=trial.params if trial is not None else submission.overrides,
+        # what the job runs: a trial's every override applied, those not shown too
+        effective_yaml=effective_document(submission.spec_yaml, submission.overrides),
         priority=submission.priority,
     )
     if trial is not None:

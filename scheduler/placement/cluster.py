@@ -106,7 +106,7 @@ def placement_request(job: Job | Row[Any]) -> PlacementRequest:
     )
 
 
-# What placing a job reads of it. The documents (spec, spec_yaml) are its heavy part: loaded
+# What placing a job reads of it. The documents (spec and the YAML) are its heavy part: loaded
 # only when used (a placed job's spec, an old row without a topology), not for every queued job
 # at every scheduling pass or GET /cluster.
 PLACEMENT_COLUMNS = load_only(

@@ -114,7 +114,7 @@ def _queue_of(page_ids: Select[Any]) -> CTE:
 # The computed fields of JobOut: the owner's name and the queue position join other tables;
 # progress and the duration are computed from these columns.
 _INPUTS = ("step", "train_steps", "started_at", "ended_at")
-# The columns a page reads; the two documents (spec, spec_yaml) stay unread.
+# The columns a page reads; the documents (spec, spec_yaml, effective_yaml) stay unread.
 _LISTED = (
     *(
         getattr(Job, name)

@@ -52,6 +52,9 @@ class NewJob:
     objective_mode: str = "max"
     # the plugin types it uses (dsl/plugins.py plugin_needs); None: none
     plugins: list[dict[str, str]] | None = None
+    # The document with the overrides applied (dsl/overrides.py); None: spec_yaml, which has
+    # no overrides.
+    effective_yaml: str | None = None
 
 
 def create_job(session: Session, owner: User, new: NewJob) -> Job:
@@ -64,6 +67,7 @@ def create_job(session: Session, owner: User, new: NewJob) -> Job:
         priority=new.priority,
         spec_yaml=new.spec_yaml,
         overrides=new.overrides,
+        effective_yaml=new.spec_yaml if new.effective_yaml is None else new.effective_yaml,
         spec=new.spec,
         topology=new.topology,
         plugins=new.plugins,

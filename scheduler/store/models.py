@@ -135,8 +135,11 @@ class Job(Base):
     name: Mapped[str] = mapped_column(String(100), index=True)
     state: Mapped[str] = mapped_column(String(16), index=True, default=JobState.QUEUED)
     priority: Mapped[int] = mapped_column(Integer, default=0)
-    spec_yaml: Mapped[str] = mapped_column(Text)
+    spec_yaml: Mapped[str] = mapped_column(Text)  # the document as submitted
     overrides: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # The document with the overrides applied (dsl/overrides.py effective_document); null only
+    # for a job from before it was kept whose overrides could not be applied again.
+    effective_yaml: Mapped[str | None] = mapped_column(Text, nullable=True)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # validated, overrides applied
     topology: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # resolved cluster
     # The plugin types it uses, each {kind, type, plugin, version}: placed only on nodes whose
@@ -447,7 +450,8 @@ class Prediction(Base):
     __tablename__ = "predictions"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
-    # The job whose checkpoint scores (null: a registered model's, or the job was deleted).
+    # The job whose checkpoint scores: a registered model's, the job it was registered from
+    # (null once the job was deleted).
     job_id: Mapped[int | None] = mapped_column(
         ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True, index=True
     )

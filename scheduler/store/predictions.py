@@ -66,6 +66,25 @@ def job_predictions(session: Session, owner: User, job_id: int) -> list[Predicti
     return [view(session, row) for row in rows]
 
 
+def model_predictions(session: Session, owner: User, ref: str) -> list[PredictionView]:
+    """The owner's prediction runs of one registered model version (`name@version`), newest
+    first."""
+    rows = session.scalars(
+        select(Prediction)
+        .where(Prediction.owner_id == owner.id, Prediction.model == ref)
+        .order_by(Prediction.id.desc())
+    )
+    return [view(session, row) for row in rows]
+
+
+def run_prediction(session: Session, owner: User, run_job_id: int) -> Prediction:
+    """The owner's prediction run that job `run_job_id` places; NotFound for any other job."""
+    row = session.scalar(select(Prediction).where(Prediction.run_job_id == run_job_id))
+    if row is None or row.owner_id != owner.id:
+        raise NotFound(f"job {run_job_id} is not a prediction run")
+    return row
+
+
 def output(row: Prediction, run: Job, artifacts: Path) -> Path:
     """The run's assembled scores; Conflict before the run has succeeded."""
     if run.state != JobState.SUCCEEDED:

@@ -3,6 +3,7 @@ pipeline timelines and metric series (plain functions over a SQLAlchemy Session)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,25 +69,52 @@ def checkpoint_file(
     return record, path
 
 
+def best_checkpoint(session: Session, job_id: int, kept: list[CheckpointRecord]) -> int | None:
+    """The step of the objective's best among the `kept` checkpoints: the one
+    checkpoint.keep_best kept (the newest so marked), else the one whose step has the best
+    value of the objective that group 0, rank 0 reported (the earliest of equal ones); None
+    when the objective was measured at none of their steps."""
+    marked = [c.step for c in kept if c.best]
+    if marked:
+        return marked[-1]
+    job = session.get(Job, job_id)
+    if job is None or not kept:
+        return None
+    measured = session.execute(
+        select(Metric.step, Metric.value).where(
+            Metric.job_id == job_id,
+            Metric.name == job.objective,
+            Metric.group == 0,
+            Metric.rank == 0,
+            Metric.step.in_([c.step for c in kept]),
+        )
+    ).all()
+    finite = [(step, value) for step, value in measured if math.isfinite(value)]
+    if not finite:
+        return None
+    sign = -1.0 if job.objective_mode == "max" else 1.0
+    return min(finite, key=lambda point: (sign * point[1], point[0]))[0]
+
+
 def model_checkpoint(
     session: Session, job_id: int, choice: str | int | None, *, artifacts: Path
 ) -> tuple[int, Path]:
-    """The step and file of the job's checkpoint that `choice` names: `best` (the objective's,
-    kept by checkpoint.keep_best), `latest`, a step, or None: the best where one was kept, else
-    the latest."""
+    """The step and file of the job's checkpoint that `choice` names: `best` (the objective's
+    best checkpoint, `best_checkpoint`), `latest`, a step, or None: the best where the
+    objective tells one, else the latest."""
     kept = checkpoints(session, job_id, artifacts=artifacts)
     if not kept:
         raise NotFound(f"job {job_id} has no checkpoints (yet)")
     if isinstance(choice, int):
         step = choice
     else:
-        best = [c.step for c in kept if c.best]
-        if choice == "best" and not best:
+        best = best_checkpoint(session, job_id, kept) if choice != "latest" else None
+        if choice == "best" and best is None:
             raise NotFound(
-                f"job {job_id} has no best checkpoint: a job keeps one with "
-                "checkpoint.keep_best: true"
+                f"job {job_id} has no best checkpoint: its objective was measured at none of "
+                "its checkpoints' steps (a job keeps its best with checkpoint.keep_best: true)"
             )
-        step = best[-1] if best and choice != "latest" else kept[-1].step
+        step = kept[-1].step if best is None else best
     _, path = checkpoint_file(session, job_id, step, artifacts=artifacts)
     return step, path
 

@@ -92,6 +92,29 @@ def test_submit_json_with_overrides_and_a_mapping_spec(api: Any) -> None:
         assert session.get(Job, body["id"]).spec["data"] == mapping["data"]
 
 
+def test_a_job_shows_its_overrides_and_the_document_they_made(api: Any) -> None:
+    overrides = {"train_steps": 400, "neuralnet.layers.fc1.units": 32}
+    response = api.client.post(
+        "/api/v1/jobs", json={"spec": MLP, "overrides": overrides}, headers=api.auth()
+    )
+    assert response.status_code == 201, response.text
+    job = api.client.get(f"/api/v1/jobs/{response.json()['id']}", headers=api.auth()).json()
+    assert job["spec_yaml"] == MLP and "train_steps: 2000" in MLP
+    assert job["overrides"] == overrides and job["train_steps"] == 400
+    effective = job["effective_yaml"].splitlines()
+    lines = job["override_lines"]
+    assert set(lines) == set(overrides)
+    assert effective[lines["train_steps"] - 1] == "train_steps: 400"
+    assert effective[lines["neuralnet.layers.fc1.units"] - 1].strip() == "units: 32"
+    # the line marked is fc1's own, not another layer's units
+    above = effective[: lines["neuralnet.layers.fc1.units"]]
+    assert [line.strip() for line in above if "name:" in line][-1] == "- name: fc1"
+
+    plain = api.submit(MLP)  # no overrides: the document itself, its comments kept
+    shown = api.client.get(f"/api/v1/jobs/{plain['id']}", headers=api.auth()).json()
+    assert (shown["effective_yaml"], shown["override_lines"]) == (MLP, {})
+
+
 def test_a_job_is_stored_with_its_objective_and_warned_of_test_selection(api: Any) -> None:
     job = api.submit(MLP)
     assert (job["objective"], job["objective_mode"], job["best_metric"], job["best_step"]) == (

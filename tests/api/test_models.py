@@ -58,6 +58,37 @@ def test_register_tag_download_and_delete(api: Api, trained_runs: dict[str, Trai
     assert [m["ref"] for m in api.client.get(models, headers=api.auth()).json()] == ["digits@2"]
 
 
+def test_the_best_is_the_objectives_best_checkpoint_without_keep_best(
+    api: Api, trained_runs: dict[str, TrainedRun]
+) -> None:
+    """No checkpoint was kept as the best (no keep_best): the best is the kept checkpoint whose
+    step has the objective's best value, not the latest."""
+    job_id, files = job_with_checkpoints(api, trained_runs["digits_mlp"], best=-1)
+    first, latest = sorted(files)
+    with api.db.session() as session:
+        for step, value in ((first, 0.973), (latest, 0.971)):
+            session.add(Metric(job_id=job_id, name="test/accuracy", step=step, value=value, at=0))
+        # another worker's figure is not the objective's
+        other = Metric(job_id=job_id, name="test/accuracy", step=latest, value=1.0, at=0, rank=1)
+        session.add(other)
+        session.commit()
+    status, version = register(api, name="digits-best", job_id=job_id)
+    assert status == 201, version
+    assert (version["step"], version["objective_value"]) == (first, 0.973)
+    status, named = register(api, name="digits-best", job_id=job_id, checkpoint="best")
+    assert status == 201 and named["step"] == first, named
+    status, newest = register(api, name="digits-best", job_id=job_id, checkpoint="latest")
+    assert status == 201 and newest["step"] == latest, newest
+    listed = api.client.get(f"/api/v1/jobs/{job_id}/checkpoints", headers=api.auth()).json()
+    assert [(c["step"], c["best"]) for c in listed] == [(first, True), (latest, False)]
+
+    unmeasured, _ = job_with_checkpoints(api, trained_runs["digits_mlp"], best=-1)
+    status, body = register(api, name="digits-best", job_id=unmeasured, checkpoint="best")
+    assert status == 404 and "measured at none of its checkpoints" in str(body["detail"])
+    status, fallback = register(api, name="digits-best", job_id=unmeasured)
+    assert status == 201 and fallback["step"] == latest, fallback
+
+
 def test_other_users_and_bad_requests(api: Api, trained_runs: dict[str, TrainedRun]) -> None:
     job_id, _ = job_with_checkpoints(api, trained_runs["digits_mlp"], best=20)
     assert register(api, name="digits", job_id=job_id)[0] == 201

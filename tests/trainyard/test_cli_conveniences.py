@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,10 +23,14 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-# Stops early after a hundred-odd steps: its log holds the worker's first line and the line
-# saying it stopped (a service job logs its events, not its steps).
+# Stops early after a hundred-odd steps: its log holds the worker's first line, a training line
+# for each report (every 20 steps) and validation, the line saying it stopped and the final
+# test's line.
 QUICK = HELD_OUT
-STOPPED = r"^stopped early at step \d+"
+STOPPED = r"^stopped early at step (\d+)"
+REPORT = r"^step (\d+): loss \d+\.\d{4}  acc \d\.\d{3}  lr [\d.e-]+  samples/s [\d,]+$"
+VALIDATION = r"^step (\d+): val accuracy \d\.\d{4}  val loss \d+\.\d{4}$"
+FINAL_TEST = r"^step (\d+): test accuracy \d\.\d{4}  test loss \d+\.\d{4}$"
 # Long enough to be caught running.
 LONG = ["--set", "train_steps=1000000", "--set", "disp_freq=100"]
 
@@ -91,10 +96,29 @@ def test_an_unknown_metric_name_says_what_was_meant(stack: RunningStack, finishe
         client.job(finished).metrics("test/acuracy")
 
 
+def steps_of(pattern: str, lines: list[str]) -> list[int]:
+    return [int(found.group(1)) for line in lines if (found := re.match(pattern, line))]
+
+
 def test_logs_tail_grep_and_json(stack: RunningStack, finished: int) -> None:
     every = run(stack, "logs", str(finished)).stdout.splitlines()
     assert len(every) >= 2 and every[0].startswith("worker 0/0: ")
-    assert re.match(STOPPED, every[-1]), every
+    # the training lines `submit --follow` shows, one per report and evaluation, in order
+    stopped = steps_of(STOPPED, every[-2:-1])
+    assert stopped and steps_of(FINAL_TEST, every[-1:]) == stopped, every
+    reports = steps_of(REPORT, every)
+    assert reports == list(range(20, stopped[0] + 1, 20)), every
+    assert steps_of(VALIDATION, every) == reports
+    assert len(every) == 1 + 2 * len(reports) + 2, every
+    timed = as_json(stack, "logs", str(finished))
+    assert isinstance(timed, list) and [line["line"] for line in timed] == every
+    times = [line["at"] for line in timed]
+    shown = as_json(stack, "show", str(finished))
+    assert isinstance(shown, dict) and times == sorted(times)
+    started, ended = (
+        datetime.fromisoformat(shown[key]).timestamp() for key in ("started_at", "ended_at")
+    )
+    assert started - 5 <= times[0] and times[-1] <= ended + 5, (started, times, ended)
     assert run(stack, "logs", str(finished), "--tail", "1").stdout.splitlines() == every[-1:]
     assert run(stack, "logs", str(finished), "--tail", "0").stdout == ""
     grepped = run(stack, "logs", str(finished), "--grep", "^worker").stdout.splitlines()
@@ -119,7 +143,8 @@ def test_logs_follow_the_live_stream_until_the_job_ends(stack: RunningStack) -> 
     )
     assert follower.returncode == 0, follower.stderr
     lines = follower.stdout.splitlines()
-    assert lines[0].startswith("worker 0/0: ") and re.match(STOPPED, lines[-1]), lines
+    assert lines[0].startswith("worker 0/0: ") and re.match(STOPPED, lines[-2]), lines
+    assert re.match(FINAL_TEST, lines[-1]) and re.match(REPORT, lines[1]), lines
     assert lines == run(stack, "logs", str(job_id)).stdout.splitlines()  # each line once
     with Client(stack.url, stack.token) as client:
         job = client.job(job_id)

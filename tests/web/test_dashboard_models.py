@@ -93,7 +93,13 @@ def test_register_a_sweeps_best_trial_from_its_page(signed_in: Page, stack: Stac
     page.locator("#trials tbody tr", has_text="SUCCEEDED").nth(1).wait_for(timeout=120_000)
     page.fill("#register-best-name", "e2e-best")
     page.click("#register-best")
-    page.locator("#register-best-message", has_text="registered e2e-best@1").wait_for()
+    message = page.locator("#register-best-message", has_text="registered e2e-best@1")
+    message.wait_for()
     best = stack.api.get(f"/sweeps/{sweep_id}").json()["best"]
-    assert stack.api.get("/models/e2e-best/1").json()["job_id"] == best["job_id"]
+    version = stack.api.get("/models/e2e-best/1").json()
+    assert version["job_id"] == best["job_id"]
+    # the trial's best checkpoint, and the message says which step
+    kept = stack.api.get(f"/jobs/{best['job_id']}/checkpoints").json()
+    assert version["step"] == next(c["step"] for c in kept if c["best"])
+    assert f"job #{best['job_id']} step {version['step']}, test/accuracy" in message.inner_text()
     shoot(page, "sweep-register-best")

@@ -29,7 +29,7 @@ import type {
   ValidationOut,
 } from "./types.gen";
 
-export type { JobPage, JobState, ModelVersionOut, SweepDetail, SweepOut, SweepPage } from "./types.gen";
+export type { JobPage, JobState, ModelVersionOut, PredictionOut, SweepDetail, SweepOut, SweepPage } from "./types.gen";
 
 export const API = "/api/v1";
 const TOKEN_KEY = "trainyard.token";
@@ -47,8 +47,15 @@ export const JOB_STATES: JobState[] = [
 ];
 export const TERMINAL: ReadonlySet<string> = new Set(["SUCCEEDED", "FAILED", "CANCELLED", "PRUNED"]);
 
-/** A job as listed; fetched by id (JobDetail) it also carries the submitted document. */
-export type Job = JobOut & Partial<Pick<JobDetail, "spec_yaml" | "warnings">>;
+/** A job as listed; fetched by id (JobDetail) it also carries the submitted document and the
+ * effective one (its overrides applied). */
+export type Job = JobOut &
+  Partial<Pick<JobDetail, "spec_yaml" | "effective_yaml" | "override_lines" | "warnings">>;
+
+/** What the job runs: the submitted document with its overrides applied. */
+export function effectiveYaml(job: Job): string {
+  return job.effective_yaml ?? job.spec_yaml ?? "";
+}
 /** A located problem in a job document; `line`/`column` are 1-based. */
 export type SpecIssue = Issue;
 export type Validation = ValidationOut;
@@ -217,6 +224,10 @@ export const api = {
     json<Comparison>("/compare", { query: { jobs: ids.join(",") }, signal }),
   predictions: (id: number, signal?: AbortSignal) =>
     json<PredictionOut[]>(`/jobs/${id}/predictions`, { signal }),
+  /** The prediction run a job of framework `predict` places. */
+  runOfJob: (id: number, signal?: AbortSignal) => json<PredictionOut>(`/jobs/${id}/prediction`, { signal }),
+  modelPredictions: (name: string, version: number, signal?: AbortSignal) =>
+    json<PredictionOut[]>(`/models/${encodeURIComponent(name)}/${version}/predictions`, { signal }),
   predictionOutput: async (id: number): Promise<Blob> =>
     (await send(`/predictions/${id}/output`)).blob(),
   // A job's records as files: metrics.csv, logs.txt or tensorboard (a tar of event files).

@@ -7,7 +7,7 @@ export interface CheckpointOut {
   /** bytes */
   size: number;
   created_at: string;
-  /** the checkpoint of the objective's best step (keep_best) */
+  /** the objective's best checkpoint (docs/models.md) */
   best: boolean;
 }
 
@@ -260,6 +260,10 @@ export interface ImportanceOut {
 export interface JobDetail extends JobOut {
   /** the document as submitted */
   spec_yaml: string;
+  /** the document the job runs: spec_yaml with the overrides applied */
+  effective_yaml: string | null;
+  /** each override's key.path -> its 1-based line in effective_yaml */
+  override_lines: Record<string, number>;
   /** what a valid submission is warned of, e.g. selecting on the test split */
   warnings: string[];
 }
@@ -412,7 +416,7 @@ export interface PipelineOut {
 
 export interface PredictionOut {
   id: number;
-  /** the job whose checkpoint scores (null: a model's) */
+  /** the job whose checkpoint scores (a model's: its job) */
   job_id: number | null;
   /** the registered model that scores, name@version */
   model: string | null;

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import redis
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, insert, select, text
@@ -514,4 +515,50 @@ def test_jobs_stored_before_objectives_keep_test_accuracy_and_find_its_step(sql_
             40,
         )
         assert (fresh.objective, fresh.best_step) == ("test/accuracy", None)
+    database.dispose()
+
+
+def test_jobs_stored_before_effective_documents_get_theirs(sql_url: str) -> None:
+    """Migration 0018 on a store with jobs: the effective document is the submitted one with
+    its overrides applied; one whose overrides no longer apply keeps none."""
+    from alembic import command
+
+    from scheduler.store.database import alembic_config, make_engine
+
+    config = alembic_config(sql_url)
+    command.upgrade(config, "0017_environment_webhooks")
+    engine = make_engine(sql_url)
+    now = utcnow()
+    document = "name: old  # a comment\nneuralnet:\n  layers:\n  - {name: fc1, units: 8}\n"
+    with engine.begin() as conn:
+        conn.execute(
+            text("INSERT INTO users (id, name, is_admin, created_at) VALUES (1, 'old', false, :t)"),
+            {"t": now},
+        )
+        for job_id, overrides in (
+            (1, "{}"),
+            (2, '{"neuralnet.layers.fc1.units": 16}'),
+            (3, '{"neuralnet.layers.fc9.units": 16}'),
+        ):
+            conn.execute(
+                text(
+                    "INSERT INTO jobs (id, owner_id, name, state, priority, spec_yaml, overrides, "
+                    "spec, topology, framework, train_steps, step, summary, "
+                    "cancel_requested, created_at, objective, objective_mode, attempt, restarts) "
+                    "VALUES (:id, 1, 'old', 'SUCCEEDED', 0, :doc, :overrides, '{}', '{}', "
+                    "'local', 60, 60, '{}', false, :t, 'test/accuracy', 'max', 0, 0)"
+                ),
+                {"id": job_id, "doc": document, "overrides": overrides, "t": now},
+            )
+    engine.dispose()
+    command.upgrade(config, "head")
+    database = Database(sql_url)
+    with database.session() as session:
+        plain, overridden, stale = (session.get_one(Job, i) for i in (1, 2, 3))
+        assert plain.effective_yaml == document
+        assert overridden.effective_yaml is not None
+        assert yaml.safe_load(overridden.effective_yaml)["neuralnet"]["layers"] == [
+            {"name": "fc1", "units": 16}
+        ]
+        assert stale.effective_yaml is None
     database.dispose()

@@ -38,6 +38,25 @@ interface Panel {
 
 const TITLES: Record<string, string> = { lr: "Learning rate", samples_per_sec: "Samples / s" };
 
+/**
+ * A series' legend value while the cursor hovers a chart whose series report at different x
+ * (train loss every few steps, validation now and then; jobs side by side): its value at the
+ * hovered x, or, when it has none there, its nearest value with that value's own x beside it,
+ * so that no value reads as if it were at a step it was not.
+ */
+export function hoverValue(where: (x: number) => string): uPlot.Series.Value {
+  return (u, value, _series, idx) => {
+    const hovered = u.cursor.idx;
+    if (idx === null || hovered === null || hovered === undefined || idx === hovered) {
+      return formatValue(value);
+    }
+    return `${formatValue(value)} (${where(u.data[0][idx])})`;
+  };
+}
+
+/** A step as the legend says it. */
+export const atStep = (step: number): string => `step ${step}`;
+
 /** `train/loss`, `val/loss` and `test/loss` share the `loss` panel; `lr` and `samples_per_sec`
  * get their own. */
 export function panelOf(name: string): { key: string; title: string; phase: string } {
@@ -202,7 +221,7 @@ export class MetricCharts {
       spanGaps: true,
       // Markers on evaluation points while they are few enough to tell apart.
       points: { show: () => sparse && line.xs.length <= SPARSE_POINTS, size: 5, fill: colour },
-      value: (_u, v) => formatValue(v),
+      value: hoverValue(atStep),
     };
   }
 
@@ -231,7 +250,7 @@ export class MetricCharts {
         ],
         legend: { live: true },
         cursor: { drag: { x: true, y: false } },
-        series: [{ label: "step" }, ...lines.map((l) => this.seriesOptions(l))],
+        series: [{ label: "step", value: (_u, step) => (step === null ? "" : String(step)) }, ...lines.map((l) => this.seriesOptions(l))],
       },
       data,
       panel.plotHost,

@@ -32,20 +32,45 @@ export function issueToDiagnostic(doc: Text, issue: SpecIssue): Diagnostic {
 }
 
 class LineMessage extends WidgetType {
-  constructor(readonly text: string) {
+  constructor(
+    readonly text: string,
+    readonly className = "cm-line-message",
+  ) {
     super();
   }
 
   eq(other: LineMessage): boolean {
-    return other.text === this.text;
+    return other.text === this.text && other.className === this.className;
   }
 
   toDOM(): HTMLElement {
     const span = document.createElement("span");
-    span.className = "cm-line-message";
+    span.className = this.className;
     span.textContent = this.text;
     return span;
   }
+}
+
+/** A line of a read-only document marked with a note at its end (a job's overrides). */
+export interface LineMark {
+  line: number;
+  note: string;
+}
+
+function markedLines(doc: Text, marks: readonly LineMark[]): DecorationSet {
+  const builder = new RangeSetBuilder<Decoration>();
+  const byLine = new Map<number, string[]>();
+  for (const mark of marks) {
+    if (mark.line < 1 || mark.line > doc.lines) continue;
+    byLine.set(mark.line, [...(byLine.get(mark.line) ?? []), mark.note]);
+  }
+  for (const number of [...byLine.keys()].sort((a, b) => a - b)) {
+    const line = doc.line(number);
+    builder.add(line.from, line.from, Decoration.line({ class: "cm-marked-line" }));
+    const note = new LineMessage((byLine.get(number) ?? []).join(" · "), "cm-line-mark");
+    builder.add(line.to, line.to, Decoration.widget({ widget: note, side: 1 }));
+  }
+  return builder.finish();
 }
 
 function lineMessages(doc: Text, diagnostics: readonly Diagnostic[]): DecorationSet {
@@ -83,12 +108,18 @@ export interface EditorOptions {
   onChange?: (text: string) => void;
   /** Checks the document; its located issues become error markers. */
   check?: (text: string) => Promise<SpecIssue[]>;
+  /** Lines of a read-only document to mark, each with its note. */
+  marks?: readonly LineMark[];
 }
 
 export function yamlEditor(parent: HTMLElement, options: EditorOptions): EditorView {
   const extensions: Extension[] = [basicSetup, yaml(), EditorView.lineWrapping];
   if (options.readOnly) {
     extensions.push(EditorState.readOnly.of(true), EditorView.editable.of(false));
+    const marks = options.marks ?? [];
+    if (marks.length > 0) {
+      extensions.push(EditorView.decorations.of((view) => markedLines(view.state.doc, marks)));
+    }
   }
   if (options.onChange) {
     const onChange = options.onChange;

@@ -11,6 +11,7 @@ import { type Comparison, type CompareCurve, type Job, TERMINAL, api } from "../
 import { fill, formatValue, h } from "../dom";
 import type { Params, Scope } from "../scope";
 import { errorText } from "../scope";
+import { atStep, hoverValue } from "../components/charts";
 import { errorBox, section, stateBadge, table } from "../components/widgets";
 import { bestOf, metricValue } from "./jobs";
 
@@ -141,7 +142,7 @@ class CurvePanels {
               stroke: COLOURS[index % COLOURS.length],
               width: 1.5,
               spanGaps: true,
-              value: (_u: uPlot, v: number | null) => formatValue(v),
+              value: hoverValue(axis === "step" ? atStep : (seconds) => `at ${formatValue(seconds)} s`),
             })),
           ],
         },

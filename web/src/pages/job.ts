@@ -1,14 +1,18 @@
 // Job detail: a header with state, progress, downloads and actions, and tabs for the live charts (SSE), the
 // compiled net, a pipelined job's stages and timelines, the events timeline, logs with follow,
-// checkpoints, the environment its workers trained in and the job's YAML.
+// checkpoints, its prediction runs, the environment its workers trained in and the job's YAML (the
+// document it runs, its overrides marked). A prediction run's job shows the rows it scored and
+// only the events, logs and environment.
 
 import {
   ApiError,
   type Job,
   type JobFile,
   type StageTimeline,
+  type PredictionOut,
   TERMINAL,
   api,
+  effectiveYaml,
   isPipelined,
   streamUrl,
 } from "../api";
@@ -16,14 +20,17 @@ import { fill, formatDuration, formatTime, h } from "../dom";
 import type { Params, Scope } from "../scope";
 import { errorText } from "../scope";
 import { MAX_POINTS, MetricCharts } from "../components/charts";
-import { DRAFT_KEY, yamlEditor } from "../components/editor";
+import { DRAFT_KEY } from "../components/editor";
 import { errorBox, fact, progressBar, stateBadge, warningBox } from "../components/widgets";
 import { bestOf } from "./jobs";
 import { environmentTab } from "./environment";
-import { checkpointsTab, eventsTab, graphTab, logsTab, pipelineTab, predictionsTab } from "./jobtabs";
+import { checkpointsTab, eventsTab, graphTab, logsTab, pipelineTab, predictionsTab, yamlTab } from "./jobtabs";
 
 const TABS = ["charts", "graph", "pipeline", "events", "logs", "checkpoints", "predictions", "environment", "yaml"] as const;
 type Tab = (typeof TABS)[number];
+/** A prediction run's job (framework `predict`) trains nothing: it has no training tabs. */
+const PREDICTION_TABS: readonly Tab[] = ["events", "logs", "environment"];
+const PREDICT = "predict";
 const REFRESH_MS = 2000;
 
 /** A live `metric` event: one worker's values at a step (null: NaN or infinite). */
@@ -57,6 +64,7 @@ export interface JobContext {
 export function renderJob(root: HTMLElement, scope: Scope, params: Params): void {
   const id = Number(params.id);
   let job: Job | null = null;
+  let run: PredictionOut | null = null; // the prediction run a job of framework `predict` places
   const listeners: Listeners = { log: [], checkpoint: [], event: [], state: [], metric: [], timeline: [] };
   const ctx: JobContext = {
     id,
@@ -88,11 +96,7 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
     checkpoints: (pane) => checkpointsTab(pane, ctx),
     environment: (pane) => environmentTab(pane, ctx),
     predictions: (pane) => predictionsTab(pane, ctx),
-    yaml: (pane) => {
-      const spec = job?.spec_yaml ?? "";
-      const view = yamlEditor(pane, { doc: spec, readOnly: true });
-      scope.onDispose(() => view.destroy());
-    },
+    yaml: (pane) => yamlTab(pane, ctx),
   };
 
   const select = (tab: Tab) => {
@@ -168,11 +172,13 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
       j.cancel_requested ? "Cancelling…" : "Cancel job",
     );
     if (j.cancel_requested) cancel.disabled = true;
+    const predicting = j.framework === PREDICT;
     const copy = h(
       "button",
       {
         onclick: () => {
-          localStorage.setItem(DRAFT_KEY, j.spec_yaml ?? "");
+          // the document the job ran: its overrides carried into the copy
+          localStorage.setItem(DRAFT_KEY, effectiveYaml(j));
           location.hash = "#/new";
         },
       },
@@ -188,19 +194,32 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
         h("span", { id: "job-state" }, stateBadge(j.state)),
         h("div", { class: "spacer" }),
         downloads(j),
-        copy,
+        predicting ? null : copy,
         TERMINAL.has(j.state) ? null : cancel,
       ),
       h(
         "div",
         { class: "facts card" },
-        h(
-          "div",
-          { class: "fact wide" },
-          h("span", { class: "muted" }, "progress"),
-          progressBar(j.step, j.train_steps, j.state),
-          h("strong", { class: "num" }, `${j.step.toLocaleString()} / ${j.train_steps.toLocaleString()}`),
-        ),
+        predicting && run
+          ? h(
+              "div",
+              { class: "fact wide", id: "rows-scored" },
+              h("span", { class: "muted" }, "rows scored"),
+              progressBar(run.rows_done, run.rows, j.state),
+              h("strong", { class: "num" }, `${run.rows_done.toLocaleString()} / ${run.rows.toLocaleString()} rows`),
+            )
+          : h(
+              "div",
+              { class: "fact wide" },
+              h("span", { class: "muted" }, "progress"),
+              progressBar(j.step, j.train_steps, j.state),
+              h("strong", { class: "num" }, `${j.step.toLocaleString()} / ${j.train_steps.toLocaleString()}`),
+            ),
+        predicting && run ? fact("prediction run", `#${run.id} of ${run.model ?? `job #${run.job_id ?? "?"}`}`) : null,
+        predicting && run && run.job_id !== null
+          ? fact("source job", h("a", { href: `#/jobs/${run.job_id}`, id: "run-source" }, `#${run.job_id}`))
+          : null,
+        predicting && run ? fact("dataset", run.dataset) : null,
         fact("owner", j.owner),
         j.sweep_id !== null
           ? fact("sweep", h("a", { href: `#/sweeps/${j.sweep_id}`, id: "job-sweep" }, `#${j.sweep_id} trial ${j.trial_number ?? "?"}`))
@@ -209,7 +228,7 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
         fact("priority", String(j.priority)),
         j.queue_position !== null ? fact("queue position", String(j.queue_position)) : null,
         j.restarts > 0 ? fact("restarts", String(j.restarts)) : null,
-        fact(`best ${j.objective}`, bestOf(j)),
+        predicting ? null : fact(`best ${j.objective}`, bestOf(j)),
         fact("created", formatTime(j.created_at)),
         fact("started", formatTime(j.started_at)),
         fact("ended", formatTime(j.ended_at)),
@@ -225,6 +244,7 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
 
   const refresh = async () => {
     const fresh = await api.job(id, scope.signal);
+    if (fresh.framework === PREDICT) run = await api.runOfJob(id, scope.signal);
     const changed = !job || job.state !== fresh.state;
     job = fresh;
     drawHeader(fresh);
@@ -314,11 +334,15 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
   refresh()
     .then(() => {
       const pipelined = job !== null && isPipelined(job);
-      const pipelineButton = tabBar.querySelector<HTMLElement>("[data-tab='pipeline']");
-      if (pipelineButton) pipelineButton.hidden = !pipelined;
-      const wanted = (params.tab ?? "charts") as Tab;
-      const known = TABS.includes(wanted) && (wanted !== "pipeline" || pipelined);
-      select(known ? wanted : "charts");
+      const predicting = job?.framework === PREDICT;
+      const shown = (tab: Tab) =>
+        predicting ? PREDICTION_TABS.includes(tab) : tab !== "pipeline" || pipelined;
+      for (const button of tabBar.querySelectorAll<HTMLElement>("button")) {
+        button.hidden = !shown(button.dataset.tab as Tab);
+      }
+      const first = predicting ? PREDICTION_TABS[0] : "charts";
+      const wanted = (params.tab ?? first) as Tab;
+      select(TABS.includes(wanted) && shown(wanted) ? wanted : first);
       if (job && !TERMINAL.has(job.state)) void follow();
       return loadHistory();
     })

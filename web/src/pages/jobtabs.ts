@@ -1,9 +1,18 @@
 // The job detail tabs that fetch their own data: graph, pipeline, events, logs, checkpoints and
-// the job's batch prediction runs.
+// the job's batch prediction runs; and its YAML.
 
-import { type Pipeline, type StageTimeline, TERMINAL, api, isPipelined } from "../api";
+import {
+  type Pipeline,
+  type PredictionOut,
+  type StageTimeline,
+  TERMINAL,
+  api,
+  effectiveYaml,
+  isPipelined,
+} from "../api";
 import { fill, formatBytes, formatCount, formatTime, h } from "../dom";
-import { errorText } from "../scope";
+import { type Scope, errorText } from "../scope";
+import { type LineMark, yamlEditor } from "../components/editor";
 import { drawGraph, stageKey } from "../components/graph";
 import { drawTimeline } from "../components/timeline";
 import { errorBox, fact, stateBadge, table } from "../components/widgets";
@@ -304,14 +313,25 @@ export function checkpointsTab(pane: HTMLElement, ctx: JobContext): void {
 
 const PREDICTIONS_POLL_MS = 1000;
 
-// The job's batch prediction runs (POST /jobs/{id}/predictions): state, progress, the scores'
-// download once a run has succeeded. Read again every second while a run is still going.
+// The job's batch prediction runs (POST /jobs/{id}/predictions, and those of the models
+// registered from it): state, progress, the scores' download once a run has succeeded.
 export function predictionsTab(pane: HTMLElement, ctx: JobContext): void {
   const host = h("div", { id: "predictions", class: "table-wrap" });
   pane.append(
     h("p", { class: "muted" }, "Batch prediction on the cluster: trainyard predict JOB --dataset NAME --workers N"),
     host,
   );
+  predictionRuns(host, ctx.scope, (signal) => api.predictions(ctx.id, signal), "No prediction runs of this job.");
+}
+
+/** Prediction runs as a table, each linked to its own page, read again every second while a
+ * run is still going. */
+export function predictionRuns(
+  host: HTMLElement,
+  scope: Scope,
+  fetchRuns: (signal: AbortSignal) => Promise<PredictionOut[]>,
+  empty: string,
+): void {
   const download = async (id: number, dataset: string, button: HTMLButtonElement) => {
     button.disabled = true;
     try {
@@ -326,14 +346,15 @@ export function predictionsTab(pane: HTMLElement, ctx: JobContext): void {
     }
   };
   let timer: ReturnType<typeof setTimeout> | undefined;
-  ctx.scope.onDispose(() => clearTimeout(timer));
+  scope.onDispose(() => clearTimeout(timer));
   const load = async () => {
-    const rows = await api.predictions(ctx.id, ctx.scope.signal);
+    const rows = await fetchRuns(scope.signal);
     fill(
       host,
       table(
         [
-          { title: "run", cell: (p) => `#${p.id}`, className: "num" },
+          { title: "run", cell: (p) => h("a", { href: `#/jobs/${p.run_job_id}`, class: "run-link" }, `#${p.id}`), className: "num" },
+          { title: "model", cell: (p) => p.model ?? (p.job_id === null ? "—" : `job #${p.job_id}`) },
           { title: "dataset", cell: (p) => p.dataset },
           { title: "state", cell: (p) => stateBadge(p.state) },
           {
@@ -362,15 +383,56 @@ export function predictionsTab(pane: HTMLElement, ctx: JobContext): void {
         ],
         rows,
         {
-          empty: "No prediction runs of this job.",
+          empty,
           rowAttrs: (p) => ({ "data-prediction": String(p.id), "data-state": p.state }),
         },
       ),
     );
-    if (rows.some((p) => !TERMINAL.has(p.state)) && !ctx.scope.signal.aborted) {
+    if (rows.some((p) => !TERMINAL.has(p.state)) && !scope.signal.aborted) {
       timer = setTimeout(reload, PREDICTIONS_POLL_MS);
     }
   };
   const reload = () => void load().catch((error) => fill(host, errorBox(errorText(error))));
   reload();
+}
+
+/** An override as `--set` writes it. */
+function setFlag(path: string, value: unknown): string {
+  return `--set ${path}=${typeof value === "string" ? value : JSON.stringify(value)}`;
+}
+
+/** The document the job runs (its overrides applied, each marked on its line), and the one
+ * submitted. */
+export function yamlTab(pane: HTMLElement, ctx: JobContext): void {
+  const job = ctx.job();
+  if (!job) return;
+  const overrides = Object.entries(job.overrides);
+  const lines = job.override_lines ?? {};
+  const marks: LineMark[] = overrides.flatMap(([path, value]) =>
+    lines[path] === undefined ? [] : [{ line: lines[path], note: setFlag(path, value) }],
+  );
+  const host = h("div", { id: "yaml-effective" });
+  if (overrides.length > 0) {
+    pane.append(
+      h(
+        "p",
+        { class: "muted", id: "yaml-overrides" },
+        `Submitted with ${overrides.map(([path, value]) => setFlag(path, value)).join(" ")}; ` +
+          "the document below has them applied, each marked on its line.",
+      ),
+    );
+  }
+  pane.append(host);
+  const view = yamlEditor(host, { doc: effectiveYaml(job), readOnly: true, marks });
+  ctx.scope.onDispose(() => view.destroy());
+  if (overrides.length > 0) {
+    pane.append(
+      h(
+        "details",
+        { id: "yaml-submitted" },
+        h("summary", {}, "As submitted, before the overrides"),
+        h("pre", { class: "yaml-submitted" }, job.spec_yaml ?? ""),
+      ),
+    );
+  }
 }

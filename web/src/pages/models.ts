@@ -1,17 +1,20 @@
 // Models: the registry (docs/models.md). Every version of your models, by name; register a
-// job's checkpoint as the next version of a name, tag a version (production), delete one.
+// job's checkpoint as the next version of a name, tag a version (production), delete one; a
+// version's prediction runs.
 
 import { type ModelVersionOut, api } from "../api";
 import { fill, formatTime, formatValue, h } from "../dom";
-import { type Scope, errorText } from "../scope";
+import { Scope, errorText } from "../scope";
 import { type Column, errorBox, table } from "../components/widgets";
+import { predictionRuns } from "./jobtabs";
 
-function objective(v: ModelVersionOut): string {
+export function objective(v: ModelVersionOut): string {
   return `${v.objective} ${formatValue(v.objective_value)} (${v.objective_mode})`;
 }
 
 export function renderModels(root: HTMLElement, scope: Scope): void {
   const body = h("div", { class: "table-wrap", id: "models" });
+  const runs = h("section", { class: "card", id: "model-predictions", hidden: true });
   const message = h("div", { class: "muted", id: "model-message" });
   const name = h("input", { id: "model-name", placeholder: "name", required: true });
   const job = h("input", { id: "model-job", placeholder: "job id", type: "number", min: "1" });
@@ -28,6 +31,18 @@ export function renderModels(root: HTMLElement, scope: Scope): void {
     fill(body, table(columns(), versions, { empty: "No models yet: register a job's checkpoint above.", rowAttrs: (v) => ({ "data-model": v.ref }) }));
   };
   const onError = (error: unknown) => fill(message, errorBox(errorText(error)));
+  // Each list of runs shown gets its own scope: the one shown before stops polling.
+  let shownRuns: Scope | null = null;
+  const showRuns = (v: ModelVersionOut) => {
+    shownRuns?.dispose();
+    const own = new Scope();
+    scope.onDispose(() => own.dispose());
+    shownRuns = own;
+    const host = h("div", { class: "table-wrap" });
+    fill(runs, h("h2", {}, `Prediction runs of ${v.ref}`), host);
+    runs.hidden = false;
+    predictionRuns(host, own, (signal) => api.modelPredictions(v.name, v.version, signal), `No prediction runs of ${v.ref}.`);
+  };
   const act = (work: () => Promise<string>) =>
     work()
       .then((done) => {
@@ -57,6 +72,7 @@ export function renderModels(root: HTMLElement, scope: Scope): void {
         return h(
           "div",
           { class: "row-actions" },
+          h("button", { class: "runs-button", onclick: () => showRuns(v) }, "Prediction runs"),
           tag,
           h(
             "button",
@@ -105,6 +121,7 @@ export function renderModels(root: HTMLElement, scope: Scope): void {
     register,
     message,
     body,
+    runs,
   );
   load().catch(onError);
 }

@@ -7,6 +7,7 @@ import { ApiError, SWEEP_TERMINAL, TERMINAL, type SweepDetail, type Trial, api }
 import { fill, formatTime, h } from "../dom";
 import { type Params, type Scope, errorText } from "../scope";
 import { errorBox, fact, progressBar, stateBadge, warningBox } from "../components/widgets";
+import { objective } from "./models";
 import { objectivesText } from "./sweeps";
 import {
   bestPanel,
@@ -256,7 +257,12 @@ function registerBest(id: number): HTMLElement {
             return;
           }
           const version = await api.registerModel(name.value.trim(), best.job_id, null);
-          fill(message, h("a", { href: "#/models" }, `registered ${version.ref}`), ` (trial ${best.number}, job #${best.job_id})`);
+          // the trial's best checkpoint: which step, and the objective's value there
+          fill(
+            message,
+            h("a", { href: "#/models" }, `registered ${version.ref}`),
+            `: trial ${best.number}, job #${best.job_id} step ${version.step}, ${objective(version)}`,
+          );
         } catch (error) {
           fill(message, errorText(error));
         }
