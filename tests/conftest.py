@@ -103,6 +103,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = [item for group in heaviest for item in group]
 
 
+def missing_component(reason: str) -> None:
+    """A real component some tests need (Chromium, Java) is missing: they skip, except under
+    CI=true, where a missing component is an error (scripts/ensure-apt.sh exits 1 there too)."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason} (CI=true: a missing component fails CI)", pytrace=False)
+    pytest.skip(reason)
+
+
 def compile_with_data(
     document: str | Mapping[str, Any],
     *,
