@@ -47,6 +47,21 @@ SLOW = [
     "transformer",
 ]
 AT_ONCE = 3
+# What a smoke run's output must name: every case its script's docstring says --smoke runs.
+NAMED = {
+    "pipeline": [
+        *('"gpipe"', '"1f1b"', '"interleaved_1f1b_v2"', '"zero_bubble"', '"zero_bubble_v2"'),
+        *('"zbv"', '"kept"', '"rematerialized"'),
+    ],
+    "time_to_accuracy": [
+        f"| {case} |"
+        for case in (
+            *("local", "sandblaster", "allreduce", "allreduce-powersgd", "localsgd-32-delay-4"),
+            *("downpour", "hogwild"),
+        )
+    ],
+    "api_load": ["GET /jobs ", "POST /jobs/validate ", "GET /cluster ", "/healthz beside it"],
+}
 
 
 # The slow scripts start from a thread pool. CPython's subprocess starts a child with vfork,
@@ -121,7 +136,9 @@ def slow_smokes(
 @pytest.mark.slow
 @pytest.mark.parametrize("script", SLOW)
 def test_bench_smoke(script: str, slow_smokes: dict[str, Future[str]]) -> None:
-    slow_smokes[script].result()
+    out = slow_smokes[script].result()
+    missing = [name for name in NAMED.get(script, []) if name not in out]
+    assert not missing, f"{script} --smoke did not run {missing}:\n{out}"
 
 
 def test_submit_latency_smoke_on_the_shared_stack(stack: RunningStack) -> None:
