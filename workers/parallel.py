@@ -25,6 +25,7 @@ and `serve` are what one process of a job runs.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
@@ -344,6 +345,12 @@ def train(ctx: RunContext) -> Summary:
         if summary.status not in ("cancelled", "drained"):
             for finish in worker.after_run:
                 finish()
+        # The trainer's DDP wrapper and hooks hold the process group (in reference cycles):
+        # freed now, with their gloo threads joined, before `cleanup` destroys the group. A
+        # process that exits with a group's threads alive dies with SIGABRT ("terminate called
+        # without an active exception").
+        del worker
+        gc.collect()
         return summary
 
 
