@@ -13,7 +13,7 @@ leaves idle. The conventions that keep that safe:
 - Folders and files that must share one worker are named in SHARED_WORKER: tests/web (its
   modules share one `trainyard up` and one Chromium, tests/web/conftest.py), tests/hosts (one
   set of network namespaces at a time), and `busy`: the bench smoke runs and the service
-  clusters with short liveness timeouts, one at a time. A new file of that kind is added there;
+  clusters, one at a time. A new file of that kind is added there;
   `xdist_group` marks have no effect (see FileGroupScheduling).
 - Files are handed out heaviest first (the most tests marked `slow`, `e2e` or `hosts`), so
   that the long ones do not start last; `--no-loadscope-reorder` keeps that order. A test that
@@ -55,8 +55,9 @@ EXAMPLES = ROOT / "examples"
 # -- two test processes (pytest-xdist): the conventions of this file's docstring.
 
 # Folders and files that share one worker, and the group that holds them. `busy`: the bench
-# smoke runs (three scripts at once) and the clusters whose liveness timeouts a busy 2-core
-# machine can trip (an agent's 6 s of silence restarted a job under both) never run together.
+# smoke runs (three scripts at once) and the service clusters never run together. (The
+# clusters' liveness timeouts are long enough besides: 6 s of an agent's silence restarted a
+# job when they ran together, and a test that a silent node is lost kills its agent outright.)
 SHARED_WORKER = {
     "tests/web/": "browser",
     "tests/hosts/": "hosts",
