@@ -25,7 +25,6 @@ and `serve` are what one process of a job runs.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
@@ -345,12 +344,11 @@ def train(ctx: RunContext) -> Summary:
         if summary.status not in ("cancelled", "drained"):
             for finish in worker.after_run:
                 finish()
-        # The trainer's DDP wrapper and hooks hold the process group (in reference cycles):
-        # freed now, with their gloo threads joined, before `cleanup` destroys the group. A
+        # The trainer's DDP wrapper and hooks hold the process group: let go of here, so that
+        # `cleanup` (leave_group) frees them and joins their gloo threads with the group. A
         # process that exits with a group's threads alive dies with SIGABRT ("terminate called
         # without an active exception").
         del worker
-        gc.collect()
         return summary
 
 

@@ -4,7 +4,6 @@ gradients compressed by DDP's hooks (bf16, fp16, PowerSGD) train as the whole on
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import uuid
@@ -151,11 +150,10 @@ def _worker(rank: int, redis_url: str, scope: str, tmp: Path) -> None:
     results["before_2_13"] = _ddp_as_before_torch_2_13(rank)
 
     (tmp / f"results-rank{rank}.json").write_text(json.dumps(results))
-    # The trainers' DDP wrappers hold the process group: freed (and their gloo threads
-    # joined) before it is destroyed, as workers.parallel.train does; a spawned process that
-    # left them alive died at exit with SIGABRT under load.
+    # The trainers' DDP wrappers hold the process group: let go of before leave_group frees
+    # them (and joins their gloo threads), as workers.parallel.train does; a spawned process
+    # that left them alive died at exit with SIGABRT under load.
     del trainer, sync
-    gc.collect()
     dist.barrier()
     leave_group(client, scope, 0)
 
