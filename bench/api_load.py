@@ -20,13 +20,16 @@ the server it measures) calls each endpoint for `--seconds` seconds:
 
 The targets are ratios to the baseline, measured in the same run: each endpoint's phase is cut
 into `--rounds` slices that alternate with slices of GET /healthz, so that the other load on a
-shared machine weighs on both alike. GET /jobs must serve at least 0.30 of the requests a
-second /healthz serves, POST /jobs/validate at least 0.030: about three quarters of the ratios
-measured on a loaded 2-core machine on 2026-11-29 (0.38-0.44 and 0.040-0.059, load average
-6-8; docs/performance.md), so that a request grown a third dearer against /healthz fails. Until
-then the targets were absolute (500 and 50 req/s), and judged on a machine others share they
-measured the others' load, not the API: `make bench` failed on every loaded 2-core machine.
-The absolute figures are printed beside the ratios.
+shared machine weighs on both alike. What is judged is the API server's CPU time a request
+costs against a /healthz request's: GET /jobs at most 4.6 times, POST /jobs/validate at most
+26 times, a third above the highest ratios of two runs on a loaded 2-core machine on 2026-11-29
+(2.86 and 3.46; 19.6 and 19.1; docs/performance.md), so that a request grown a third dearer
+fails. The throughput's
+ratio to /healthz's is printed beside it, not judged: it fell from about 0.4 to 0.27 for GET
+/jobs as the machine's load average went from 7 to 14 (the load generator shares the cores).
+Until then the targets were absolute (500 and 50 req/s), and judged on a machine others share
+they measured the others' load, not the API: `make bench` failed on every loaded 2-core
+machine. The absolute figures are printed beside the ratios.
 
 The service's rate limits are honoured or set in the open: the setup's submissions stay within
 each user's `submissions_per_minute` (the default 120; a 429 waits its Retry-After), and each
@@ -80,11 +83,11 @@ DOCUMENTS = [
 ]
 API_PREFIX = "/api/v1"
 BASELINE = "GET /healthz"
-# Each endpoint's target: the least ratio of its req/s to BASELINE's in the same run. GET
-# /cluster has none: measured because the dashboard polls it.
+# Each endpoint's target: the most server CPU a request may cost, as a multiple of a BASELINE
+# request's in the same run. GET /cluster has none: measured because the dashboard polls it.
 TARGETS: dict[str, float | None] = {
-    "GET /jobs": 0.30,
-    "POST /jobs/validate": 0.030,
+    "GET /jobs": 4.6,
+    "POST /jobs/validate": 26.0,
     "GET /cluster": None,
 }
 
@@ -127,6 +130,8 @@ class Result:
         cuts = statistics.quantiles(self.latencies, n=100, method="inclusive")
         target = TARGETS[self.name]
         ratio = self.rate / baseline.rate
+        cost = self.server_cpu / self.requests
+        cost_ratio = cost / (baseline.server_cpu / baseline.requests)
         return {
             "endpoint": self.name,
             "requests": self.requests,
@@ -136,9 +141,10 @@ class Result:
             "ratio_to_healthz": round(ratio, 4),
             "p50_ms": round(cuts[49] * 1000, 2),
             "p99_ms": round(cuts[98] * 1000, 2),
-            "server_cpu_ms_per_request": round(self.server_cpu / self.requests * 1000, 3),
-            "target_ratio": target,
-            "pass": (target is None or ratio >= target) and self.errors + baseline.errors == 0,
+            "server_cpu_ms_per_request": round(cost * 1000, 3),
+            "cpu_ratio_to_healthz": round(cost_ratio, 3),
+            "target_cpu_ratio": target,
+            "pass": (target is None or cost_ratio <= target) and self.errors + baseline.errors == 0,
         }
 
 
@@ -426,14 +432,15 @@ def main() -> None:
             print(json.dumps(line))
         else:
             verdict = "PASS" if line["pass"] else "FAIL"
-            target = line["target_ratio"]
-            goal = f"target ratio >= {target}" if target is not None else "no target"
+            target = line["target_cpu_ratio"]
+            goal = f"target CPU ratio <= {target}" if target is not None else "no target"
             print(
                 f"{line['endpoint']:<22} {line['req_per_s']:>8.1f} req/s   "
                 f"/healthz beside it {line['healthz_req_per_s']:>8.1f} req/s   "
                 f"ratio {line['ratio_to_healthz']:>6.4f}   "
                 f"p50 {line['p50_ms']:>7.2f} ms   p99 {line['p99_ms']:>7.2f} ms   "
-                f"server CPU {line['server_cpu_ms_per_request']:>6.3f} ms/request   "
+                f"server CPU {line['server_cpu_ms_per_request']:>6.3f} ms/request "
+                f"({line['cpu_ratio_to_healthz']:.2f}x /healthz's)   "
                 f"errors {line['errors']}   {goal}: {verdict}"
             )
     if any(line["errors"] for line in lines):
