@@ -1,4 +1,4 @@
-"""API throughput: GET /jobs (target >= 500 req/s) and POST /jobs/validate (target >= 50 req/s).
+"""API throughput: GET /jobs and POST /jobs/validate, each against GET /healthz in the same run.
 
 The bench starts its own API server (`trainyard api`: one uvicorn process as `trainyard up`
 runs it, or `--api-workers` processes) on an embedded Redis and a SQLite file in a temporary
@@ -14,7 +14,22 @@ the server it measures) calls each endpoint for `--seconds` seconds:
 - POST /api/v1/jobs/validate, each request the next of the documents in turn (parse, validate,
   describe the data, infer shapes, count parameters, preview the placement);
 - GET /api/v1/cluster (no target; the dashboard polls it: nodes, running jobs, the queue with
-  the scheduler's reasons, as one user sees it).
+  the scheduler's reasons, as one user sees it);
+- GET /healthz, the baseline: no token, one database query and one Redis ping, through the same
+  server, framework and connections.
+
+The targets are ratios to the baseline, measured in the same run: each endpoint's phase is cut
+into `--rounds` slices that alternate with slices of GET /healthz, so that the other load on a
+shared machine weighs on both alike. What is judged is the API server's CPU time a request
+costs against a /healthz request's: GET /jobs at most 4.6 times, POST /jobs/validate at most
+26 times, a third above the highest ratios of two runs on a loaded 2-core machine on 2026-11-29
+(2.86 and 3.46; 19.6 and 19.1; docs/performance.md), so that a request grown a third dearer
+fails. The throughput's
+ratio to /healthz's is printed beside it, not judged: it fell from about 0.4 to 0.27 for GET
+/jobs as the machine's load average went from 7 to 14 (the load generator shares the cores).
+Until then the targets were absolute (500 and 50 req/s), and judged on a machine others share
+they measured the others' load, not the API: `make bench` failed on every loaded 2-core
+machine. The absolute figures are printed beside the ratios.
 
 The service's rate limits are honoured or set in the open: the setup's submissions stay within
 each user's `submissions_per_minute` (the default 120; a 429 waits its Retry-After), and each
@@ -24,13 +39,14 @@ bench measures what the API can check, not the allowance. The allowance's check 
 every request. (Before 2026-11-26 the bench sent one admin token and one document, and stopped
 on the allowance's 429 once the API checked more than 120 documents in a minute.)
 
-Every response must be 200; the throughput counts completed requests over the wall time. Beside
-it, the API server's CPU time per request (its processes' user and system time over the phase,
-divided by the requests): on a shared machine the throughput falls with the other load, while
-the CPU a request costs moves much less, so it is the figure to compare between runs.
+Every response must be 200; the throughput counts completed requests over the wall time of
+its slices. Beside it, the API server's CPU time per request (its processes' user and system
+time over the phase, divided by the requests): on a shared machine the throughput falls with
+the other load, while the CPU a request costs moves much less, so it is the figure to compare
+between runs.
 
-    .venv/bin/python bench/api_load.py [--seconds 10] [--concurrency 16] [--jobs 500]
-                                       [--users 10] [--api-workers 1]
+    .venv/bin/python bench/api_load.py [--seconds 10] [--rounds 5] [--concurrency 16]
+                                       [--jobs 500] [--users 10] [--api-workers 1]
 """
 
 from __future__ import annotations
@@ -66,10 +82,12 @@ DOCUMENTS = [
     for name in ("digits_mlp", "digits_cnn", "mnist1d_mlp", "mnist1d_cnn", "mnist1d_gru")
 ]
 API_PREFIX = "/api/v1"
-# GET /cluster has no target: measured because the dashboard polls it.
+BASELINE = "GET /healthz"
+# Each endpoint's target: the most server CPU a request may cost, as a multiple of a BASELINE
+# request's in the same run. GET /cluster has none: measured because the dashboard polls it.
 TARGETS: dict[str, float | None] = {
-    "GET /jobs": 500.0,
-    "POST /jobs/validate": 50.0,
+    "GET /jobs": 4.6,
+    "POST /jobs/validate": 26.0,
     "GET /cluster": None,
 }
 
@@ -96,19 +114,37 @@ class Result:
     def rate(self) -> float:
         return self.requests / self.seconds
 
-    def line(self) -> dict[str, object]:
+    def joined(self, other: Result) -> Result:
+        """This phase's figures with another slice of the same endpoint's added."""
+        return Result(
+            self.name,
+            self.requests + other.requests,
+            self.errors + other.errors,
+            self.seconds + other.seconds,
+            self.latencies + other.latencies,
+            self.server_cpu + other.server_cpu,
+        )
+
+    def line(self, baseline: Result) -> dict[str, object]:
+        """The figures, with the ratio of this rate to the baseline's slices beside it."""
         cuts = statistics.quantiles(self.latencies, n=100, method="inclusive")
         target = TARGETS[self.name]
+        ratio = self.rate / baseline.rate
+        cost = self.server_cpu / self.requests
+        cost_ratio = cost / (baseline.server_cpu / baseline.requests)
         return {
             "endpoint": self.name,
             "requests": self.requests,
-            "errors": self.errors,
+            "errors": self.errors + baseline.errors,
             "req_per_s": round(self.rate, 1),
+            "healthz_req_per_s": round(baseline.rate, 1),
+            "ratio_to_healthz": round(ratio, 4),
             "p50_ms": round(cuts[49] * 1000, 2),
             "p99_ms": round(cuts[98] * 1000, 2),
-            "server_cpu_ms_per_request": round(self.server_cpu / self.requests * 1000, 3),
-            "target_req_per_s": target,
-            "pass": (target is None or self.rate >= target) and self.errors == 0,
+            "server_cpu_ms_per_request": round(cost * 1000, 3),
+            "cpu_ratio_to_healthz": round(cost_ratio, 3),
+            "target_cpu_ratio": target,
+            "pass": (target is None or cost_ratio <= target) and self.errors + baseline.errors == 0,
         }
 
 
@@ -206,14 +242,13 @@ class Connection:
         self.writer.close()
 
 
-def prepare(url: str, token: str, phase: Phase) -> bytes:
+def prepare(url: str, token: str | None, phase: Phase) -> bytes:
     """The request's bytes, built once (by httpx, so they are what a client would send)."""
+    headers = {"Connection": "keep-alive"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
     request = httpx.Request(
-        phase.method,
-        url + API_PREFIX + phase.path,
-        params=phase.params,
-        json=phase.body,
-        headers={"Authorization": f"Bearer {token}", "Connection": "keep-alive"},
+        phase.method, url + phase.path, params=phase.params, json=phase.body, headers=headers
     )
     request.read()
     target = request.url.raw_path.decode("ascii")
@@ -310,36 +345,61 @@ async def fill(url: str, tokens: list[str], jobs: int) -> None:
 
 async def load(
     url: str, tokens: list[str], server: psutil.Process, args: argparse.Namespace
-) -> list[Result]:
+) -> list[tuple[Result, Result]]:
+    """Each endpoint's figures and those of the baseline's slices taken between its own."""
     await fill(url, tokens, args.jobs)
     documents = [
-        Phase("POST /jobs/validate", "POST", "/jobs/validate", body=variant(args.jobs + i))
+        Phase(
+            "POST /jobs/validate",
+            "POST",
+            API_PREFIX + "/jobs/validate",
+            body=variant(args.jobs + i),
+        )
         for i in range(4 * len(DOCUMENTS))
     ]
     # The requests of each phase, in the turns the connections take: every user's, and for
     # validation each of the documents under a name of its own, sent by the users in turn.
     phases = {
         "GET /jobs": [
-            prepare(url, token, Phase("GET /jobs", "GET", "/jobs", params={"limit": 50}))
+            prepare(
+                url, token, Phase("GET /jobs", "GET", API_PREFIX + "/jobs", params={"limit": 50})
+            )
             for token in tokens
         ],
         "POST /jobs/validate": [
             prepare(url, tokens[i % len(tokens)], phase) for i, phase in enumerate(documents)
         ],
         "GET /cluster": [
-            prepare(url, token, Phase("GET /cluster", "GET", "/cluster")) for token in tokens
+            prepare(url, token, Phase("GET /cluster", "GET", API_PREFIX + "/cluster"))
+            for token in tokens
         ],
     }
+    baseline = [prepare(url, None, Phase(BASELINE, "GET", HEALTH_PATH))]
+    await run_phase(url, baseline, BASELINE, 1.0, args.concurrency, server)  # warm caches
     results = []
     for name, raws in phases.items():
-        await run_phase(url, raws, name, 1.0, args.concurrency, server)  # warm caches
-        results.append(await run_phase(url, raws, name, args.seconds, args.concurrency, server))
+        await run_phase(url, raws, name, 1.0, args.concurrency, server)
+        # Slices of the baseline and the endpoint in turn: a change of the machine's load
+        # during the phase weighs on both.
+        slice_seconds = args.seconds / args.rounds
+        measured: Result | None = None
+        beside: Result | None = None
+        for _ in range(args.rounds):
+            base = await run_phase(url, baseline, BASELINE, slice_seconds, args.concurrency, server)
+            part = await run_phase(url, raws, name, slice_seconds, args.concurrency, server)
+            beside = base if beside is None else beside.joined(base)
+            measured = part if measured is None else measured.joined(part)
+        assert measured is not None and beside is not None
+        results.append((measured, beside))
     return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="per endpoint")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="slices of each endpoint, between /healthz's"
+    )
     parser.add_argument("--concurrency", type=int, default=16, help="requests in flight")
     parser.add_argument("--jobs", type=int, default=500, help="jobs stored before the load")
     parser.add_argument("--users", type=int, default=10, help="users, a token each")
@@ -351,7 +411,7 @@ def main() -> None:
     )
     parser.add_argument("--api-workers", type=int, default=1, help="API server processes")
     parser.add_argument("--json", action="store_true", help="print JSON lines")
-    args = smoke.parse(parser, seconds=1.0, jobs=20, concurrency=4)
+    args = smoke.parse(parser, seconds=1.0, rounds=2, jobs=20, concurrency=4)
 
     with tempfile.TemporaryDirectory(prefix="trainyard-bench-") as tmp:
         redis_server, process, url, tokens = start_api(Path(tmp), args)
@@ -361,7 +421,7 @@ def main() -> None:
             process.terminate()
             process.wait(timeout=30)
             redis_server.stop()
-    lines = [result.line() for result in results]
+    lines = [result.line(baseline) for result, baseline in results]
     print(
         f"{args.users} users, {args.jobs} jobs stored, {len(DOCUMENTS)} documents varied; "
         f"validations_per_minute set to {args.validations_per_minute} per user (default 120); "
@@ -372,12 +432,15 @@ def main() -> None:
             print(json.dumps(line))
         else:
             verdict = "PASS" if line["pass"] else "FAIL"
-            target = line["target_req_per_s"]
-            goal = f"target >= {target:.0f}" if target is not None else "no target"
+            target = line["target_cpu_ratio"]
+            goal = f"target CPU ratio <= {target}" if target is not None else "no target"
             print(
                 f"{line['endpoint']:<22} {line['req_per_s']:>8.1f} req/s   "
+                f"/healthz beside it {line['healthz_req_per_s']:>8.1f} req/s   "
+                f"ratio {line['ratio_to_healthz']:>6.4f}   "
                 f"p50 {line['p50_ms']:>7.2f} ms   p99 {line['p99_ms']:>7.2f} ms   "
-                f"server CPU {line['server_cpu_ms_per_request']:>6.3f} ms/request   "
+                f"server CPU {line['server_cpu_ms_per_request']:>6.3f} ms/request "
+                f"({line['cpu_ratio_to_healthz']:.2f}x /healthz's)   "
                 f"errors {line['errors']}   {goal}: {verdict}"
             )
     if any(line["errors"] for line in lines):

@@ -24,6 +24,10 @@ The slow-link comparison of docs/performance.md (local, plain allreduce, PowerSG
 
     .venv/bin/python bench/time_to_accuracy.py --hosts --bandwidths 100mbit \
         --only local,allreduce,allreduce-powersgd,localsgd
+
+`--smoke` runs SMOKE_CASES, a case of every framework and of each way allreduce workers sync
+(plain, PowerSGD, local SGD with a delayed mean), 40 steps each (local SGD's every 32 steps
+averages once, over the 4 after); a case that fails fails the run. Its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -131,6 +135,18 @@ CASES = [
         "2 groups x 2 workers, 2 shards",
     ),
 ]
+
+
+# A case of every framework and of each way allreduce workers sync: what --smoke runs.
+SMOKE_CASES = (
+    "local",
+    "sandblaster",
+    "allreduce",
+    "allreduce-powersgd",
+    "localsgd-32-delay-4",
+    "downpour",
+    "hogwild",
+)
 
 
 @dataclass
@@ -337,7 +353,7 @@ def main() -> None:
         help="comma-separated worker counts (e.g. 1,2,4,8): a speed-up table of allreduce and "
         "downpour, each process pinned to a core of its own (needs that many cores)",
     )
-    args = smoke.parse(parser, steps=30, test_freq=10, only="local,allreduce,downpour")
+    args = smoke.parse(parser, steps=40, test_freq=10, only=",".join(SMOKE_CASES))
     torch.set_num_threads(1)
     wanted = {name for name in args.only.split(",") if name}
     cases = [case for case in CASES if not wanted or case.name in wanted]
@@ -379,6 +395,9 @@ def main() -> None:
     if args.json:
         payload = {b or "here": as_json(results) for b, results in by_bandwidth.items()}
         args.json.write_text(json.dumps(payload, indent=1))
+    failed = [r.case.name for results in by_bandwidth.values() for r in results if r.error]
+    if args.smoke and failed:  # a smoke run checks that every case runs
+        raise SystemExit(f"these runs failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":

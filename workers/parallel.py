@@ -344,6 +344,11 @@ def train(ctx: RunContext) -> Summary:
         if summary.status not in ("cancelled", "drained"):
             for finish in worker.after_run:
                 finish()
+        # The trainer's DDP wrapper and hooks hold the process group: let go of here, so that
+        # `cleanup` (leave_group) frees them and joins their gloo threads with the group. A
+        # process that exits with a group's threads alive dies with SIGABRT ("terminate called
+        # without an active exception").
+        del worker
         return summary
 
 

@@ -1,13 +1,18 @@
 """What needs a GPU, run by bench/gpu_check.sh on a lent one (`-m gpu`); skipped without CUDA.
 
 The trainer on cuda, a checkpoint carried cuda -> cpu -> cuda, bf16 and fp16, `compile: true`,
-the fused updater kernels, training batches gathered on the GPU, and a job through a node agent
-that pins it to its GPU.
+the fused updater kernels, training batches gathered on the GPU, a worker process's GPUs as its
+own torch counts them once it has confined itself (workers/confine.py), and a job through a node
+agent that pins it to its GPU.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -165,3 +170,43 @@ def test_a_job_through_a_node_agent_on_its_pinned_gpu(stack_factory: Any) -> Non
         assert job.state == "SUCCEEDED", job.error
         logs = "\n".join(job.logs())
     assert "CUDA_VISIBLE_DEVICES=" in logs  # the agent pinned the process to its GPU
+
+
+PINNED = """
+import json, sys
+from pathlib import Path
+from contract.allocation import AllocationInfo
+from workers.confine import confine
+base = dict(allocation_id=1, job_id=1, role="worker", group=0, rank=0, world=1, slots=1,
+            gpus=0, node="n", framework="local", topology={}, spec={}, run_dir=Path("."))
+devices = tuple(json.loads(sys.argv[1]))
+confine(AllocationInfo(**{**base, "gpus": len(devices), "devices": devices}), "")
+import torch  # CUDA starts after the process confined itself, as in a forked worker
+count = torch.cuda.device_count()
+print(json.dumps({"count": count, "uuids": [str(torch.cuda.get_device_properties(i).uuid)
+                                            for i in range(count)]}))
+"""
+
+
+def seen_by_a_worker(devices: tuple[int, ...]) -> dict[str, Any]:
+    """What torch in a fresh process reports after confine() gave it the node's `devices`."""
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(PINNED), json.dumps(devices)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_a_worker_process_sees_through_torch_only_the_gpu_it_was_given() -> None:
+    """Each GPU of the machine given alone: the worker's torch counts one, and it is that one
+    (its UUID); a job without GPUs counts none, whatever the machine has."""
+    machine = [
+        str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())
+    ]
+    for index, uuid in enumerate(machine):
+        assert seen_by_a_worker((index,)) == {"count": 1, "uuids": [uuid]}
+    assert seen_by_a_worker(()) == {"count": 0, "uuids": []}

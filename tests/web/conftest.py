@@ -27,6 +27,8 @@ import pytest
 import yaml
 from playwright.sync_api import Browser, Page, ViewportSize, sync_playwright
 
+from tests.conftest import missing_component
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 EXAMPLES = ROOT / "examples"
@@ -154,7 +156,7 @@ SHARED = SharedStack()
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Stack:
     if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} is missing: run scripts/ensure-apt.sh (make test does)")
+        missing_component(f"{CHROMIUM} is missing: run scripts/ensure-apt.sh (make test does)")
     if not (ROOT / "web" / "dist" / "index.html").exists():
         pytest.fail("web/dist is missing: build the dashboard with `make web`")
     return SHARED.running(tmp_path_factory)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -242,3 +243,46 @@ def test_the_benchmark_smoke_resumes_exactly_after_sigkill() -> None:
     assert figures["resume_kills"] == 2 and figures["resume_attempts"] == 3
     assert figures["every_sample_once_per_epoch"] is True
     assert figures["same_batches_as_uninterrupted"] is True
+
+
+SHARD_ROWS, SHARD_FEATURES, SHARDS = 1024, 1024, 40  # 4 MB shards, 160 MB in all
+
+
+@pytest.mark.slow
+def test_a_streaming_worker_holds_a_few_shards_not_the_dataset(tmp_path: Path) -> None:
+    """A real worker process streams an epoch of 40 shards of 4 MB, its shuffle buffer a
+    shard's rows; its peak resident memory, less that of the same worker trained on a
+    one-batch array, stays within 8 shards (the window read, the one read ahead, its shuffled
+    copy, the queued batches): far below the 160 MB the dataset takes. bench/data_stream.py's
+    worker processes and their watch (resident memory sampled every 20 ms)."""
+    from bench.data_stream import SMOKE, job, train, write_shards
+
+    sizes = replace(SMOKE, features=SHARD_FEATURES, shard_rows=SHARD_ROWS, shards=SHARDS)
+    folder, test = tmp_path / "shards", tmp_path / "test"
+    ids = write_shards(folder, shards=SHARDS, rows=SHARD_ROWS, features=SHARD_FEATURES)
+    write_shards(test, shards=1, rows=SHARD_ROWS, features=SHARD_FEATURES, first_id=ids)
+    x = np.load(folder / "00000.x.npy")
+    shard_bytes = x.nbytes
+    batch = x[: sizes.batch_size]
+    np.savez(
+        tmp_path / "one_batch.npz",
+        x=batch,
+        y=(np.arange(len(batch)) % 10).astype(np.int64),
+        x_test=np.load(test / "00000.x.npy"),
+        y_test=np.load(test / "00000.y.npy"),
+    )
+    steps = SHARDS * SHARD_ROWS // sizes.batch_size  # one epoch
+    streamed_data = {
+        "source": "shards",
+        "path": str(folder),
+        "test_path": str(test),
+        "shuffle_buffer": SHARD_ROWS,
+    }
+    [streamed] = train(job(streamed_data, sizes, steps), tmp_path, "streamed")
+    one_batch = {"source": "npz", "path": str(tmp_path / "one_batch.npz")}
+    [control] = train(job(one_batch, sizes, steps), tmp_path, "control")
+    data = streamed.peak_rss - control.peak_rss
+    assert data <= 8 * shard_bytes, (
+        f"streaming {SHARDS} shards of {shard_bytes / 2**20:.1f} MB took {data / 2**20:.1f} MB "
+        f"(peak {streamed.peak_rss / 2**20:.0f} MB, control {control.peak_rss / 2**20:.0f} MB)"
+    )

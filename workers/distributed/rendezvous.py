@@ -8,6 +8,7 @@ tensors directly (between groups the parameter server carries the updates).
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import time
@@ -155,8 +156,11 @@ def join_group(
 
 
 def leave_group(client: redis.Redis | None = None, scope: str = "", group: int = 0) -> None:
-    """Tear the process group down; rank 0 also withdraws the published address."""
+    """Tear the process group down; rank 0 also withdraws the published address. What the
+    caller let go of that holds the group (a DDP wrapper, in reference cycles) is freed first,
+    so that its gloo threads end with the group, not at the process's exit (SIGABRT)."""
     if dist.is_initialized():
         if client is not None and dist.get_rank() == 0:
             client.delete(address_key(scope, group))
+        gc.collect()
         dist.destroy_process_group()

@@ -5,6 +5,7 @@ gradients compressed by DDP's hooks (bf16, fp16, PowerSGD) train as the whole on
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from dsl.schema import ClusterConfig
 from dsl.topology import resolve_topology
 from tests.conftest import compile_with_data
 from workers.checkpoint import load_checkpoint, resolve_checkpoint
-from workers.context import worker_dir
+from workers.context import RunContext, worker_dir
 from workers.distributed import allreduce
 from workers.distributed.allreduce import (
     DDPSync,
@@ -47,6 +48,7 @@ from workers.parallel import (
     group_pushers,
     group_trainer,
     sync_in_group,
+    train,
 )
 from workers.trainer import StepHooks, Trainer, TrainOptions
 
@@ -148,6 +150,10 @@ def _worker(rank: int, redis_url: str, scope: str, tmp: Path) -> None:
     results["before_2_13"] = _ddp_as_before_torch_2_13(rank)
 
     (tmp / f"results-rank{rank}.json").write_text(json.dumps(results))
+    # The trainers' DDP wrappers hold the process group: let go of before leave_group frees
+    # them (and joins their gloo threads), as workers.parallel.train does; a spawned process
+    # that left them alive died at exit with SIGABRT under load.
+    del trainer, sync
     dist.barrier()
     leave_group(client, scope, 0)
 
@@ -339,3 +345,55 @@ def test_allreduce_topologies_without_the_shards_they_need_are_refused() -> None
         )  # fmt: skip
     assert group_pushers(resolve_topology(base)) == 1
     assert group_pushers(resolve_topology(ClusterConfig(framework="downpour"))) is None
+
+
+def _threads() -> int:
+    """The process's OS threads (gloo's own included, which Python's threading does not see)."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def _product_worker(rank: int, redis_url: str, scope: str, tmp: Path) -> None:
+    """A worker of an allreduce job (DDP, PowerSGD) as the product runs one: workers.parallel's
+    train with its context; then what it left behind."""
+    torch.set_num_threads(1)
+    job = {**MLP, "cluster": {"framework": "allreduce", "compression": "powersgd"}}
+    compiled, data = compile_with_data(job, cache_dir=tmp)
+    before = _threads()
+    summary = train(
+        RunContext(
+            topology=resolve_topology(compiled.spec.cluster),
+            rank=rank,
+            redis_url=redis_url,
+            scope=scope,
+            job=compiled,
+            dataset=data,
+            run_dir=tmp / "run",
+        )
+    )
+    left = {"status": summary.status, "joined": dist.is_initialized()}
+    left |= {"threads_before": before, "threads_after": _threads()}
+    (tmp / f"left-rank{rank}.json").write_text(json.dumps(left))
+
+
+@pytest.mark.slow
+def test_a_finished_ddp_worker_leaves_its_process_group_and_exits_0(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """After training, the worker's process group is destroyed and its gloo threads joined
+    (the DDP wrapper that held the group freed first); a process that left threads of its
+    group behind died at exit with SIGABRT ("terminate called without an active exception")."""
+    scope = f"test-{uuid.uuid4().hex[:8]}:job:2"
+    context = mp.start_processes(
+        _product_worker,
+        args=(redis_url, scope, tmp_path),
+        nprocs=WORLD,
+        start_method="spawn",
+        join=False,
+    )
+    while not context.join(timeout=300):
+        pass
+    assert [process.exitcode for process in context.processes] == [0] * WORLD
+    for rank in range(WORLD):
+        left = json.loads((tmp_path / f"left-rank{rank}.json").read_text())
+        assert left["status"] == "succeeded" and not left["joined"], left
+        assert left["threads_after"] <= left["threads_before"], left

@@ -1,12 +1,13 @@
 """Framework localsgd with two real worker processes: with sync_freq 1 and sgd it ends where
 the local trainer on the combined batch ends (as allreduce does); with a warm-up and sync_freq 4
 the replicas are equal through the warm-up, apart between syncs, equal right after each sync
-and after the last step. What it cannot run is refused by tests/dsl/test_sync_checks.py's
-rules."""
+and after the last step; the job's cluster.localsgd_delay reaches the workers through
+workers/parallel.py. What it cannot run is refused by tests/dsl/test_sync_checks.py's rules."""
 
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +16,13 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
+from dsl.topology import resolve_topology
 from tests.conftest import compile_with_data
 from workers.checkpoint import load_checkpoint, resolve_checkpoint
+from workers.context import RunContext
 from workers.distributed.localsgd import LocalSGD
 from workers.distributed.rendezvous import GroupMember, file_store, join_group, leave_group
-from workers.parallel import agreed_stops, sync_apart
+from workers.parallel import agreed_stops, sync_apart, train
 from workers.trainer import StepHooks, Trainer, TrainOptions
 
 WORLD = 2
@@ -98,24 +101,42 @@ def _delayed_mean(rank: int, tmp: Path) -> list[float]:
     return seen
 
 
-def _worker(rank: int, tmp: Path) -> None:
+def _through_parallel(rank: int, tmp: Path, redis_url: str, scope: str) -> str:
+    """The delayed job as a worker of the service runs it: workers/parallel.py's train, which
+    joins its group through Redis and applies the job's cluster settings itself."""
+    compiled, data = compile_with_data(_job(PERIOD, WARMUP, delay=2), cache_dir=tmp)
+    context = RunContext(
+        topology=resolve_topology(compiled.spec.cluster),
+        rank=rank,
+        redis_url=redis_url,
+        scope=scope,
+        job=compiled,
+        dataset=data,
+        run_dir=tmp / "parallel-delayed",
+    )
+    return train(context).status
+
+
+def _worker(rank: int, tmp: Path, redis_url: str, scope: str) -> None:
     torch.set_num_threads(1)
     member = GroupMember(rank, WORLD)
     join_group(file_store(tmp / "store", member), member)
-    results = {
+    results: dict[str, Any] = {
         "every": _train(rank, tmp, "every", _job(1, 0)),
         "apart": _train(rank, tmp, "apart", _job(PERIOD, WARMUP)),
         "delayed": _train(rank, tmp, "delayed", _job(PERIOD, WARMUP, delay=2)),
         "by_hand": _delayed_mean(rank, tmp),
     }
-    (tmp / f"results-rank{rank}.json").write_text(json.dumps(results))
     leave_group()
+    results["parallel"] = _through_parallel(rank, tmp, redis_url, scope)
+    (tmp / f"results-rank{rank}.json").write_text(json.dumps(results))
 
 
 @pytest.fixture(scope="module")
-def group_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def group_run(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Path:
     tmp = tmp_path_factory.mktemp("localsgd")
-    mp.start_processes(_worker, args=(tmp,), nprocs=WORLD, start_method="spawn")
+    scope = f"test-{uuid.uuid4().hex[:8]}:job:1"
+    mp.start_processes(_worker, args=(tmp, redis_url, scope), nprocs=WORLD, start_method="spawn")
     return tmp
 
 
@@ -174,3 +195,17 @@ def test_with_a_delay_the_replicas_are_equal_through_the_warm_up_and_at_the_end(
         assert equal == (step in {1, 2, STEPS}), f"step {step}"
     metrics = json.loads((group_run / "results-rank0.json").read_text())["delayed"]
     assert metrics["test/accuracy"] > 0.6
+
+
+@pytest.mark.slow
+def test_the_jobs_delay_reaches_the_workers_through_workers_parallel(group_run: Path) -> None:
+    """The localsgd framework as workers/parallel.py applies the job (cluster.localsgd_delay:
+    2) ends where the pieces wired by hand with the delay end, not where they end without it."""
+    assert json.loads((group_run / "results-rank0.json").read_text())["parallel"] == "succeeded"
+    ours = load_checkpoint(resolve_checkpoint(group_run / "parallel-delayed")).params
+    delayed = _params(group_run, "delayed", STEPS, 0)
+    undelayed = _params(group_run, "apart", STEPS, 0)
+    assert ours.keys() == delayed.keys()
+    for name, tensor in delayed.items():
+        torch.testing.assert_close(ours[name], tensor, **TOL, msg=name)
+    assert not all(torch.allclose(ours[name], undelayed[name], **TOL) for name in undelayed)
