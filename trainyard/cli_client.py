@@ -15,6 +15,7 @@ import sys
 from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from itertools import islice
 from pathlib import Path
 from typing import Annotated, Any
@@ -350,6 +351,12 @@ def logs(
     as_json: Annotated[
         bool, typer.Option("--json", help="print the lines as one JSON array")
     ] = False,
+    timestamps: Annotated[
+        bool,
+        typer.Option(
+            "--timestamps", "-t", help="begin each line with when it was written (local time)"
+        ),
+    ] = False,
 ) -> None:
     """Print a job's log lines; with --follow, new ones as the job prints them, until it ends."""
     if follow and as_json:
@@ -374,7 +381,11 @@ def logs(
             print_json([line.model_dump(mode="json") for line in lines])
             return
         for line in lines:
-            sys.stdout.write(line.line + "\n")
+            text = line.line
+            if timestamps:
+                at = datetime.fromtimestamp(line.at).isoformat(sep=" ", timespec="milliseconds")
+                text = f"{at}  {text}"
+            sys.stdout.write(text + "\n")
             sys.stdout.flush()
 
 

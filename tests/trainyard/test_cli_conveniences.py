@@ -119,6 +119,11 @@ def test_logs_tail_grep_and_json(stack: RunningStack, finished: int) -> None:
         datetime.fromisoformat(shown[key]).timestamp() for key in ("started_at", "ended_at")
     )
     assert started - 5 <= times[0] and times[-1] <= ended + 5, (started, times, ended)
+    stamped = run(stack, "logs", str(finished), "--timestamps").stdout.splitlines()
+    assert [line.split("  ", 1)[1] for line in stamped] == every
+    assert [datetime.fromisoformat(line.split("  ", 1)[0]).timestamp() for line in stamped] == [
+        pytest.approx(at, abs=1e-3) for at in times
+    ]
     assert run(stack, "logs", str(finished), "--tail", "1").stdout.splitlines() == every[-1:]
     assert run(stack, "logs", str(finished), "--tail", "0").stdout == ""
     grepped = run(stack, "logs", str(finished), "--grep", "^worker").stdout.splitlines()
