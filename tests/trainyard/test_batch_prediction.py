@@ -161,7 +161,8 @@ def test_other_users_runs_answer_404_and_bad_requests_4xx(
     # A registered model scores where a job does: the same checkpoint, the same scores.
     client.register_model("predict-digits", job)
     by_model = client.predict_dataset("model:predict-digits@1", "digits-many", workers=2)
-    assert by_model.info.model == "predict-digits@1" and by_model.info.job_id is None
+    # listed on its source job's page too (the job the model was registered from)
+    assert by_model.info.model == "predict-digits@1" and by_model.info.job_id == job.id
     assert by_model.wait(timeout=120, poll=0.3).state == "SUCCEEDED"
     np.testing.assert_allclose(by_model.scores(), run.scores(), atol=1e-6)
     with pytest.raises(TrainyardError):  # a model is one checkpoint
