@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -191,17 +191,22 @@ def silent_allocations(
     running = session.scalars(
         select(Allocation).where(Allocation.state == AllocationState.RUNNING)
     ).all()
-    if not running:
+    seen = seen_times(client, keys, running)
+    return [
+        alloc
+        for alloc, value in zip(running, seen, strict=True)
+        if tracker.age(f"allocation {alloc.id}", value, now) > timeout
+    ]
+
+
+def seen_times(client: redis.Redis, keys: Keys, allocations: Sequence[Allocation]) -> list[str]:
+    """Each allocation's `seen` time as its agent last wrote it ("" for none), in one round trip."""
+    if not allocations:
         return []
     pipe = client.pipeline(transaction=False)
-    for alloc in running:
+    for alloc in allocations:
         pipe.hget(keys.allocation(alloc.id), SEEN)
-    silent = []
-    for alloc, seen in zip(running, pipe.execute(), strict=True):
-        value = seen.decode() if isinstance(seen, bytes) else ""
-        if tracker.age(f"allocation {alloc.id}", value, now) > timeout:
-            silent.append(alloc)
-    return silent
+    return [v.decode() if isinstance(v, bytes) else "" for v in pipe.execute()]
 
 
 def write_off_silent(

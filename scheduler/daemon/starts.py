@@ -23,11 +23,11 @@ import redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from contract.allocation import SEEN, AllocationInfo, AllocationState
+from contract.allocation import AllocationInfo, AllocationState
 from contract.keys import Keys
 from contract.settings import Settings
 from contract.stream import JobStream, StateRecord
-from scheduler.daemon.nodes import write_off_jobs
+from scheduler.daemon.nodes import seen_times, write_off_jobs
 from scheduler.placement.cluster import LIVE_JOBS
 from scheduler.recovery.policy import Unstarted
 from scheduler.store.models import Allocation, Job
@@ -75,14 +75,8 @@ def unstarted_allocations(
         .where(Allocation.state == AllocationState.PENDING, Job.state.in_(LIVE_JOBS))
         .order_by(Allocation.id)
     ).all()
-    pipe = client.pipeline(transaction=False)
-    for alloc in pending:
-        pipe.hget(keys.allocation(alloc.id), SEEN)
-    seen = pipe.execute() if pending else []
-    waiting = {
-        alloc.id: value.decode() if isinstance(value, bytes) else ""
-        for alloc, value in zip(pending, seen, strict=True)
-    }
+    seen = seen_times(client, keys, pending)
+    waiting = dict(zip((alloc.id for alloc in pending), seen, strict=True))
     late = set(watch.overdue(waiting, now, timeout))
     return [alloc for alloc in pending if alloc.id in late]
 
