@@ -173,7 +173,11 @@ def schedule_once(
     if seen == memo.seen:
         return []  # nothing changed since the last plan, which placed what it could
     decision = plan_queue([placement_request(job) for job in jobs.values()], capacities, shares)
-    memo.seen, memo.decision, memo.fresh = seen, decision, True
+    # A plan that placed a job is not what the next pass will see, even when queue, nodes and
+    # shares read the same then: the job may be back in the queue before it (its process failed
+    # to start), and must be placed again.
+    memo.seen = None if decision.placed else seen
+    memo.decision, memo.fresh = decision, True
     if not jobs:
         return []
     for job_id, reason in decision.waiting.items():

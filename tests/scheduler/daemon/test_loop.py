@@ -25,6 +25,7 @@ from scheduler.daemon.loop import (
 from scheduler.daemon.nodes import NodeTracker, mark_lost, sync_nodes
 from scheduler.ingest.batch import apply_state
 from scheduler.placement.cluster import node_capacities, queue_view
+from scheduler.recovery.actions import requeue
 from scheduler.recovery.policy import MAX_SHARD_REPLACEMENTS
 from scheduler.store.database import Database
 from scheduler.store.jobs import NewJob, create_job
@@ -469,3 +470,25 @@ def test_a_pass_with_nothing_changed_plans_nothing(db: Database, settings: Setti
     with db.session() as session:
         [item] = schedule_once(session, settings, memo)
     assert memo.fresh and item.info.job_id == second
+
+
+def test_a_job_placed_again_before_the_next_pass_is_placed_by_it(
+    db: Database, settings: Settings
+) -> None:
+    """A process that fails at once (its agent cannot claim it) puts its job back in the queue
+    before the next pass: queue, nodes and shares are then what the pass that placed it saw,
+    and the job must still be placed again, not wait for something else to change."""
+    with db.session() as session:
+        sync_nodes(session, {"n1": registration(2)}, NodeTracker(), TIMEOUT, now=0.0)
+    job_id = add_job(db)
+    memo = PlanMemo()
+    with db.session() as session:
+        [first] = schedule_once(session, settings, memo)
+    with db.session() as session:  # what the ingester does with the agent's "did not start"
+        job = session.get(Job, job_id)
+        assert job is not None
+        requeue(session, job, "worker 0/0 on n1 did not start", artifacts=None)
+    with db.session() as session:
+        [again] = schedule_once(session, settings, memo)
+    assert again.info.job_id == job_id and again.allocation_id != first.allocation_id
+    assert state(db, job_id) == JobState.SCHEDULED
