@@ -190,9 +190,19 @@ def postgres_url() -> Iterator[str | None]:
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def sql_url(request: pytest.FixtureRequest, tmp_path: Path, postgres_url: str | None) -> str:
-    """Each store/API test runs against a fresh SQLite file and the machine's PostgreSQL."""
-    if request.param == "sqlite":
+def sql_backend(request: pytest.FixtureRequest) -> str:
+    """Each store/API test runs against SQLite and the machine's PostgreSQL; a file whose
+    tests do not depend on the dialect names one (`parametrize("sql_backend", ["sqlite"],
+    indirect=True)`)."""
+    backend: str = request.param
+    return backend
+
+
+@pytest.fixture
+def sql_url(sql_backend: str, tmp_path: Path, postgres_url: str | None) -> str:
+    """An empty database, no schema: a fresh SQLite file, or the session's PostgreSQL database
+    with its schema dropped."""
+    if sql_backend == "sqlite":
         return f"sqlite:///{tmp_path / 'trainyard.db'}"
     return fresh_postgres(postgres_url)
 
@@ -212,12 +222,11 @@ def fresh_postgres(postgres_url: str | None) -> str:
 
 
 @pytest.fixture
-def db(sql_url: str) -> Iterator[Any]:
+def db(migrated_sql_url: str) -> Iterator[Any]:
     """A migrated database on each SQL backend (scheduler/store/database.py), disposed after."""
-    from scheduler.store.database import Database, migrate
+    from scheduler.store.database import Database
 
-    migrate(sql_url)
-    database = Database(sql_url)
+    database = Database(migrated_sql_url)
     yield database
     database.dispose()
 
@@ -237,18 +246,47 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def migrated_sql_url(sql_url: str, sqlite_template: Path) -> str:
-    """`sql_url` at the newest schema: SQLite copies the session's migrated file (the same
-    migrations, run once), PostgreSQL migrates its fresh schema."""
+def migrated_sql_url(
+    sql_backend: str, tmp_path: Path, sqlite_template: Path, postgres_url: str | None
+) -> str:
+    """A database at the newest schema, with no rows: SQLite copies the session's migrated
+    file, PostgreSQL empties the session's database where a test before left it migrated (the
+    same migrations, run once a session either way)."""
     import shutil
 
-    from scheduler.store.database import migrate
+    if sql_backend == "sqlite":
+        path = tmp_path / "trainyard.db"
+        shutil.copyfile(sqlite_template, path)
+        return f"sqlite:///{path}"
+    return migrated_postgres(postgres_url)
 
-    if sql_url.startswith("sqlite"):
-        shutil.copyfile(sqlite_template, sql_url.split("///", 1)[1])
-    else:
-        migrate(sql_url)
-    return sql_url
+
+def migrated_postgres(postgres_url: str | None) -> str:
+    """The session's PostgreSQL database at the newest schema with every table empty: emptied
+    by TRUNCATE when a test before left it migrated, else dropped and migrated."""
+    if postgres_url is None:
+        pytest.skip("PostgreSQL at 127.0.0.1:5432 is unreachable")
+    import sqlalchemy as sa
+    from alembic.script import ScriptDirectory
+
+    from scheduler.store.database import alembic_config, migrate
+
+    head = ScriptDirectory.from_config(alembic_config(postgres_url)).get_current_head()
+    engine = sa.create_engine(postgres_url)
+    try:
+        with engine.begin() as conn:
+            tables = sa.inspect(conn).get_table_names()
+            at = None
+            if "alembic_version" in tables:
+                at = conn.scalar(sa.text("SELECT version_num FROM alembic_version"))
+            rows = [f'"{name}"' for name in tables if name != "alembic_version"]
+            if at == head and rows:
+                conn.execute(sa.text(f"TRUNCATE {', '.join(rows)} RESTART IDENTITY CASCADE"))
+                return postgres_url
+    finally:
+        engine.dispose()
+    migrate(fresh_postgres(postgres_url))
+    return postgres_url
 
 
 # -- a real local stack for SDK, CLI and stack tests: `trainyard up` as a subprocess in a tmp

@@ -5,7 +5,6 @@ scheduler's last plan instead of planning the queue again."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from scheduler.placement.cluster import NOT_PLANNED, last_plan, save_plan
@@ -43,14 +42,11 @@ def set_quota(api: Any, **changes: int) -> None:
 
 
 def test_a_net_past_the_layer_budget_is_refused_before_its_graph_is_resolved(api: Any) -> None:
-    started = time.monotonic()
     response = post(api, "jobs/validate", deep(1500))  # 76 KB, under the body cap
-    took = time.monotonic() - started
     assert response.status_code == 422, response.text
     [issue] = response.json()["errors"]
     assert issue["path"] == "neuralnet.layers" and issue["line"] == 4
     assert "1,502 layers" in issue["message"] and "1,000 a job may have" in issue["message"]
-    assert took < 5  # parsing only, not the graph (quadratic: 8,000 layers took 16.5 s)
 
 
 def test_a_document_past_its_time_budget_gets_a_located_error(api: Any) -> None:

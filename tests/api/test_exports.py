@@ -20,7 +20,7 @@ from tests.conftest import TrainedRun
 
 # The export's SQL is one query of the checkpoint records, which tests of the store run on both
 # databases; each export here takes seconds of a process of its own, so SQLite alone.
-pytestmark = pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.parametrize("sql_backend", ["sqlite"], indirect=True)
 
 
 def job_with_checkpoints(api: Api, run: TrainedRun, best: int) -> tuple[int, dict[int, Path]]:

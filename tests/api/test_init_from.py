@@ -12,7 +12,7 @@ from tests.api.conftest import Api, example
 from tests.api.test_exports import job_with_checkpoints
 from tests.conftest import TrainedRun
 
-pytestmark = pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.parametrize("sql_backend", ["sqlite"], indirect=True)
 
 
 def document(init_from: object, **changes: object) -> str:

@@ -197,19 +197,19 @@ def machine_redis() -> Iterator[str]:
 
 
 def test_stream_against_the_machines_redis(
-    machine_redis: str, tmp_path: Path, sql_url: str
+    machine_redis: str, tmp_path: Path, migrated_sql_url: str
 ) -> None:
     from fastapi.testclient import TestClient
 
     from api.app import create_app
     from contract.settings import Settings
-    from scheduler.store.database import Database, migrate
+    from scheduler.store.database import Database
 
+    sql_url = migrated_sql_url
     prefix = f"trainyard-test-{uuid.uuid4().hex}"
     settings = Settings(
         data_dir=tmp_path, database_url=sql_url, redis_url=machine_redis, redis_prefix=prefix
     )
-    migrate(sql_url)
     db = Database(sql_url)
     with db.session() as session:
         user = create_user(session, "carol")

@@ -20,7 +20,7 @@ from contract.stream import JobStream, MetricRecord
 from scheduler.admission.checks import check_sweep
 from scheduler.daemon.sweep_thread import SweepRunner, TrialPruning
 from scheduler.ingest.ingester import Ingester
-from scheduler.store.database import Database, migrate
+from scheduler.store.database import Database
 from scheduler.store.errors import Conflict
 from scheduler.store.lifecycle import transition
 from scheduler.store.models import Job, JobEvent, Sweep
@@ -51,8 +51,8 @@ search:
 
 
 @pytest.fixture
-def env(sql_url: str, redis_url: str, tmp_path: Path, cache_dir: Path) -> Iterator[Env]:
-    migrate(sql_url)
+def env(migrated_sql_url: str, redis_url: str, tmp_path: Path, cache_dir: Path) -> Iterator[Env]:
+    sql_url = migrated_sql_url
     db = Database(sql_url)
     client = redis.Redis.from_url(redis_url)
     settings = Settings(

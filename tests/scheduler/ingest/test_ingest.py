@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shutil
 import threading
 import uuid
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from contract.stream import (
     encode_record,
 )
 from scheduler.ingest.ingester import GROUP, Ingester, ingest_once
-from scheduler.store.database import Database, migrate
+from scheduler.store.database import Database
 from scheduler.store.jobs import NewJob, create_job, delete_job
 from scheduler.store.lifecycle import transition
 from scheduler.store.models import (
@@ -87,7 +88,6 @@ class Env:
 
 
 def _env(sql_url: str, client: redis.Redis) -> Iterator[Env]:
-    migrate(sql_url)
     db = Database(sql_url)
     keys = Keys(f"test-{uuid.uuid4().hex[:8]}")
     yield Env(db, client, keys)
@@ -97,9 +97,9 @@ def _env(sql_url: str, client: redis.Redis) -> Iterator[Env]:
 
 
 @pytest.fixture
-def env(sql_url: str, redis_url: str) -> Iterator[Env]:
+def env(migrated_sql_url: str, redis_url: str) -> Iterator[Env]:
     client = redis.Redis.from_url(redis_url)
-    yield from _env(sql_url, client)
+    yield from _env(migrated_sql_url, client)
     client.close()
 
 
@@ -496,13 +496,14 @@ def test_streams_of_deleted_jobs_are_dropped(env: Env) -> None:
     assert not env.client.sismember(env.keys.streams_with_data, "987654")
 
 
-def test_with_the_machines_redis(tmp_path: Path) -> None:
+def test_with_the_machines_redis(tmp_path: Path, sqlite_template: Path) -> None:
     """The same flow on the Redis at 127.0.0.1:6379, under a key prefix of its own."""
     client = redis.Redis.from_url("redis://127.0.0.1:6379/0")
     try:
         client.ping()
     except redis.ConnectionError:
         pytest.skip("no Redis at 127.0.0.1:6379")
+    shutil.copyfile(sqlite_template, tmp_path / "db.sqlite")
     for env in _env(f"sqlite:///{tmp_path / 'db.sqlite'}", client):
         job_id, (a0,) = make_job(env, workers=1)
         points = publish_metrics(env, job_id, 2500, values=3)

@@ -187,10 +187,7 @@ search:
     )
     [(alloc, _)] = cluster.allocations(trailing.id)
     pid = cluster.pid(alloc.id)
-    took = cluster.wait_for(
-        "the pruned trial's process to stop", lambda: not psutil.pid_exists(pid)
-    )
-    assert took < 10
+    cluster.wait_for("the pruned trial's process to stop", lambda: not psutil.pid_exists(pid))
     # Trial 3 (lr 0.1 for 100,000 steps) learns: it runs until the sweep is cancelled.
     cluster.wait_until("trial 3 to run", lambda: _running(cluster, sweep_id, 3))
     with cluster.db.session() as session:
