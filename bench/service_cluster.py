@@ -1,4 +1,4 @@
-"""A cluster of real service processes on this machine: node agents (`trainyard worker`) and
+"""A cluster of real service processes on this machine: node agents (`trainyard node`) and
 the scheduler (`trainyard scheduler`) as subprocesses of their own, so that each can be killed
 and started again, over a redis-server and a SQLite file; helpers to submit jobs and wait on
 their states. The fault tests (tests/scheduler/test_faults.py and
@@ -53,7 +53,7 @@ class Cluster:
     vital: tuple[str, ...] = ("node-1",)  # processes whose death fails a wait at once
 
     def environment(self, **extra: str) -> dict[str, str]:
-        """The environment of a `trainyard worker` or `trainyard scheduler` of this cluster."""
+        """The environment of a `trainyard node` or `trainyard scheduler` of this cluster."""
         drop = ("TRAINYARD_", "REDIS_", "DATABASE_URL")
         env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
         s = self.settings
@@ -90,7 +90,7 @@ class Cluster:
         env = self.environment(
             TRAINYARD_NODE_NAME=name, TRAINYARD_NODE_SLOTS=str(slots), TRAINYARD_NODE_GPUS="0"
         )
-        return self.spawn(name, "worker", env)
+        return self.spawn(name, "node", env)
 
     def start_scheduler(self, name: str = "scheduler") -> subprocess.Popen[bytes]:
         """`trainyard scheduler` as a process of its own, to be killed and started again."""

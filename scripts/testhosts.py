@@ -1,7 +1,7 @@
 """Test hosts on one machine: network namespaces joined by veth pairs to a private bridge.
 
 A head host runs the broker Redis, the API server and the scheduler; node hosts run
-`trainyard worker`; an optional parameter-server host runs a second Redis. Each process is
+`trainyard node`; an optional parameter-server host runs a second Redis. Each process is
 started with the commands and environment variables of docs/operations.md ("Across
 machines"), which tests/hosts/test_operations_steps.py keeps in step. The machine itself
 (the bridge's address) plays the user's laptop: it reaches the API over the bridge.
@@ -277,7 +277,7 @@ def scheduler_command() -> list[str]:
 
 
 def worker_command(name: str, slots: int) -> list[str]:
-    return [CONSOLE, "worker", "--name", name, "--slots", str(slots), "--gpus", "0"]
+    return [CONSOLE, "node", "--name", name, "--slots", str(slots), "--gpus", "0"]
 
 
 @dataclass

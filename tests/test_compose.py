@@ -19,7 +19,7 @@ from scheduler.cli.main import app
 from scheduler.cli.stack import HEALTH_PATH
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVICES = {"api", "scheduler", "worker", "redis", "redis-ps", "postgres"}
+SERVICES = {"api", "scheduler", "node", "redis", "redis-ps", "postgres"}
 HEALTH_CHECKED = {"api", "redis", "redis-ps", "postgres"}
 
 
@@ -108,28 +108,28 @@ def test_environment_is_read_by_settings(compose: dict[str, Any]) -> None:
         alias = info.validation_alias
         choices = getattr(alias, "choices", [])
         names.update(str(choice).upper() for choice in choices)
-    for service in ("api", "scheduler", "worker"):
+    for service in ("api", "scheduler", "node"):
         env = compose["services"][service]["environment"]
         for key in env:
             assert key in names, f"{service}: {key} is not a Settings field"
     # Node agents need only Redis and the data directory, never the SQL store.
-    assert "DATABASE_URL" not in compose["services"]["worker"]["environment"]
+    assert "DATABASE_URL" not in compose["services"]["node"]["environment"]
     assert "DATABASE_URL" in compose["services"]["scheduler"]["environment"]
 
 
-def test_worker_reserves_gpus_and_scales(compose: dict[str, Any]) -> None:
-    worker = compose["services"]["worker"]
-    devices = worker["deploy"]["resources"]["reservations"]["devices"]
+def test_a_node_reserves_gpus_and_scales(compose: dict[str, Any]) -> None:
+    node = compose["services"]["node"]
+    devices = node["deploy"]["resources"]["reservations"]["devices"]
     assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
-    # A fixed name or host port would stop `--scale worker=N`.
-    assert "container_name" not in worker
-    assert "ports" not in worker
+    # A fixed name or host port would stop `--scale node=N`.
+    assert "container_name" not in node
+    assert "ports" not in node
 
 
 def test_cpu_override_drops_the_gpu_reservation() -> None:
     override = _load("docker-compose.cpu.yml")
-    assert set(override["services"]) == {"worker"}
-    assert override["services"]["worker"]["deploy"] is None
+    assert set(override["services"]) == {"node"}
+    assert override["services"]["node"]["deploy"] is None
 
 
 def test_dockerfile_copies_existing_paths() -> None:
@@ -184,7 +184,7 @@ def test_redis_requires_the_password_every_client_sends(compose: dict[str, Any])
         found = DEFAULT.fullmatch(services["redis"]["environment"][role_password_variable(role)])
         assert found and found[1] == role_password_variable(role)
         role_defaults[role] = found[2]
-    service_roles = {"api": "api", "scheduler": "scheduler", "worker": "agent"}
+    service_roles = {"api": "api", "scheduler": "scheduler", "node": "agent"}
     for name, role in service_roles.items():
         env = services[name]["environment"]
         user = Keys().role_user(role)

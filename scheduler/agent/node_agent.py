@@ -1,4 +1,4 @@
-"""The node agent (`trainyard worker`): a Celery worker on its node's own queue, plus heartbeats.
+"""The node agent (`trainyard node`): a Celery worker on its node's own queue, plus heartbeats.
 
 It needs only Redis and the shared artifact directory. It registers the node in Redis
 (Keys.node(name): slots, GPUs, queue, heartbeat, the parameter-server Redis servers it cannot

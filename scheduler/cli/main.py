@@ -228,7 +228,7 @@ def scheduler(
     run_scheduler(settings, stop)
 
 
-def worker(
+def node(
     name: Annotated[
         str | None, typer.Option(help="node name [default: TRAINYARD_NODE_NAME or the hostname]")
     ] = None,
@@ -248,10 +248,28 @@ def worker(
     run_agent(settings)
 
 
+def worker(
+    name: Annotated[str | None, typer.Option(help="see `trainyard node --help`")] = None,
+    slots: Annotated[int | None, typer.Option(min=1)] = None,
+    gpus: Annotated[int | None, typer.Option(min=0)] = None,
+) -> None:
+    """Deprecated: `trainyard node` (a "worker" is a training process). Kept for one release."""
+    print(DEPRECATED_WORKER, file=sys.stderr)
+    node(name=name, slots=slots, gpus=gpus)
+
+
+DEPRECATED_WORKER = (
+    "warning: `trainyard worker` is deprecated and will be removed in the next release; "
+    "use `trainyard node` (same options)"
+)
+AGENT_COMMANDS = ("node", "worker")  # the node agent's command and its deprecated name
+
+
 def register(app: typer.Typer) -> None:
     """Add the server commands to `app`."""
-    for command in (up, api, scheduler, worker):
+    for command in (up, api, scheduler, node):
         app.command()(command)
+    app.command(hidden=True)(worker)
     app.add_typer(admin_app, name="admin")
 
 
@@ -264,10 +282,10 @@ register(app)
 def main() -> None:
     """The `trainyard` console script (and `python -m scheduler`). Every process of the
     platform it starts (the API, the scheduler, node agents) loads the plugins first; a plugin
-    that fails stops it with the plugin's name and error; a node agent (`worker`) loads them
+    that fails stops it with the plugin's name and error; a node agent (`node`) loads them
     itself, and reports one that fails on its node card instead (scheduler/agent/node_agent.py).
     """
-    if sys.argv[1:2] != ["worker"]:
+    if sys.argv[1:2] not in [[command] for command in AGENT_COMMANDS]:
         load_plugins_or_exit()
     client_cli.run(app)
 

@@ -48,12 +48,12 @@ REDIS_PASSWORD_FILE = "redis.password"
 CHILDREN: dict[str, list[str]] = {
     "api": ["api", "--no-migrate"],
     "scheduler": ["scheduler", "--no-migrate"],
-    "worker": ["worker"],
+    "node": ["node"],
 }
 # The Redis role (contract/keys.py ROLES) each child logs in as, on the embedded Redis.
-CHILD_ROLES = {"api": "api", "scheduler": "scheduler", "worker": "agent"}
+CHILD_ROLES = {"api": "api", "scheduler": "scheduler", "node": "agent"}
 # Node agents stop first, so the scheduler still ingests how their processes ended.
-STOP_ORDER = (("worker",), ("scheduler", "api"))
+STOP_ORDER = (("node",), ("scheduler", "api"))
 
 
 class StackError(RuntimeError):

@@ -43,7 +43,7 @@ def placement_preview(session: Session, topology: Topology, priority: int) -> Pr
     if not alive:
         return Preview(
             feasible=False,
-            reason="no node agent is alive; start one with `trainyard worker` (or `trainyard up`)",
+            reason="no node agent is alive; start one with `trainyard node` (or `trainyard up`)",
             assignments=[],
         )
     plan = plan_placement(request, nodes)

@@ -71,7 +71,7 @@ def plugin_stack(stack_factory: Callable[..., RunningStack]) -> Iterator[PluginS
     for name, plugins in ((PLAIN, ""), (BROKEN, str(broken_plugin))):
         log = (stack.data_dir.parent / f"{name}.log").open("wb")
         agent = subprocess.Popen(
-            [sys.executable, "-m", "scheduler", "worker", "--name", name, "--slots", "2"],
+            [sys.executable, "-m", "scheduler", "node", "--name", name, "--slots", "2"],
             cwd=ROOT,
             env={**env, "TRAINYARD_PLUGINS": plugins},
             stdout=log,

@@ -1,6 +1,6 @@
 """No job waits on a failure it cannot see: real processes whose start is broken for real.
 
-A node agent (`trainyard worker`, a subprocess) and the scheduler (its loop in a thread, one per
+A node agent (`trainyard node`, a subprocess) and the scheduler (its loop in a thread, one per
 test, each with the start timeout the test needs) log in to the session's real redis-server as
 Redis users of their own with their roles' rights, as under `trainyard up`; a SQLite file; the
 API in-process, through which each test reads the job's detail and events as its user would.
@@ -108,7 +108,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[
         TRAINYARD_NODE_NAME=NODE, TRAINYARD_NODE_SLOTS="2", TRAINYARD_NODE_GPUS="0"
     )
     env["REDIS_URL"] = urls["agent"]
-    cluster.spawn(NODE, "worker", env)
+    cluster.spawn(NODE, "node", env)
     with cluster.db.session() as session:
         user = get_user(session, "alice") or create_user(session, "alice")
         token = create_token(session, user, "tests")

@@ -44,7 +44,7 @@ def plugin_node(stack: Stack, tmp_path: Path) -> Iterator[None]:
     }
     with (tmp_path / "agent.log").open("wb") as log:
         agent = subprocess.Popen(
-            [sys.executable, "-m", "scheduler", "worker", "--name", NODE, "--slots", "1"],
+            [sys.executable, "-m", "scheduler", "node", "--name", NODE, "--slots", "1"],
             cwd=ROOT,
             env=env,
             stdout=log,

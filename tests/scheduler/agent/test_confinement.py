@@ -1,5 +1,5 @@
 """Each worker process confined to what its allocation grants, with real processes: a node agent
-(`trainyard worker`, announcing two fake GPUs and 1400 MB for its 2 slots), the scheduler loop
+(`trainyard node`, announcing two fake GPUs and 1400 MB for its 2 slots), the scheduler loop
 in a thread, a private redis-server and a SQLite file.
 
 A job whose worker passes its memory limit is killed alone by its memory cgroup (or refused
@@ -129,7 +129,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterato
         TRAINYARD_NODE_GPUS="2",
         TRAINYARD_NODE_MEMORY_MB="1400",
     )
-    found.spawn("node-m", "worker", env)
+    found.spawn("node-m", "node", env)
     stop = threading.Event()
     scheduler = threading.Thread(target=run_scheduler, args=(settings, stop), daemon=True)
     scheduler.start()

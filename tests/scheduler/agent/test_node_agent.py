@@ -1,4 +1,4 @@
-"""Node agents and the scheduler together: real Celery workers (`trainyard worker` subprocesses),
+"""Node agents and the scheduler together: real Celery workers (`trainyard node` subprocesses),
 the scheduler loop in a thread, a private redis-server (and a second one for parameter-server
 shards) and a SQLite file.
 

@@ -79,7 +79,7 @@ def test_up_serves_and_stops_every_process(
     bare = "redis://" + found.redis_url.split("@", 1)[1]
     with redis.Redis.from_url(bare) as anonymous, pytest.raises(redis.AuthenticationError):
         anonymous.get("anything")
-    for name in ("api", "scheduler", "worker"):
+    for name in ("api", "scheduler", "node"):
         assert (data_dir / "logs" / f"{name}.log").exists()
 
     # A second stack on the same data directory refuses to start.
@@ -131,7 +131,7 @@ def test_up_serves_and_stops_every_process(
         for p in psutil.Process(stack.process.pid).children()
         if "scheduler" in p.cmdline()
     }
-    assert roles == {"api", "scheduler", "worker"}
+    assert roles == {"api", "scheduler", "node"}
     # Each child logs in to Redis as its role's user, the training process as its job's; only
     # this test's connection uses the default user (the password above).
     keys = Keys()

@@ -1,5 +1,5 @@
 """Sweeps on a real cluster: the scheduler (its placement, ingest and sweep threads) with a node
-agent (`trainyard worker`, real Celery), a private redis-server and a SQLite file. Trials train
+agent (`trainyard node`, real Celery), a private redis-server and a SQLite file. Trials train
 the digits MLP for a few dozen steps."""
 
 from __future__ import annotations

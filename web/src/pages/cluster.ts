@@ -56,7 +56,7 @@ function nodesSection(cluster: Cluster): HTMLElement {
     `Nodes (${cluster.nodes.length}) · ${used} / ${slots} slots in use`,
     cards.length
       ? h("div", { class: "node-grid", id: "nodes" }, ...cards)
-      : h("p", { class: "muted", id: "nodes" }, "No node agent has registered. Start one with `trainyard worker`."),
+      : h("p", { class: "muted", id: "nodes" }, "No node agent has registered. Start one with `trainyard node`."),
   );
 }
 
