@@ -109,7 +109,9 @@ class WebhookCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     url: str = Field(
-        min_length=1, max_length=MAX_URL, description="an http:// or https:// URL to POST to"
+        min_length=1,
+        max_length=MAX_URL,
+        description="an http:// or https:// URL to POST to, at a public address",
     )
     events: list[WebhookEvent] = Field(
         min_length=1, max_length=3, description="which events it is told of"

@@ -8,7 +8,9 @@ hook's secret (contract/webhooks.py), and records each try's end here: delivered
 later (the wait doubling), or given up after the last try. Each hook's last status says which.
 
 Bounds: `webhooks_per_user` hooks a user (403 past it), MAX_PENDING deliveries waiting per hook
-(an event past it is dropped, and the hook's status says so), MAX_URL characters of a URL.
+(an event past it is dropped, and the hook's status says so), MAX_URL characters of a URL, whose
+host must be a public address or one of the networks `webhook_allow` allows (`check_url`, at
+registration; the webhook thread checks again before each send).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import secrets
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -25,6 +28,7 @@ from urllib.parse import urlsplit
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
+from contract.webhooks import HostNotFound, Network, Resolver, literal, refusal, resolve
 from scheduler.store.errors import InvalidRequest, NotFound, StoreError
 from scheduler.store.models import Job, Sweep, User, Webhook, WebhookDelivery, utcnow
 from scheduler.store.states import JobState
@@ -43,21 +47,38 @@ class TooManyWebhooks(StoreError):
     """A user past `webhooks_per_user`."""
 
 
-def check_url(url: str) -> str:
-    """The URL, if it is an absolute http or https URL with a host; else InvalidRequest."""
+def check_url(url: str, allow: Sequence[Network] = (), resolve: Resolver = resolve) -> str:
+    """The URL, if it is an absolute http or https URL whose host is, or resolves to, only
+    addresses a webhook may be sent to (contract/webhooks.py); else InvalidRequest. A name
+    that does not resolve now is accepted: each delivery resolves and checks it again."""
     if len(url) > MAX_URL:
-        raise InvalidRequest(f"a webhook URL has at most {MAX_URL} characters")
+        raise InvalidRequest(f"url: a webhook URL has at most {MAX_URL} characters")
     try:
         parts = urlsplit(url)
         port = parts.port  # ValueError for a port that is not a number in range
     except ValueError as exc:
-        raise InvalidRequest(f"not a URL: {url!r} ({exc})") from exc
+        raise InvalidRequest(f"url: not a URL: {url!r} ({exc})") from exc
     if parts.scheme not in ("http", "https"):
-        raise InvalidRequest(f"a webhook URL is http:// or https://, not {parts.scheme!r}")
+        raise InvalidRequest(f"url: a webhook URL is http:// or https://, not {parts.scheme!r}")
     if not parts.hostname:
-        raise InvalidRequest(f"a webhook URL names a host: {url!r}")
+        raise InvalidRequest(f"url: a webhook URL names a host: {url!r}")
     if port == 0 or any(c.isspace() for c in url):
-        raise InvalidRequest(f"not a URL a webhook can be sent to: {url!r}")
+        raise InvalidRequest(f"url: not a URL a webhook can be sent to: {url!r}")
+    host = parts.hostname
+    try:
+        addresses = resolve(host, port or (443 if parts.scheme == "https" else 80))
+    except HostNotFound:
+        return url
+    spelled = host if literal(host) else ""
+    refusals = [why for one in addresses if (why := refusal(one, allow, spelled=spelled))]
+    if refusals:
+        # What a literal is, is the user's own to see; what a name resolves to is the
+        # service's network, which a tenant's answer does not describe.
+        why = refusals[0] if spelled else f"{host} resolves to a non-public address"
+        raise InvalidRequest(
+            f"url: {why}; webhooks are sent only to public addresses (an administrator may "
+            "allow networks with TRAINYARD_WEBHOOK_ALLOW)"
+        )
     return url
 
 
@@ -72,11 +93,18 @@ def check_events(events: list[str]) -> list[str]:
 
 
 def create_webhook(
-    session: Session, owner: User, url: str, events: list[str], *, limit: int
+    session: Session,
+    owner: User,
+    url: str,
+    events: list[str],
+    *,
+    limit: int,
+    allow: Sequence[Network] = (),
+    resolve: Resolver = resolve,
 ) -> Webhook:
     """A new hook with a random secret (the caller shows it once), committed; TooManyWebhooks
-    past `limit` hooks of the owner."""
-    url, events = check_url(url), check_events(events)
+    past `limit` hooks of the owner, InvalidRequest for a URL `check_url` refuses."""
+    url, events = check_url(url, allow, resolve), check_events(events)
     held = session.scalar(select(func.count(Webhook.id)).where(Webhook.owner_id == owner.id))
     if (held or 0) >= limit:
         raise TooManyWebhooks(

@@ -1,7 +1,8 @@
 """Webhooks and the environment of a run against the session's real stack: a receiver (an
-`http.server` in a thread of this test) gets signed deliveries for a finished and a failed job,
-the first refused once and retried; the webhook commands manage hooks; a finished job's
-environment is its worker's, shown by `trainyard show`."""
+`http.server` in a thread of this test, on loopback, which the stack's TRAINYARD_WEBHOOK_ALLOW
+admits: tests/conftest.py) gets signed deliveries for a finished and a failed job, the first
+refused once and retried; the webhook commands manage hooks; a finished job's environment is
+its worker's, shown by `trainyard show`."""
 
 from __future__ import annotations
 
