@@ -196,7 +196,7 @@ def _announce(session: Session, owner_id: int, event: str, data: dict[str, Any])
     now = utcnow()
     for hook in hooks:
         if waiting.get(hook.id, 0) >= MAX_PENDING:
-            hook.last_status = f"dropped a {event} event: {MAX_PENDING} deliveries were waiting"
+            hook.last_status = f"not delivered (dropped: {MAX_PENDING} deliveries were waiting)"
             hook.last_event, hook.last_delivery_at = event, now
             continue
         body = {
@@ -216,6 +216,19 @@ def _announce(session: Session, owner_id: int, event: str, data: dict[str, Any])
 
 
 # -- what the scheduler's webhook thread sends -------------------------------------------------
+# Why a try ended as it did, in a hook's last status. General words only, never a transport
+# error's text: which port of which host answered what is the service's network, and a
+# tenant's webhook must not be a way to scan it.
+REFUSED = "refused: address not allowed"  # contract.webhooks.refusal, after resolving
+HOST_NOT_FOUND = "host not found"
+NO_ANSWER = "no HTTP answer"  # refused, timed out, TLS failed, not HTTP: all alike
+
+
+def answered(status: int) -> str:
+    """The reason of a try the receiver answered: "HTTP 204"."""
+    return f"HTTP {status}"
+
+
 @dataclass(frozen=True)
 class Due:
     """A delivery to try now, with what sending it needs."""
@@ -242,10 +255,12 @@ def due_deliveries(session: Session, *, limit: int) -> list[Due]:
 
 
 def record_try(
-    session: Session, due: Due, status: str, *, delivered: bool, attempts: int, retry: float
+    session: Session, due: Due, reason: str, *, delivered: bool, attempts: int, retry: float
 ) -> None:
-    """One try's end: delivered or given up (the delivery goes), or tried again after
-    `retry` * 2**(tries - 1) seconds. The hook's last status says which."""
+    """One try's end, `reason` one of the words above: delivered or given up (the delivery
+    goes), or tried again after `retry` * 2**(tries - 1) seconds. The hook's last status says
+    which: "delivered (HTTP 204)", "not delivered (HTTP 503); try 1 of 5, next in 1 s",
+    "not delivered (no HTTP answer); gave up after try 5 of 5"."""
     delivery = session.get(WebhookDelivery, due.id)
     hook = session.get(Webhook, due.webhook_id)
     if delivery is None or hook is None:  # the hook was removed meanwhile
@@ -254,12 +269,14 @@ def record_try(
     now = utcnow()
     hook.last_event, hook.last_delivery_at = due.event, now
     if delivered:
-        hook.last_status = status
+        hook.last_status = f"delivered ({reason})"
         session.delete(delivery)
     elif tries >= attempts:
-        hook.last_status = f"{status} (gave up after {tries} tries)"
+        hook.last_status = f"not delivered ({reason}); gave up after try {tries} of {attempts}"
         session.delete(delivery)
     else:
         wait = retry * 2 ** (tries - 1)
-        hook.last_status = f"{status} (try {tries} of {attempts}; next in {wait:g} s)"
+        hook.last_status = (
+            f"not delivered ({reason}); try {tries} of {attempts}, next in {wait:g} s"
+        )
         delivery.attempts, delivery.due_at = tries, now + timedelta(seconds=wait)

@@ -19,7 +19,7 @@ from scheduler.store.lifecycle import transition
 from scheduler.store.models import Sweep, User, Webhook, WebhookDelivery
 from scheduler.store.states import JobState, SweepState
 from scheduler.store.sweeps import end_sweep
-from scheduler.store.webhooks import due_deliveries, record_try
+from scheduler.store.webhooks import NO_ANSWER, answered, due_deliveries, record_try
 from tests.api.conftest import TestClient, make_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -158,22 +158,23 @@ def test_a_jobs_end_waits_in_the_outbox_and_is_retried_then_given_up(api: Any) -
     assert body["event"] == "job.failed" and body["data"]["job"]["id"] == ids[0]
     assert body["data"]["job"]["state"] == "FAILED" and body["data"]["job"]["error"] == "boom"
     with api.db.session() as session:
-        record_try(session, due[0], "200", delivered=True, attempts=3, retry=60.0)
-        record_try(session, due[1], "503", delivered=False, attempts=3, retry=60.0)
+        record_try(session, due[0], answered(200), delivered=True, attempts=3, retry=60.0)
+        record_try(session, due[1], answered(503), delivered=False, attempts=3, retry=60.0)
     with api.db.session() as session:
         assert due_deliveries(session, limit=10) == []  # the retry waits a minute
         waiting = session.scalars(select(WebhookDelivery)).all()
         assert [(w.attempts, w.event) for w in waiting] == [(1, "job.failed")]
         waiting[0].due_at = waiting[0].created_at  # its minute has passed
     listed = api.client.get(HOOKS, headers=api.auth()).json()
-    assert (listed[0]["last_status"], listed[0]["pending"]) == ("503 (try 1 of 3; next in 60 s)", 1)
+    status = "not delivered (HTTP 503); try 1 of 3, next in 60 s"
+    assert (listed[0]["last_status"], listed[0]["pending"]) == (status, 1)
     for tries in (2, 3):
         with api.db.session() as session:
             (again,) = due_deliveries(session, limit=10)
             assert again.attempts == tries - 1
-            record_try(session, again, "ConnectError", delivered=False, attempts=3, retry=0.0)
+            record_try(session, again, NO_ANSWER, delivered=False, attempts=3, retry=0.0)
     listed = api.client.get(HOOKS, headers=api.auth()).json()
-    assert listed[0]["last_status"] == "ConnectError (gave up after 3 tries)"
+    assert listed[0]["last_status"] == "not delivered (no HTTP answer); gave up after try 3 of 3"
     assert listed[0]["pending"] == 0 and listed[0]["last_event"] == "job.failed"
     with api.db.session() as session:
         assert session.scalars(select(WebhookDelivery)).all() == []

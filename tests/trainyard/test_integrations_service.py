@@ -165,7 +165,7 @@ def test_signed_deliveries_for_a_finished_and_a_failed_job(
         if listed.pending == 0 or time.monotonic() >= deadline:
             break
         time.sleep(0.1)
-    assert (listed.last_status, listed.pending) == ("200", 0)
+    assert (listed.last_status, listed.pending) == ("delivered (HTTP 200)", 0)
 
     shown = run(stack, "webhooks", "list")
     assert shown.exit_code == 0 and receiver.url in shown.stdout and "200" in shown.stdout
