@@ -20,6 +20,7 @@ import secrets
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -41,6 +42,12 @@ EVENTS = (JOB_FINISHED, JOB_FAILED, SWEEP_FINISHED)
 JOB_EVENTS = {JobState.SUCCEEDED: JOB_FINISHED, JobState.FAILED: JOB_FAILED}
 MAX_URL = 2000
 MAX_PENDING = 100
+# A registration waits this long for its host's addresses, at most. The lookups run in a few
+# threads of their own: a tenant's name whose DNS never answers holds one of them, and its
+# request LOOKUP_SECONDS, rather than one of the API's few threads for as long as the system's
+# resolver keeps trying.
+LOOKUP_SECONDS = 2.0
+_lookups = ThreadPoolExecutor(4, thread_name_prefix="webhook-lookup")
 
 
 class TooManyWebhooks(StoreError):
@@ -50,7 +57,8 @@ class TooManyWebhooks(StoreError):
 def check_url(url: str, allow: Sequence[Network] = (), resolve: Resolver = resolve) -> str:
     """The URL, if it is an absolute http or https URL whose host is, or resolves to, only
     addresses a webhook may be sent to (contract/webhooks.py); else InvalidRequest. A name
-    that does not resolve now is accepted: each delivery resolves and checks it again."""
+    that does not resolve now, or not within LOOKUP_SECONDS, is accepted: each delivery
+    resolves and checks it again."""
     if len(url) > MAX_URL:
         raise InvalidRequest(f"url: a webhook URL has at most {MAX_URL} characters")
     try:
@@ -65,9 +73,11 @@ def check_url(url: str, allow: Sequence[Network] = (), resolve: Resolver = resol
     if port == 0 or any(c.isspace() for c in url):
         raise InvalidRequest(f"url: not a URL a webhook can be sent to: {url!r}")
     host = parts.hostname
+    lookup = _lookups.submit(resolve, host, port or (443 if parts.scheme == "https" else 80))
     try:
-        addresses = resolve(host, port or (443 if parts.scheme == "https" else 80))
-    except HostNotFound:
+        addresses = lookup.result(timeout=LOOKUP_SECONDS)
+    except (HostNotFound, TimeoutError):
+        lookup.cancel()  # one still waiting for a thread never runs
         return url
     spelled = host if literal(host) else ""
     refusals = [why for one in addresses if (why := refusal(one, allow, spelled=spelled))]
@@ -104,12 +114,12 @@ def create_webhook(
 ) -> Webhook:
     """A new hook with a random secret (the caller shows it once), committed; TooManyWebhooks
     past `limit` hooks of the owner, InvalidRequest for a URL `check_url` refuses."""
-    url, events = check_url(url, allow, resolve), check_events(events)
     held = session.scalar(select(func.count(Webhook.id)).where(Webhook.owner_id == owner.id))
-    if (held or 0) >= limit:
+    if (held or 0) >= limit:  # before the URL's lookup, which a user past it never costs
         raise TooManyWebhooks(
             f"a user may register {limit} webhooks; remove one first (trainyard webhooks remove)"
         )
+    url, events = check_url(url, allow, resolve), check_events(events)
     hook = Webhook(
         owner_id=owner.id, url=url, events=events, secret=f"whsec_{secrets.token_urlsafe(32)}"
     )

@@ -6,6 +6,8 @@ sends are tests/scheduler/daemon/test_webhooks.py's."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +16,20 @@ from sqlalchemy import select
 
 from api.app import create_app
 from contract.settings import Settings
+from contract.webhooks import Address, HostNotFound
 from scheduler.store.jobs import get_job
 from scheduler.store.lifecycle import transition
 from scheduler.store.models import Sweep, User, Webhook, WebhookDelivery
 from scheduler.store.states import JobState, SweepState
 from scheduler.store.sweeps import end_sweep
-from scheduler.store.webhooks import NO_ANSWER, answered, due_deliveries, record_try
+from scheduler.store.webhooks import (
+    LOOKUP_SECONDS,
+    NO_ANSWER,
+    answered,
+    create_webhook,
+    due_deliveries,
+    record_try,
+)
 from tests.api.conftest import TestClient, make_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,8 +139,34 @@ def test_an_administrator_allows_networks_and_only_those(api: Any) -> None:
                 headers=api.auth(),
             )
             assert answer.status_code == status, (host, answer.text)
-    # The same hosts, on the server whose settings allow nothing: refused.
-    assert add(api, "http://127.0.0.1:8000/", ["job.failed"]).status_code == 422
+    # The same host, on the server whose settings allow nothing: refused (bob's: alice holds
+    # more hooks than this server's bound, which is checked first).
+    assert add(api, "http://127.0.0.1:8000/", ["job.failed"], user="bob").status_code == 422
+
+
+def test_a_registration_waits_for_its_hosts_addresses_a_bounded_time(api: Any) -> None:
+    # A name whose DNS never answers: the system's resolver would try for many seconds, each
+    # holding an API thread. The registration goes on after LOOKUP_SECONDS, the name unchecked
+    # until its deliveries check it.
+    release = threading.Event()
+
+    def stuck(host: str, port: int) -> list[Address]:
+        release.wait(30)
+        raise HostNotFound(host)
+
+    started = time.monotonic()
+    try:
+        with api.db.session() as session:
+            alice = session.scalar(select(User).where(User.name == "alice"))
+            assert alice is not None
+            hook = create_webhook(
+                session, alice, "https://slow.example/", ["job.failed"], limit=3, resolve=stuck
+            )
+            url = hook.url
+    finally:
+        release.set()
+    assert LOOKUP_SECONDS <= time.monotonic() - started < LOOKUP_SECONDS + 3
+    assert url == "https://slow.example/"
 
 
 def test_a_jobs_end_waits_in_the_outbox_and_is_retried_then_given_up(api: Any) -> None:
