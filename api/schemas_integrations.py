@@ -109,7 +109,9 @@ class WebhookCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     url: str = Field(
-        min_length=1, max_length=MAX_URL, description="an http:// or https:// URL to POST to"
+        min_length=1,
+        max_length=MAX_URL,
+        description="an http:// or https:// URL to POST to, at a public address",
     )
     events: list[WebhookEvent] = Field(
         min_length=1, max_length=3, description="which events it is told of"
@@ -122,7 +124,9 @@ class WebhookOut(BaseModel):
     events: list[WebhookEvent]
     created_at: datetime
     last_status: str | None = Field(
-        description="the last delivery's end: an HTTP status, an error, or retrying (null: none)"
+        # Why a try failed is said in general words (scheduler/store/webhooks.py), never a
+        # transport error's text; docs/integrations.md lists them.
+        description="'delivered (HTTP 204)', 'not delivered (why); what next' (null: no try yet)"
     )
     last_event: str | None
     last_delivery_at: datetime | None

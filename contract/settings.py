@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -182,6 +183,24 @@ class Settings(BaseSettings):
     webhook_timeout_seconds: float = Field(
         default=5.0, gt=0, le=60, description="how long one webhook delivery may take"
     )
+    webhook_allow: str | None = Field(
+        default=None,
+        description="comma-separated networks (CIDR: 10.1.0.0/16, fd00::/8) webhooks may be "
+        "sent to besides public addresses; unset: a webhook URL whose host is or resolves to a "
+        "loopback, private, link-local, multicast or reserved address is refused",
+    )
+
+    @field_validator("webhook_allow")
+    @classmethod
+    def _networks(cls, text: str | None) -> str | None:
+        for item in (text or "").split(","):
+            if item.strip():
+                try:
+                    ip_network(item.strip(), strict=False)
+                except ValueError as exc:
+                    raise ValueError(f"webhook_allow: {exc}") from exc
+        return text
+
     streams_per_user: int = Field(
         default=8,
         ge=1,
@@ -333,6 +352,11 @@ class Settings(BaseSettings):
         """The setting's plugins, .py paths made absolute (for processes in other folders)."""
         items = [item.strip() for item in (self.plugins or "").split(",") if item.strip()]
         return [str(Path(i).expanduser().resolve()) if i.endswith(".py") else i for i in items]
+
+    def webhook_networks(self) -> list[IPv4Network | IPv6Network]:
+        """The networks of webhook_allow."""
+        items = (item.strip() for item in (self.webhook_allow or "").split(","))
+        return [ip_network(item, strict=False) for item in items if item]
 
     def ps_urls(self) -> list[str]:
         if self.redis_ps_urls:

@@ -655,7 +655,7 @@ class WebhookOut(BaseModel):
     events: list[Literal["job.finished", "job.failed", "sweep.finished"]]
     created_at: datetime
     last_status: str | None = Field(
-        description="the last delivery's end: an HTTP status, an error, or retrying (null: none)"
+        description="'delivered (HTTP 204)', 'not delivered (why); what next' (null: no try yet)"
     )
     last_event: str | None
     last_delivery_at: datetime | None

@@ -38,7 +38,9 @@ def list_webhooks(session: SessionDep, user: CurrentUser) -> list[WebhookOut]:
     "sweep.finished: a sweep ended, in any state) to the URL as JSON, signed in the "
     "Trainyard-Signature header (`t=<unix time>,v1=<hex HMAC-SHA256 of '<t>.<body>'>` keyed "
     "with the secret in this answer, shown only here), retrying with a doubling wait. 422 for "
-    "a URL that is not http(s) or an unknown event, 403 past the server's webhooks_per_user.",
+    "a URL that is not http(s), whose host is or resolves to an address that is not public "
+    "(loopback, private, link-local...; unless the server's webhook_allow allows it), or an "
+    "unknown event; 403 past the server's webhooks_per_user.",
     responses=errors(401, 403, 422),
 )
 def create_webhook(
@@ -50,6 +52,7 @@ def create_webhook(
         body.url,
         list(body.events),
         limit=services.settings.webhooks_per_user,
+        allow=services.settings.webhook_networks(),
     )
     return WebhookCreated(**WebhookOut.of(hook, 0).model_dump(), secret=hook.secret)
 

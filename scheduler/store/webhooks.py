@@ -8,7 +8,9 @@ hook's secret (contract/webhooks.py), and records each try's end here: delivered
 later (the wait doubling), or given up after the last try. Each hook's last status says which.
 
 Bounds: `webhooks_per_user` hooks a user (403 past it), MAX_PENDING deliveries waiting per hook
-(an event past it is dropped, and the hook's status says so), MAX_URL characters of a URL.
+(an event past it is dropped, and the hook's status says so), MAX_URL characters of a URL, whose
+host must be a public address or one of the networks `webhook_allow` allows (`check_url`, at
+registration; the webhook thread checks again before each send).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import json
 import secrets
 import time
 import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -25,6 +29,7 @@ from urllib.parse import urlsplit
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
+from contract.webhooks import HostNotFound, Network, Resolver, literal, refusal, resolve
 from scheduler.store.errors import InvalidRequest, NotFound, StoreError
 from scheduler.store.models import Job, Sweep, User, Webhook, WebhookDelivery, utcnow
 from scheduler.store.states import JobState
@@ -37,27 +42,53 @@ EVENTS = (JOB_FINISHED, JOB_FAILED, SWEEP_FINISHED)
 JOB_EVENTS = {JobState.SUCCEEDED: JOB_FINISHED, JobState.FAILED: JOB_FAILED}
 MAX_URL = 2000
 MAX_PENDING = 100
+# A registration waits this long for its host's addresses, at most. The lookups run in a few
+# threads of their own: a tenant's name whose DNS never answers holds one of them, and its
+# request LOOKUP_SECONDS, rather than one of the API's few threads for as long as the system's
+# resolver keeps trying.
+LOOKUP_SECONDS = 2.0
+_lookups = ThreadPoolExecutor(4, thread_name_prefix="webhook-lookup")
 
 
 class TooManyWebhooks(StoreError):
     """A user past `webhooks_per_user`."""
 
 
-def check_url(url: str) -> str:
-    """The URL, if it is an absolute http or https URL with a host; else InvalidRequest."""
+def check_url(url: str, allow: Sequence[Network] = (), resolve: Resolver = resolve) -> str:
+    """The URL, if it is an absolute http or https URL whose host is, or resolves to, only
+    addresses a webhook may be sent to (contract/webhooks.py); else InvalidRequest. A name
+    that does not resolve now, or not within LOOKUP_SECONDS, is accepted: each delivery
+    resolves and checks it again."""
     if len(url) > MAX_URL:
-        raise InvalidRequest(f"a webhook URL has at most {MAX_URL} characters")
+        raise InvalidRequest(f"url: a webhook URL has at most {MAX_URL} characters")
     try:
         parts = urlsplit(url)
         port = parts.port  # ValueError for a port that is not a number in range
     except ValueError as exc:
-        raise InvalidRequest(f"not a URL: {url!r} ({exc})") from exc
+        raise InvalidRequest(f"url: not a URL: {url!r} ({exc})") from exc
     if parts.scheme not in ("http", "https"):
-        raise InvalidRequest(f"a webhook URL is http:// or https://, not {parts.scheme!r}")
+        raise InvalidRequest(f"url: a webhook URL is http:// or https://, not {parts.scheme!r}")
     if not parts.hostname:
-        raise InvalidRequest(f"a webhook URL names a host: {url!r}")
+        raise InvalidRequest(f"url: a webhook URL names a host: {url!r}")
     if port == 0 or any(c.isspace() for c in url):
-        raise InvalidRequest(f"not a URL a webhook can be sent to: {url!r}")
+        raise InvalidRequest(f"url: not a URL a webhook can be sent to: {url!r}")
+    host = parts.hostname
+    lookup = _lookups.submit(resolve, host, port or (443 if parts.scheme == "https" else 80))
+    try:
+        addresses = lookup.result(timeout=LOOKUP_SECONDS)
+    except (HostNotFound, TimeoutError):
+        lookup.cancel()  # one still waiting for a thread never runs
+        return url
+    spelled = host if literal(host) else ""
+    refusals = [why for one in addresses if (why := refusal(one, allow, spelled=spelled))]
+    if refusals:
+        # What a literal is, is the user's own to see; what a name resolves to is the
+        # service's network, which a tenant's answer does not describe.
+        why = refusals[0] if spelled else f"{host} resolves to a non-public address"
+        raise InvalidRequest(
+            f"url: {why}; webhooks are sent only to public addresses (an administrator may "
+            "allow networks with TRAINYARD_WEBHOOK_ALLOW)"
+        )
     return url
 
 
@@ -72,16 +103,23 @@ def check_events(events: list[str]) -> list[str]:
 
 
 def create_webhook(
-    session: Session, owner: User, url: str, events: list[str], *, limit: int
+    session: Session,
+    owner: User,
+    url: str,
+    events: list[str],
+    *,
+    limit: int,
+    allow: Sequence[Network] = (),
+    resolve: Resolver = resolve,
 ) -> Webhook:
     """A new hook with a random secret (the caller shows it once), committed; TooManyWebhooks
-    past `limit` hooks of the owner."""
-    url, events = check_url(url), check_events(events)
+    past `limit` hooks of the owner, InvalidRequest for a URL `check_url` refuses."""
     held = session.scalar(select(func.count(Webhook.id)).where(Webhook.owner_id == owner.id))
-    if (held or 0) >= limit:
+    if (held or 0) >= limit:  # before the URL's lookup, which a user past it never costs
         raise TooManyWebhooks(
             f"a user may register {limit} webhooks; remove one first (trainyard webhooks remove)"
         )
+    url, events = check_url(url, allow, resolve), check_events(events)
     hook = Webhook(
         owner_id=owner.id, url=url, events=events, secret=f"whsec_{secrets.token_urlsafe(32)}"
     )
@@ -168,7 +206,7 @@ def _announce(session: Session, owner_id: int, event: str, data: dict[str, Any])
     now = utcnow()
     for hook in hooks:
         if waiting.get(hook.id, 0) >= MAX_PENDING:
-            hook.last_status = f"dropped a {event} event: {MAX_PENDING} deliveries were waiting"
+            hook.last_status = f"not delivered (dropped: {MAX_PENDING} deliveries were waiting)"
             hook.last_event, hook.last_delivery_at = event, now
             continue
         body = {
@@ -188,6 +226,19 @@ def _announce(session: Session, owner_id: int, event: str, data: dict[str, Any])
 
 
 # -- what the scheduler's webhook thread sends -------------------------------------------------
+# Why a try ended as it did, in a hook's last status. General words only, never a transport
+# error's text: which port of which host answered what is the service's network, and a
+# tenant's webhook must not be a way to scan it.
+REFUSED = "refused: address not allowed"  # contract.webhooks.refusal, after resolving
+HOST_NOT_FOUND = "host not found"
+NO_ANSWER = "no HTTP answer"  # refused, timed out, TLS failed, not HTTP: all alike
+
+
+def answered(status: int) -> str:
+    """The reason of a try the receiver answered: "HTTP 204"."""
+    return f"HTTP {status}"
+
+
 @dataclass(frozen=True)
 class Due:
     """A delivery to try now, with what sending it needs."""
@@ -214,10 +265,12 @@ def due_deliveries(session: Session, *, limit: int) -> list[Due]:
 
 
 def record_try(
-    session: Session, due: Due, status: str, *, delivered: bool, attempts: int, retry: float
+    session: Session, due: Due, reason: str, *, delivered: bool, attempts: int, retry: float
 ) -> None:
-    """One try's end: delivered or given up (the delivery goes), or tried again after
-    `retry` * 2**(tries - 1) seconds. The hook's last status says which."""
+    """One try's end, `reason` one of the words above: delivered or given up (the delivery
+    goes), or tried again after `retry` * 2**(tries - 1) seconds. The hook's last status says
+    which: "delivered (HTTP 204)", "not delivered (HTTP 503); try 1 of 5, next in 1 s",
+    "not delivered (no HTTP answer); gave up after try 5 of 5"."""
     delivery = session.get(WebhookDelivery, due.id)
     hook = session.get(Webhook, due.webhook_id)
     if delivery is None or hook is None:  # the hook was removed meanwhile
@@ -226,12 +279,14 @@ def record_try(
     now = utcnow()
     hook.last_event, hook.last_delivery_at = due.event, now
     if delivered:
-        hook.last_status = status
+        hook.last_status = f"delivered ({reason})"
         session.delete(delivery)
     elif tries >= attempts:
-        hook.last_status = f"{status} (gave up after {tries} tries)"
+        hook.last_status = f"not delivered ({reason}); gave up after try {tries} of {attempts}"
         session.delete(delivery)
     else:
         wait = retry * 2 ** (tries - 1)
-        hook.last_status = f"{status} (try {tries} of {attempts}; next in {wait:g} s)"
+        hook.last_status = (
+            f"not delivered ({reason}); try {tries} of {attempts}, next in {wait:g} s"
+        )
         delivery.attempts, delivery.due_at = tries, now + timedelta(seconds=wait)

@@ -55,3 +55,14 @@ def test_urls_are_shown_without_their_passwords() -> None:
     assert redacted("postgresql+psycopg://u:pw@db:5432/t") == "postgresql+psycopg://u:***@db:5432/t"
     assert redacted("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
     assert redacted("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
+
+
+def test_webhook_allow_is_a_list_of_networks_read_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRAINYARD_WEBHOOK_ALLOW", "10.1.0.0/16, fd00::/8,192.168.5.7")
+    networks = Settings(data_dir=tmp_path).webhook_networks()
+    assert [str(network) for network in networks] == ["10.1.0.0/16", "fd00::/8", "192.168.5.7/32"]
+    assert Settings(data_dir=tmp_path, webhook_allow=None).webhook_networks() == []
+    with pytest.raises(ValidationError, match=r"webhook_allow: .*10\.1\.0\.0/33"):
+        Settings(data_dir=tmp_path, webhook_allow="10.1.0.0/33")

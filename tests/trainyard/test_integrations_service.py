@@ -1,7 +1,8 @@
 """Webhooks and the environment of a run against the session's real stack: a receiver (an
-`http.server` in a thread of this test) gets signed deliveries for a finished and a failed job,
-the first refused once and retried; the webhook commands manage hooks; a finished job's
-environment is its worker's, shown by `trainyard show`."""
+`http.server` in a thread of this test, on loopback, which the stack's TRAINYARD_WEBHOOK_ALLOW
+admits: tests/conftest.py) gets signed deliveries for a finished and a failed job, the first
+refused once and retried; the webhook commands manage hooks; a finished job's environment is
+its worker's, shown by `trainyard show`."""
 
 from __future__ import annotations
 
@@ -164,7 +165,7 @@ def test_signed_deliveries_for_a_finished_and_a_failed_job(
         if listed.pending == 0 or time.monotonic() >= deadline:
             break
         time.sleep(0.1)
-    assert (listed.last_status, listed.pending) == ("200", 0)
+    assert (listed.last_status, listed.pending) == ("delivered (HTTP 200)", 0)
 
     shown = run(stack, "webhooks", "list")
     assert shown.exit_code == 0 and receiver.url in shown.stdout and "200" in shown.stdout

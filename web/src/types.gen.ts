@@ -729,7 +729,7 @@ export interface WebhookOut {
   url: string;
   events: ("job.finished" | "job.failed" | "sweep.finished")[];
   created_at: string;
-  /** the last delivery's end: an HTTP status, an error, or retrying (null: none) */
+  /** 'delivered (HTTP 204)', 'not delivered (why); what next' (null: no try yet) */
   last_status: string | null;
   last_event: string | null;
   last_delivery_at: string | null;
