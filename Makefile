@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench install clean web types wheelhouse gpu-check
+.PHONY: run test check lint bench install clean web types wheelhouse gpu-check
 
 $(STAMP): pyproject.toml constraints.txt
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; set PYTHON=/path/to/python3.11"; exit 1; }
@@ -28,6 +28,13 @@ test: $(STAMP)
 	bash scripts/ensure-apt.sh /usr/bin/chromium "chromium fonts-liberation" "The browser tests (tests/web)"
 	bash scripts/ensure-apt.sh java default-jre-headless "The Spark tests (tests/trainyard/test_spark.py)"
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+# The fast tier, for the edit loop: the unit tests, without a stack, a cluster, several training
+# processes, a browser or test hosts (every test marked slow, e2e, hosts or gpu is left out;
+# tests/conftest.py marks those that start a stack). `make test` runs everything.
+check: $(STAMP)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+		-m "not slow and not e2e and not hosts and not gpu"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -90,9 +90,24 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return FileGroupScheduling(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
+# Fixtures that make a test heavy whatever its marks: a `trainyard up` stack, or examples
+# trained for it. Such a test is marked `slow`, so that `make check` leaves it out.
+HEAVY_FIXTURES = {"stack", "stack_factory", "trained_runs"}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On an xdist worker: the groups with the most heavy tests (HEAVY_MARKS) first, so that
-    the longest do not start last (every worker orders alike, as xdist requires)."""
+    """Every test that uses a HEAVY_FIXTURES fixture is `slow`; no test takes both an empty
+    and a migrated database (on PostgreSQL they are one database: the first would be undone).
+    Then, on an xdist worker: the groups with the most heavy tests (HEAVY_MARKS) first, so
+    that the longest do not start last (every worker orders alike, as xdist requires)."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & HEAVY_FIXTURES and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+        if {"sql_url", "migrated_sql_url"} <= names:
+            raise pytest.UsageError(
+                f"{item.nodeid} takes both sql_url and migrated_sql_url (or db): take one"
+            )
     if not hasattr(config, "workerinput"):
         return
     groups: dict[str, list[pytest.Item]] = {}

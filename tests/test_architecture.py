@@ -118,6 +118,7 @@ def test_the_layer_recipe_adds_a_layer_type(tmp_path: Path) -> None:
     assert json.loads(out) == {"row": ["scale", [3], 1], "grad": True, "in_schema": True}
 
 
+@pytest.mark.slow  # a copy of the code, its tests run there
 def test_the_field_recipe_adds_a_field_everywhere(tmp_path: Path) -> None:
     _copy(tmp_path, *PACKAGES, "scripts", "web/src", "pyproject.toml")
     _follow("field", tmp_path)
@@ -198,6 +199,7 @@ print(json.dumps({"status": summary.status, "steps": summary.steps, "params": to
 """
 
 
+@pytest.mark.slow  # a copy of the code, its tests run there
 def test_the_framework_recipe_adds_a_framework(
     tmp_path: Path, redis_url: str, cache_dir: Path
 ) -> None:
@@ -226,6 +228,7 @@ def test_the_framework_recipe_adds_a_framework(
     assert results[0]["params"] == pytest.approx(results[1]["params"], rel=1e-6)
 
 
+@pytest.mark.slow  # a copy of the code, its tests run there
 def test_the_endpoint_recipe_serves_a_new_endpoint(tmp_path: Path, redis_url: str) -> None:
     _copy(tmp_path, *PACKAGES, "scripts", "web/src", "pyproject.toml")
     _follow("endpoint", tmp_path)

@@ -34,6 +34,9 @@ from tests.api.conftest import example, make_settings, start_api
 from tests.api.test_yaml_fuzz import mutated_text, whole
 from tests.conftest import fresh_postgres
 
+# Minutes of generated requests on both databases: in `make test`, not `make check`.
+pytestmark = pytest.mark.slow
+
 CHECKS = [
     not_a_server_error,
     status_code_conformance,

@@ -24,6 +24,9 @@ from dsl.model_card import DataFacts, ModelCard
 from dsl.plugins import load_plugins, unloaded_after
 from tests.conftest import ROOT, TrainedRun
 
+# ONNX and torch.export of trained nets, seconds each: in `make test`, not `make check`.
+pytestmark = pytest.mark.slow
+
 EXAMPLES = ["digits_mlp", "mnist1d_cnn"]
 
 # Runs in a fresh interpreter with torch alone: every package of ours refuses to import.

@@ -146,12 +146,14 @@ FUZZ = settings(
 
 @FUZZ
 @given(tree=mutated_tree())
+@pytest.mark.slow  # hundreds of documents compiled
 def test_mutated_documents_give_located_errors(check: Callable[[str], None], tree: Any) -> None:
     check(yaml.safe_dump(tree, sort_keys=False, allow_unicode=True))
 
 
 @FUZZ
 @given(text=mutated_text())
+@pytest.mark.slow  # hundreds of documents compiled
 def test_mutated_text_gives_located_errors(check: Callable[[str], None], text: str) -> None:
     check(text)
 

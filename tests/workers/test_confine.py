@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -71,6 +73,7 @@ def test_a_worker_sees_only_its_gpus_and_a_job_without_gpus_sees_none() -> None:
     assert (gpus, none) == ("5,7", "''")
 
 
+@pytest.mark.slow  # a fork server and its children
 def test_the_fork_server_never_starts_cuda() -> None:
     # torch.cuda._lazy_init is the one way CUDA starts in torch: record any call to it while
     # the fork server warms up (on a machine without GPUs it would raise; with one it would

@@ -77,11 +77,11 @@ class Env:
 
 @pytest.fixture
 def env(
-    db: Database, sql_url: str, redis_url: str, tmp_path: Path, cache_dir: Path
+    db: Database, migrated_sql_url: str, redis_url: str, tmp_path: Path, cache_dir: Path
 ) -> Iterator[Env]:
     settings = Settings(
         data_dir=tmp_path,
-        database_url=sql_url,
+        database_url=migrated_sql_url,
         redis_url=redis_url,
         redis_prefix=f"t{uuid.uuid4().hex[:8]}",
     )

@@ -141,6 +141,7 @@ def test_a_config_redis_refuses_is_quoted_without_its_passwords(tmp_path: Path) 
     assert "nonsense-rule" in str(refused.value) and "hunter2" not in str(refused.value)
 
 
+@pytest.mark.slow  # the scheduler's command as a process
 def test_the_scheduler_refuses_a_redis_too_old_for_job_users(tmp_path: Path) -> None:
     """At its start, not at a job's dispatch (where the job would wait for good)."""
     import subprocess

@@ -221,6 +221,7 @@ def test_ddp_as_made_before_torch_2_13_starts_from_rank_zeros_buffers(group_run:
     assert first["grad"] == second["grad"] and any(first["grad"])
 
 
+@pytest.mark.slow
 def test_bptt_reduces_after_the_last_chunk_and_matches_the_local_trainer(
     group_run: Path,
 ) -> None:

@@ -25,6 +25,9 @@ from workers.distributed.stages import stage_flows
 from workers.metrics import read_metrics
 from workers.trainer import Trainer, TrainOptions
 
+# Several training processes per test: in `make test`, not `make check`.
+pytestmark = pytest.mark.slow
+
 torch.set_num_threads(1)
 
 TOL = {"atol": 2e-5, "rtol": 1e-4}
