@@ -105,11 +105,19 @@ class AllocationInfo:
         return from_fields(cls, fields, allocation_id=allocation_id)
 
 
+NOT_STARTED = "did not start: "
+
+
 def not_started(step: str, error: BaseException) -> str:
     """The reason a placed process never ran, as its node agent or the scheduler reports it (a
     FAILED StateRecord without an exit code): the step of its start that failed, and the error.
     The job's events and error name it after the process ("worker 0/0 on n1 did not start: ...")."""
-    return f"did not start: {step} ({type(error).__name__}: {error})"
+    return f"{NOT_STARTED}{step} ({type(error).__name__}: {error})"
+
+
+def never_started(state: str, exit_code: int | None, reason: str) -> bool:
+    """Whether a process's end record says it never ran (`not_started`'s report)."""
+    return state == AllocationState.FAILED and exit_code is None and reason.startswith(NOT_STARTED)
 
 
 def stop_requested(client: redis.Redis, keys: Keys, job_id: int, allocation_id: int) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -238,11 +238,15 @@ def write_off_jobs(
         job = session.get(Job, job_id, with_for_update=True)
         if job is None:
             continue
-        alloc = next(a for a in lost if a.job_id == job_id)
-        node = session.get(Node, alloc.node_id)
-        said = reason(alloc, f" on {node.name}" if node is not None else "")
+        theirs = [a for a in lost if a.job_id == job_id]
+        nodes = {a.node_id: session.get(Node, a.node_id) for a in theirs}
+        node = nodes[theirs[0].node_id]
+        said = reason(theirs[0], f" on {node.name}" if node is not None else "")
         log.warning("job %s: %s", job_id, said)
-        stops += carry_out(session, job, decide(event(job_facts(job), said)), artifacts)
+        # Placed again, the job avoids the nodes its processes were stuck on, if it can.
+        avoid = sorted(n.name for n in nodes.values() if n is not None)
+        decision = decide(event(job_facts(job), said))
+        stops += carry_out(session, job, decision, artifacts, avoid=avoid)
     return stops
 
 
@@ -251,13 +255,16 @@ def carry_out(
     job: Job,
     decision: Continue | Finish | Fail | Requeue,
     artifacts: Path | None,
+    *,
+    avoid: Iterable[str] = (),
 ) -> list[int]:
     """What the policy decided for a job whose processes were lost. A gang is all or nothing,
     and a lost process cannot report its end: whatever the decision, what still runs of the job
-    is written off (a requeue does it as its first step). Returns the allocations to stop."""
+    is written off (a requeue does it as its first step; `avoid`: the nodes it should be placed
+    away from). Returns the allocations to stop."""
     match decision:
         case Requeue(cause=cause, counted=counted):
-            return requeue(session, job, cause, artifacts=artifacts, counted=counted)
+            return requeue(session, job, cause, artifacts=artifacts, counted=counted, avoid=avoid)
         case Fail():
             stops = write_off(session, job)
             fail(session, job, decision)

@@ -24,7 +24,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from contract import stream
-from contract.allocation import AllocationState
+from contract.allocation import AllocationState, never_started
 from scheduler.recovery.actions import (
     best_of,
     fail,
@@ -234,8 +234,16 @@ def apply_state(
         case Fail() as failure:
             fail(session, job, failure)
         case Requeue(cause=cause, counted=counted):
+            # A process that never started: the job goes elsewhere if another node can take it.
+            unstarted = never_started(record.state, record.exit_code, record.reason)
+            node = session.get(Node, alloc.node_id) if unstarted else None
             effects.stops += requeue(
-                session, job, cause, artifacts=effects.artifacts, counted=counted
+                session,
+                job,
+                cause,
+                artifacts=effects.artifacts,
+                counted=counted,
+                avoid=[node.name] if node is not None else [],
             )
         case RestartAlone() as alone:
             effects.stops += restart_alone(session, job, alloc, alone)

@@ -103,6 +103,7 @@ def placement_request(job: Job | Row[Any]) -> PlacementRequest:
         priority=job.priority,
         owner_id=job.owner_id,
         plugins=job.plugins or (),
+        avoided=job.avoided_nodes or (),
     )
 
 
@@ -117,6 +118,7 @@ PLACEMENT_COLUMNS = load_only(
     Job.priority,
     Job.topology,
     Job.plugins,
+    Job.avoided_nodes,
     Job.cancel_requested,
 )
 
@@ -189,7 +191,9 @@ def owner_shares(session: Session, defaults: Limits, owner_ids: set[int]) -> dic
 
 
 _QUEUED_ROWS = (
-    select(Job.id, Job.owner_id, Job.name, Job.priority, Job.topology, Job.plugins)
+    select(
+        Job.id, Job.owner_id, Job.name, Job.priority, Job.topology, Job.plugins, Job.avoided_nodes
+    )
     .where(Job.state == JobState.QUEUED)
     .order_by(*QUEUE_ORDER)
 )

@@ -119,6 +119,9 @@ class PlacementRequest:
     owner_id: int = 0
     plugins: tuple[PluginNeed, ...] = ()
     memory_mb: int = 0  # each worker's cluster.resources.memory_mb (0: its slots' share)
+    # Nodes its processes did not start on (or were stuck on): it goes elsewhere while the
+    # other nodes could take it, and back to them only when none could.
+    avoided: frozenset[str] = frozenset()
 
     # Server shards exchange parameters over the network; they need a CPU slot, never a GPU.
     SLOTS_PER_SERVER: ClassVar[int] = 1
@@ -132,9 +135,10 @@ class PlacementRequest:
         priority: int = 0,
         owner_id: int = 0,
         plugins: Iterable[Mapping[str, str]] = (),
+        avoided: Iterable[str] = (),
     ) -> PlacementRequest:
-        """From a resolved Topology or its `to_dict()` form (as jobs store it), and the plugin
-        types the job uses (as jobs store them)."""
+        """From a resolved Topology or its `to_dict()` form (as jobs store it), the plugin
+        types the job uses (as jobs store them) and the nodes it avoids."""
         t: Mapping[str, Any] = topology if isinstance(topology, Mapping) else topology.to_dict()
         server_groups = int(t["nserver_groups"]) if t["server_worker_separate"] else 0
         return cls(
@@ -153,6 +157,7 @@ class PlacementRequest:
             owner_id=owner_id,
             plugins=tuple(PluginNeed(**need) for need in plugins),
             memory_mb=int(t.get("memory_mb") or 0),
+            avoided=frozenset(avoided),
         )
 
     @property
@@ -320,6 +325,16 @@ def missing_plugin(request: PlacementRequest, nodes: Sequence[NodeCapacity]) -> 
     return None
 
 
+def elsewhere(request: PlacementRequest, usable: Sequence[NodeCapacity]) -> frozenset[str]:
+    """The nodes `request` keeps away from: those it avoids, while the other `usable` nodes
+    could take it were they idle; none when they could not (it goes back to those it avoids
+    rather than waiting for ever)."""
+    if not request.avoided:
+        return frozenset()
+    others = [node for node in usable if node.name not in request.avoided]
+    return request.avoided if fits_empty_cluster(request, others) else frozenset()
+
+
 def fits_empty_cluster(request: PlacementRequest, nodes: Sequence[NodeCapacity]) -> bool:
     """Could the job ever run on these (alive) nodes, were they idle?"""
     empty = [replace(node, slots_used=0, gpus_used=0) for node in nodes]
@@ -435,11 +450,13 @@ def plan_queue(
         if head is not None:
             waiting[request.job_id] = f"waiting behind job {head}"
             continue
-        plan = plan_placement(request, free)
+        away = elsewhere(request, usable)
+        plan = plan_placement(request, [node for node in free if node.name not in away])
         if plan is None:
             head = request.job_id
+            avoiding = f" on nodes other than {', '.join(sorted(away))}" if away else ""
             waiting[request.job_id] = (
-                f"waiting for free resources: needs {request.describe()}"
+                f"waiting for free resources{avoiding}: needs {request.describe()}"
                 + unreachable_note(request, alive)
                 + plugin_error_note(alive)
             )

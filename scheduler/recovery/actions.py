@@ -83,10 +83,20 @@ def write_off(session: Session, job: Job) -> list[int]:
 
 
 def requeue(
-    session: Session, job: Job, cause: str, *, artifacts: Path | None, counted: bool = True
+    session: Session,
+    job: Job,
+    cause: str,
+    *,
+    artifacts: Path | None,
+    counted: bool = True,
+    avoid: Iterable[str] = (),
 ) -> list[int]:
     """Place `job` again from its latest restart point (see the module's steps), as the policy
-    decided (`Requeue`). Returns the allocations to stop."""
+    decided (`Requeue`); `avoid`: nodes its processes did not start on (or were stuck on),
+    added to those it avoids already, where placement sends it elsewhere if it can. Returns
+    the allocations to stop."""
+    avoided = sorted(set(job.avoided_nodes or ()) | set(avoid))
+    job.avoided_nodes = avoided or None
     stops = write_off(session, job)
     job.attempt += 1
     if counted:

@@ -168,6 +168,9 @@ class Job(Base):
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     restarts: Mapped[int] = mapped_column(Integer, default=0)  # failures restarted from
     restart_from: Mapped[str | None] = mapped_column(Text, nullable=True)  # this attempt's point
+    # The nodes its processes failed to start on (or were stuck on): placed again, it goes to
+    # other nodes while one of those could take it. Null: none.
+    avoided_nodes: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     pending_reason: Mapped[str | None] = mapped_column(Text, nullable=True)  # why not placed
     # Population-based training: [{"step", "params", "from_trial"}] (scheduler/sweeps/pbt.py).
     pbt_schedule: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)

@@ -10,7 +10,7 @@ import pytest
 import redis
 from sqlalchemy import select
 
-from contract.allocation import DISPATCHED, AllocationState
+from contract.allocation import DISPATCHED, AllocationState, not_started
 from contract.keys import Keys
 from contract.nodes import NodeRegistration
 from contract.settings import Settings
@@ -492,3 +492,32 @@ def test_a_job_placed_again_before_the_next_pass_is_placed_by_it(
         [again] = schedule_once(session, settings, memo)
     assert again.info.job_id == job_id and again.allocation_id != first.allocation_id
     assert state(db, job_id) == JobState.SCHEDULED
+
+
+def test_a_job_whose_process_did_not_start_on_a_node_is_placed_on_another(
+    db: Database, settings: Settings
+) -> None:
+    """Its agent on n1 reports the process did not start (`not_started`): the job is placed
+    again (a counted restart), on n2, and remembers n1; a later failure of another kind adds
+    nothing to what it avoids."""
+    with db.session() as session:
+        both = {"n1": registration(1, name="n1"), "n2": registration(1, name="n2")}
+        sync_nodes(session, both, NodeTracker(), TIMEOUT, now=0.0)
+    job_id = add_job(db)
+    with db.session() as session:
+        [first] = schedule_once(session, settings)
+    assert first.queue == "q.n1"  # the first node by name, when nothing is avoided
+    said = not_started("its node agent on n1 could not claim it", PermissionError("no"))
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        apply_state(session, job, StateRecord(first.allocation_id, AllocationState.FAILED, said))
+    with db.session() as session:
+        [again] = schedule_once(session, settings)
+        job = session.get(Job, job_id)
+        assert job is not None and job.avoided_nodes == ["n1"] and job.restarts == 1
+    assert again.queue == "q.n2"
+    report(db, job_id, again.allocation_id, AllocationState.FAILED, 1)  # it ran, and failed
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        assert job is not None and job.avoided_nodes == ["n1"]

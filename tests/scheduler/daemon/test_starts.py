@@ -99,6 +99,10 @@ def test_a_process_that_never_starts_is_placed_again_then_its_job_fails(
 
     with db.session() as session:
         [again] = schedule_once(session, settings)
+        job = session.get(Job, job_id)
+        # n1 is avoided, and placed on again: no other node could take the job.
+        assert job is not None and job.avoided_nodes == ["n1"]
+    assert again.queue == "q.n1"
     assert late(db, settings, client, watch, now=6.0) == []
     assert late(db, settings, client, watch, now=9.5) == [again.allocation_id]
     with db.session() as session:

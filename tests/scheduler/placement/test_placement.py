@@ -145,6 +145,24 @@ def test_a_worker_asking_more_memory_than_a_nodes_share_goes_elsewhere() -> None
     assert plan_placement(replace(request, slots_per_worker=2), [small]) is not None
 
 
+def test_a_job_that_did_not_start_on_a_node_goes_elsewhere_while_it_can() -> None:
+    """A job whose processes did not start on node a is placed on b; while b is full it waits
+    for b, saying so; and when b could never take it (too small), it goes back to a rather than
+    wait for ever."""
+    nodes = [node("a", 2), node("b", 2)]
+    assert plan_queue([job(1, 2)], nodes).placed[0][1].nodes() == ["a"]  # a, unless avoided
+    avoiding = replace(job(1, 2), avoided=frozenset({"a"}))
+    [(_, plan)] = plan_queue([avoiding], nodes).placed
+    assert plan.nodes() == ["b"]
+    busy = plan_queue([avoiding], [node("a", 2), node("b", 2, used=1)])
+    assert not busy.placed
+    assert busy.waiting == {
+        1: "waiting for free resources on nodes other than a: needs 2 worker(s): 2 slot(s)"
+    }
+    [(_, back)] = plan_queue([avoiding], [node("a", 2), node("b", 1)]).placed
+    assert back.nodes() == ["a"]
+
+
 def test_cpu_work_leaves_gpu_nodes_free() -> None:
     nodes = [NodeCapacity("gpu", "q.gpu", slots=8, gpus=4), node("cpu", 8)]
     plan = plan_placement(job(1, 2), nodes)
