@@ -61,6 +61,30 @@ class CompiledJob:
     def total_params(self) -> int:
         return sum(row.params for row in self.table)
 
+    def graph(self) -> dict[str, Any]:
+        """The compiled net as the service stores it at admission and serves it
+        (GET /jobs/{id}/graph): layers with their output shapes, parameter counts, partition
+        dimensions and phases (null: both), and the edges between layers."""
+        include = {layer.name: layer.include for layer in self.spec.neuralnet.expanded().layers}
+        return {
+            "nodes": [
+                {
+                    "name": row.name,
+                    "type": row.type,
+                    "out_shape": row.out_shape,
+                    "params": row.params,
+                    "partition_dim": row.partition_dim,
+                    "include": include.get(row.name),
+                }
+                for row in self.table
+            ],
+            "edges": [
+                {"source": SourceRef.parse(src).layer, "target": row.name}
+                for row in self.table
+                for src in row.sources
+            ],
+        }
+
 
 # A net past this cannot train on the service, and building it would take the memory of the
 # process that checks it (the API): layers are counted on the meta device before they are built.

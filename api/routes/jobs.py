@@ -22,8 +22,6 @@ from api.exports import EXPORT_FILE, ExportFormat, Probabilities, export_respons
 from api.schemas import (
     CheckpointOut,
     EventOut,
-    GraphEdge,
-    GraphNode,
     GraphOut,
     JobDetail,
     JobPage,
@@ -42,7 +40,6 @@ from api.schemas import (
 )
 from api.submission import SUBMIT_BODY, SubmissionDep
 from dsl.compiler import CompiledJob
-from dsl.graph import SourceRef
 from dsl.objective import job_warnings
 from dsl.overrides import override_lines
 from dsl.schema import JobSpec
@@ -342,26 +339,9 @@ def job_events(job: VisibleJob, session: SessionDep) -> list[EventOut]:
 def job_graph(
     job: VisibleJob, user: CurrentUser, session: SessionDep, services: ServicesDep
 ) -> GraphOut:
-    compiled = compiled_job(job, user, session, services)
-    include = {layer.name: layer.include for layer in compiled.spec.neuralnet.expanded().layers}
-    return GraphOut(
-        nodes=[
-            GraphNode(
-                name=row.name,
-                type=row.type,
-                out_shape=row.out_shape,
-                params=row.params,
-                partition_dim=row.partition_dim,
-                include=include.get(row.name),
-            )
-            for row in compiled.table
-        ],
-        edges=[
-            GraphEdge(source=SourceRef.parse(src).layer, target=row.name)
-            for row in compiled.table
-            for src in row.sources
-        ],
-    )
+    # Stored when the job was admitted; a job stored before is compiled (and cached) here.
+    graph = job.graph or compiled_job(job, user, session, services).graph()
+    return GraphOut.model_validate(graph)
 
 
 @router.get(

@@ -147,6 +147,7 @@ class CheckedJob:
             objective=objective.metric,
             objective_mode=objective.mode,
             priority=priority,
+            graph=self.compiled.graph(),
         )
 
 

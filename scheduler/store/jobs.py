@@ -55,6 +55,8 @@ class NewJob:
     # The document with the overrides applied (dsl/overrides.py); None: spec_yaml, which has
     # no overrides.
     effective_yaml: str | None = None
+    # Its compiled net (dsl.compiler.CompiledJob.graph); None: a prediction run.
+    graph: dict[str, Any] | None = None
 
 
 def create_job(session: Session, owner: User, new: NewJob) -> Job:
@@ -77,6 +79,7 @@ def create_job(session: Session, owner: User, new: NewJob) -> Job:
         objective_mode=new.objective_mode,
         sweep_id=new.sweep_id,
         trial_number=new.trial_number,
+        graph=new.graph,
         summary={},
     )
     session.add(job)

@@ -171,6 +171,10 @@ class Job(Base):
     # The nodes its processes failed to start on (or were stuck on): placed again, it goes to
     # other nodes while one of those could take it. Null: none.
     avoided_nodes: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    # Its compiled net as admission found it (dsl.compiler.CompiledJob.graph), which
+    # GET /jobs/{id}/graph serves without compiling the job again. Null: stored before, or a
+    # prediction run.
+    graph: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True, deferred=True)
     pending_reason: Mapped[str | None] = mapped_column(Text, nullable=True)  # why not placed
     # Population-based training: [{"step", "params", "from_trial"}] (scheduler/sweeps/pbt.py).
     pbt_schedule: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)

@@ -14,6 +14,8 @@ import pytest
 from sqlalchemy import select
 
 from contract.allocation import AllocationState
+from dsl import compiler
+from scheduler.admission import checks as admission_checks
 from scheduler.store.lifecycle import transition
 from scheduler.store.models import Allocation, CheckpointRecord, Job, LogLine, Metric, Node
 from scheduler.store.states import JobState, NodeState
@@ -334,9 +336,27 @@ def test_metrics_logs_and_names(api: Any) -> None:
         assert api.client.get(f"{base}/{name}", headers=api.auth("bob")).status_code == 404
 
 
-def test_graph_nodes_and_edges(api: Any) -> None:
+def test_graph_nodes_and_edges(api: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The graph admission stored is served: the job is not compiled again (calls of the
+    language's compiler counted while it is read), and it is what validation shows."""
     job_id = api.submit(CNN)["id"]
+    compiled: list[object] = []
+    original = compiler.compile_job
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        compiled.append(args[0])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(compiler, "compile_job", counted)
+    monkeypatch.setattr(admission_checks, "compile_job", counted)
     graph = api.client.get(f"/api/v1/jobs/{job_id}/graph", headers=api.auth()).json()
+    assert compiled == []
+    with api.db.session() as session:  # a job stored before graphs were: compiled once, here
+        old = session.get(Job, job_id)
+        assert old is not None and old.graph == graph
+        old.graph = None
+    assert api.client.get(f"/api/v1/jobs/{job_id}/graph", headers=api.auth()).json() == graph
+    assert len(compiled) == 1
     names = [node["name"] for node in graph["nodes"]]
     assert names[0] == "data" and len(names) == len(set(names))
     edges = {(e["source"], e["target"]) for e in graph["edges"]}
