@@ -4,9 +4,10 @@
 
 A chunked upload's declared size counts against the quota from its start until it completes,
 is aborted or expires (scheduler/store/quotas.py `dataset_bytes`), so parts never pass it.
-Completion checks the checksum, then the content (scheduler/store/datasets.py); only then is
-there a dataset. A completion that fails for its content or checksum drops the upload: nothing
-of it is stored or counted.
+Completion checks the checksum, then the content in the intake's process of its own
+(scheduler/store/intake.py), which may unpack it to no more than the quota leaves
+(`intake_bounds`); only then is there a dataset. A completion that fails for its content or
+checksum drops the upload: nothing of it is stored or counted.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from scheduler.store.datasets import (
     upload_kind_of,
 )
 from scheduler.store.errors import Conflict, InvalidRequest, NotFound
+from scheduler.store.intake import Bound, IntakeBounds
 from scheduler.store.models import DatasetRecord, Job, Sweep, User
 from scheduler.store.quotas import dataset_bytes, limits_for
 from scheduler.store.states import JobState, SweepState
@@ -87,10 +89,32 @@ def upload_dataset(
         content=content,
         artifacts=settings.artifacts(),
         max_bytes=settings.max_dataset_bytes,
+        bounds=intake_bounds(session, user, settings, one_request=True),
     )
     check_dataset_storage(session, user, limits_for(session, user, settings), record)
     session.commit()
     return record
+
+
+def intake_bounds(
+    session: Session, user: User, settings: Settings, *, one_request: bool = False
+) -> IntakeBounds:
+    """What taking an upload of the user's in may cost: unpacked, no more than their quota
+    dataset_bytes leaves (else the server's max_dataset_unpacked_bytes; sent in one request,
+    no more than max_dataset_bytes either); the intake process's memory and CPU time."""
+    quota = limits_for(session, user, settings).dataset_bytes
+    if quota is not None:
+        left = max(0, quota - dataset_bytes(session, user.id))
+        bound = Bound(left, f"what your quota dataset_bytes of {quota} leaves")
+    else:
+        bound = Bound(settings.max_dataset_unpacked_bytes, "max_dataset_unpacked_bytes")
+    if one_request and settings.max_dataset_bytes < bound.bytes:
+        bound = Bound(settings.max_dataset_bytes, "max_dataset_bytes, sent in one request")
+    return IntakeBounds(
+        unpacked=bound,
+        memory_bytes=settings.dataset_intake_memory_mb * 2**20,
+        cpu_seconds=settings.dataset_intake_seconds,
+    )
 
 
 def upload_limits(settings: Settings) -> UploadLimits:
@@ -207,8 +231,9 @@ def complete_upload(
             "(PUT .../parts/{n}) and complete again"
         )
     claim_for_completion(session, upload, upload_limits(settings).expiry)
-    name, kind, label_column, declared = (
+    name, filename, kind, label_column, declared = (
         upload.name,
+        upload.filename,
         upload.kind,
         upload.label_column,
         upload.sha256,
@@ -232,8 +257,9 @@ def complete_upload(
             kind=kind,
             assembled=assembled,
             artifacts=artifacts,
+            filename=filename,
             label_column=label_column,
-            max_bytes=settings.max_upload_bytes,
+            bounds=intake_bounds(session, user, settings),
         )
         check_dataset_storage(session, user, limits_for(session, user, settings), record)
         session.commit()

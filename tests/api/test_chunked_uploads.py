@@ -22,6 +22,7 @@ from scheduler.store.models import DatasetUpload, utcnow
 from scheduler.store.quotas import set_quotas
 from scheduler.store.users import get_user
 from tests.api.conftest import Api, make_settings
+from tests.helpers.data_bombs import MB, npz_bomb, parquet_bomb
 
 ROOT = Path(__file__).resolve().parents[2]
 MLP = (ROOT / "examples" / "digits_mlp.yaml").read_text()
@@ -302,3 +303,43 @@ def test_an_npz_is_checked_from_its_headers(api: Api) -> None:
     refused = upload_whole(api, "pickled", "pickled.npz", buffer.getvalue())
     assert refused.status_code == 422 and "object arrays" in refused.json()["detail"]
     assert api.counts()[2] == 0 and used(api) == 0
+
+
+def alices(api: Api, *names: str) -> Path:
+    return api.settings.artifacts().joinpath("datasets", str(api.user_ids["alice"]), *names)
+
+
+def set_dataset_quota(api: Api, nbytes: int) -> None:
+    with api.db.session() as session:
+        user = get_user(session, "alice")
+        assert user is not None
+        set_quotas(session, user, {"dataset_bytes": nbytes})
+
+
+def test_an_archive_that_unpacks_past_the_quota_is_refused_and_leaves_nothing(
+    api: Api, tmp_path: Path
+) -> None:
+    set_dataset_quota(api, 8 * MB)
+    bomb = npz_bomb(tmp_path / "bomb.npz", nbytes=64 * MB).read_bytes()  # 64 kB on the wire
+    refused = upload_whole(api, "bomb", "bomb.npz", bomb)
+    assert refused.status_code == 413, refused.text
+    detail = refused.json()["detail"]
+    assert detail.startswith("bomb.npz: ") and "member 'x.npy' alone declares 67108992" in detail
+    assert f"the limit of {8 * MB} bytes (what your quota dataset_bytes of {8 * MB}" in detail
+    assert used(api) == 0 and api.counts()[2] == 0
+    assert api.client.get("/api/v1/datasets/uploads", headers=api.auth()).json() == []
+    assert not alices(api).exists() or list(alices(api).iterdir()) == []
+
+
+def test_a_table_whose_shards_would_pass_the_quota_is_refused_before_any_is_written(
+    api: Api, tmp_path: Path
+) -> None:
+    set_dataset_quota(api, 8 * MB)
+    table = parquet_bomb(tmp_path / "zeros.parquet", rows=2**16, columns=64).read_bytes()
+    refused = upload_whole(api, "zeros", "zeros.parquet", table)
+    assert refused.status_code == 413, refused.text
+    detail = refused.json()["detail"]
+    assert detail.startswith("zeros.parquet converts to 65536 rows of 64 features: ")
+    assert "what your quota dataset_bytes of 8388608 leaves" in detail
+    assert used(api) == 0 and api.counts()[2] == 0
+    assert not alices(api).exists() or list(alices(api).iterdir()) == []
