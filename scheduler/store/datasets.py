@@ -7,7 +7,7 @@ source reads, so a worker on any machine sharing the artifact directory finds th
 (scheduler/store/tables.py). A name is unique per owner; uploading it again is a conflict, so a
 queued job never trains on other data than it was checked against. Every upload is taken in
 (checked, unpacked or converted, inventoried) in a process of its own, never in the API's
-(scheduler/store/intake.py).
+(scheduler/store/intake.py); the record holds the inventory that checking a job reads.
 """
 
 from __future__ import annotations
@@ -157,8 +157,8 @@ def _store(
     convert: bool = True,
     size: int | None = None,
 ) -> DatasetRecord:
-    """Take `source` in beside its final place in `folder` (its owner's), record it and
-    rename it into place; what was staged is removed where anything raises."""
+    """Take `source` in beside its final place in `folder` (its owner's), record it with its
+    inventory and rename it into place; what was staged is removed where anything raises."""
     staged = folder / f".{name}.{secrets.token_hex(6)}.partial"
     try:
         intake = take_in(
@@ -173,6 +173,7 @@ def _store(
             kind=intake.kind,
             path=str(final),
             size=_size(staged) if size is None else size,
+            inventory=intake.inventory,
         )
         session.add(record)
         try:

@@ -15,10 +15,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from contract.settings import Settings
-from scheduler.store.models import DatasetUpload, utcnow
+from scheduler.store.models import DatasetRecord, DatasetUpload, utcnow
 from scheduler.store.quotas import set_quotas
 from scheduler.store.users import get_user
 from tests.api.conftest import Api, make_settings
@@ -307,6 +307,35 @@ def test_an_npz_is_checked_from_its_headers(api: Api) -> None:
 
 def alices(api: Api, *names: str) -> Path:
     return api.settings.artifacts().joinpath("datasets", str(api.user_ids["alice"]), *names)
+
+
+def test_a_job_is_checked_against_the_inventory_its_upload_stored(api: Api) -> None:
+    content = npz_bytes(n=300, features=20)
+    assert upload_whole(api, "kept", "kept.npz", content).status_code == 201
+    with api.db.session() as session:
+        record = session.scalars(select(DatasetRecord)).one()
+        inventory = record.inventory
+    assert inventory is not None and inventory["arrays"]["x"]["shape"] == [300, 20]
+    assert inventory["arrays"]["y"]["values"]["high"] == 2
+    document = MLP.replace(DIGITS, "data: {source: dataset, name: kept, batch_size: 32}")
+
+    def check() -> Any:
+        return api.client.post(
+            "/api/v1/jobs/validate", content=document, headers=api.yaml_headers()
+        )
+
+    # The check reads the stored inventory, not the file: bytes in its place change nothing.
+    alices(api, "kept.npz").write_bytes(bytes(len(content)))
+    checked = check()
+    assert checked.status_code == 200, checked.text
+    assert checked.json()["layers"][0]["out_shape"] == [20]
+    # A dataset stored before inventories (null) is inventoried from its file, as it is.
+    with api.db.session() as session:
+        session.execute(update(DatasetRecord).values(inventory=None))
+    refused = check()
+    assert refused.status_code == 422 and "cannot read" in refused.text
+    alices(api, "kept.npz").write_bytes(content)
+    assert check().json()["layers"][0]["out_shape"] == [20]
 
 
 def set_dataset_quota(api: Api, nbytes: int) -> None:
