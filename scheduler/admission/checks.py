@@ -49,7 +49,12 @@ from dsl.topology import Topology, resolve_topology
 from scheduler.placement.cluster import largest_memory_share, node_capacities
 from scheduler.placement.plan import NodeCapacity
 from scheduler.store.artifacts import UnsafePath
-from scheduler.store.datasets import dataset_file, dataset_names, get_dataset
+from scheduler.store.datasets import (
+    dataset_file,
+    dataset_names,
+    get_dataset,
+    inventory_of_file,
+)
 from scheduler.store.errors import NotFound, StoreError
 from scheduler.store.jobs import NewJob, own_job
 from scheduler.store.models import DatasetRecord, User
@@ -178,7 +183,7 @@ def check_job(
         stored = isinstance(job, JobSpec)
         try:
             run = (
-                DataToRun(spec.data)
+                DataToRun(spec.data, _stored_inventory(session, spec.data))
                 if stored
                 else _data_to_run(session, owner, spec, base_dir, artifacts)
             )
@@ -537,6 +542,13 @@ def _data_to_run(
         }
         return DataToRun(data.model_copy(update=files) if files else data)
     return DataToRun(data)
+
+
+def _stored_inventory(session: Session, data: DataSourceConfig) -> dict[str, Any] | None:
+    """The inventory of the uploaded file a stored execution spec reads, if it reads one."""
+    if not isinstance(data, NpzData | CsvData) or (isinstance(data, CsvData) and data.val_path):
+        return None
+    return inventory_of_file(session, data.path)
 
 
 def _own_dataset(session: Session, owner: User, name: str, field: str) -> DatasetRecord:

@@ -18,7 +18,7 @@ import secrets
 import shutil
 import tempfile
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import Any, BinaryIO, Literal
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -221,6 +221,12 @@ def dataset_file(record: DatasetRecord, artifacts: Path) -> Path:
         what=f"dataset '{record.name}'",
         within=f"the folder of user {record.owner_id}'s datasets",
     )
+
+
+def inventory_of_file(session: Session, path: str) -> dict[str, Any] | None:
+    """The stored inventory of the dataset whose file is `path` (what a job's execution spec
+    names), if it is one that has one."""
+    return session.scalar(select(DatasetRecord.inventory).where(DatasetRecord.path == path))
 
 
 def dataset_names(session: Session, owner_id: int) -> list[str]:

@@ -324,11 +324,15 @@ def test_a_job_is_checked_against_the_inventory_its_upload_stored(api: Api) -> N
             "/api/v1/jobs/validate", content=document, headers=api.yaml_headers()
         )
 
-    # The check reads the stored inventory, not the file: bytes in its place change nothing.
+    job = api.submit(document)
+    # The check reads the stored inventory, not the file: bytes in its place change nothing,
+    # nor to the compiled net of a job already submitted.
     alices(api, "kept.npz").write_bytes(bytes(len(content)))
     checked = check()
     assert checked.status_code == 200, checked.text
     assert checked.json()["layers"][0]["out_shape"] == [20]
+    graph = api.client.get(f"/api/v1/jobs/{job['id']}/graph", headers=api.auth())
+    assert graph.status_code == 200 and graph.json()["nodes"][0]["out_shape"] == [20]
     # A dataset stored before inventories (null) is inventoried from its file, as it is.
     with api.db.session() as session:
         session.execute(update(DatasetRecord).values(inventory=None))
