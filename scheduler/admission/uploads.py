@@ -13,7 +13,8 @@ checksum drops the upload: nothing of it is stored or counted.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -32,7 +33,7 @@ from scheduler.store.datasets import (
     store_upload,
     upload_kind_of,
 )
-from scheduler.store.errors import Conflict, InvalidRequest, NotFound
+from scheduler.store.errors import Conflict, InvalidRequest, NotFound, UnpacksTooLarge
 from scheduler.store.intake import Bound, IntakeBounds
 from scheduler.store.models import DatasetRecord, Job, Sweep, User
 from scheduler.store.quotas import dataset_bytes, limits_for
@@ -81,16 +82,18 @@ def upload_dataset(
 ) -> DatasetRecord:
     """Store `content` as the user's dataset `name`; an upload past a limit or the user's
     quota leaves nothing behind (the session is not committed, its file is removed)."""
-    record = save_dataset(
-        session,
-        user,
-        name=name,
-        filename=filename,
-        content=content,
-        artifacts=settings.artifacts(),
-        max_bytes=settings.max_dataset_bytes,
-        bounds=intake_bounds(session, user, settings, one_request=True),
-    )
+    bounds = intake_bounds(session, user, settings, one_request=True)
+    with past_the_quota(bounds):
+        record = save_dataset(
+            session,
+            user,
+            name=name,
+            filename=filename,
+            content=content,
+            artifacts=settings.artifacts(),
+            max_bytes=settings.max_dataset_bytes,
+            bounds=bounds,
+        )
     check_dataset_storage(session, user, limits_for(session, user, settings), record)
     session.commit()
     return record
@@ -105,7 +108,7 @@ def intake_bounds(
     quota = limits_for(session, user, settings).dataset_bytes
     if quota is not None:
         left = max(0, quota - dataset_bytes(session, user.id))
-        bound = Bound(left, f"what your quota dataset_bytes of {quota} leaves")
+        bound = Bound(left, f"what your quota dataset_bytes of {quota} leaves", quota=True)
     else:
         bound = Bound(settings.max_dataset_unpacked_bytes, "max_dataset_unpacked_bytes")
     if one_request and settings.max_dataset_bytes < bound.bytes:
@@ -115,6 +118,19 @@ def intake_bounds(
         memory_bytes=settings.dataset_intake_memory_mb * 2**20,
         cpu_seconds=settings.dataset_intake_seconds,
     )
+
+
+@contextmanager
+def past_the_quota(bounds: IntakeBounds) -> Iterator[None]:
+    """An upload that would unpack past what the quota leaves is refused as one past the
+    quota (QuotaExceeded, as a dataset stored past it is); past the server's bound it stays
+    UnpacksTooLarge."""
+    try:
+        yield
+    except UnpacksTooLarge as error:
+        if not bounds.unpacked.quota:
+            raise
+        raise QuotaExceeded(str(error)) from None
 
 
 def upload_limits(settings: Settings) -> UploadLimits:
@@ -250,17 +266,19 @@ def complete_upload(
             )
         # The upload's reservation goes as the dataset's own size comes to count.
         delete_upload_row(session, upload_id)
-        record = store_upload(
-            session,
-            user,
-            name=name,
-            kind=kind,
-            assembled=assembled,
-            artifacts=artifacts,
-            filename=filename,
-            label_column=label_column,
-            bounds=intake_bounds(session, user, settings),
-        )
+        bounds = intake_bounds(session, user, settings)
+        with past_the_quota(bounds):
+            record = store_upload(
+                session,
+                user,
+                name=name,
+                kind=kind,
+                assembled=assembled,
+                artifacts=artifacts,
+                filename=filename,
+                label_column=label_column,
+                bounds=bounds,
+            )
         check_dataset_storage(session, user, limits_for(session, user, settings), record)
         session.commit()
     except BaseException:

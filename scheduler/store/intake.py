@@ -41,7 +41,7 @@ import pyarrow as pa
 
 from contract.inventory import csv_inventory, npz_inventory
 from contract.shards import MAX_SHARDS, ShardError, ShardFormat, describe_shards
-from scheduler.store.errors import InvalidRequest, TooLarge, UnsupportedKind
+from scheduler.store.errors import InvalidRequest, TooLarge, UnpacksTooLarge, UnsupportedKind
 from scheduler.store.tables import (
     csv_batches,
     csv_header,
@@ -68,6 +68,7 @@ class Bound:
 
     bytes: int
     reason: str  # "what your quota dataset_bytes leaves", "max_dataset_unpacked_bytes"
+    quota: bool = False  # set by the owner's quota (a refusal is then one past the quota)
 
     @property
     def words(self) -> str:
@@ -192,7 +193,11 @@ def _answer(
     body = json.loads(answer.read_text(encoding="utf-8"))
     refused = body.get("refused")
     if refused is not None:
-        error = {"too_large": TooLarge, "unsupported": UnsupportedKind}.get(refused, InvalidRequest)
+        error = {
+            "unpacks_too_large": UnpacksTooLarge,
+            "too_large": TooLarge,
+            "unsupported": UnsupportedKind,
+        }.get(refused, InvalidRequest)
         raise error(body["message"])
     return Intake(kind=body["kind"], inventory=body["inventory"])
 
@@ -212,6 +217,8 @@ def main(argv: list[str]) -> int:
             f"checking {request.filename} needed more than {request.memory_bytes // MB} MB of "
             "memory (dataset_intake_memory_mb); nothing was stored",
         )
+    except UnpacksTooLarge as error:
+        body = _refusal("unpacks_too_large", str(error))
     except TooLarge as error:
         body = _refusal("too_large", str(error))
     except UnsupportedKind as error:
@@ -302,7 +309,8 @@ def stage(request: IntakeRequest) -> tuple[str, dict[str, Any] | None]:
             raise UnsupportedKind(f"uploads of kind {request.kind} are not taken")
     except OSError as error:
         if error.errno == errno.EFBIG:  # a file past RLIMIT_FSIZE
-            raise TooLarge(f"{what} unpacks past {bound.words}; nothing was stored") from None
+            message = f"{what} unpacks past {bound.words}; nothing was stored"
+            raise UnpacksTooLarge(message) from None
         raise
     source.replace(staged)
     return request.kind, inventory
@@ -326,7 +334,7 @@ def check_npz_sizes(
             for member in members:
                 total += member.file_size
                 if total > bound.bytes:
-                    raise TooLarge(
+                    raise UnpacksTooLarge(
                         f"{what}: the arrays of the .npz archive would unpack to {total} bytes or "
                         f"more, more than {bound.words} (member '{member.filename}' alone "
                         f"declares {member.file_size} bytes); nothing was unpacked"
@@ -376,7 +384,7 @@ def _check_npy_header(
         )
     nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
     if nbytes > bound.bytes:
-        raise TooLarge(
+        raise UnpacksTooLarge(
             f"{what}: array '{name}' (member '{member.filename}') of the .npz archive has shape "
             f"{tuple(shape)} of {dtype} ({nbytes} bytes), more than {bound.words}; nothing "
             "was unpacked"
@@ -440,7 +448,7 @@ def unpack_shards(tar: Path, into: Path, bound: Bound, what: str = "the .tar") -
             total = sum(member.size for member in files)
             if total > bound.bytes:
                 largest = max(files, key=lambda member: member.size)
-                raise TooLarge(
+                raise UnpacksTooLarge(
                     f"{what}: the shards would unpack to {total} bytes, more than "
                     f"{bound.words} (member '{largest.name}' declares {largest.size} bytes); "
                     "nothing was unpacked"

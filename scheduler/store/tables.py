@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from contract.rundir import CATEGORIES, shard_names
 from contract.shards import MAX_CATEGORIES_BYTES
-from scheduler.store.errors import InvalidRequest, TooLarge
+from scheduler.store.errors import InvalidRequest, TooLarge, UnpacksTooLarge
 
 MAX_CATEGORIES = 10_000  # distinct values of one text column
 MAX_COLUMNS = 10_000
@@ -249,7 +249,7 @@ def write_shards(
 ) -> int:
     """The second pass: the table as a shard folder in `folder` (made here; the caller
     removes it where this raises). Shards that would take more than `max_bytes` (`limit`
-    says what sets it) are refused with TooLarge before anything is written, and the
+    says what sets it) are refused with UnpacksTooLarge before anything is written, and the
     writer holds the shards to it as it writes. Returns the number of shards."""
     categories = json.dumps(survey.categories, indent=1, sort_keys=True)
     if len(categories) > MAX_CATEGORIES_BYTES:
@@ -259,7 +259,7 @@ def write_shards(
         )
     expected = shards_bytes(survey, categories)
     if expected > max_bytes:
-        raise TooLarge(
+        raise UnpacksTooLarge(
             f"{what} converts to {survey.rows} rows of {survey.width} features: "
             f"{expected} bytes of shards, more than {limit}; nothing was written"
         )
@@ -358,7 +358,7 @@ class _ShardWriter:
         x_name, y_name = shard_names(self.written)
         self.bytes += x[:rows].nbytes + y[:rows].nbytes + 2 * NPY_HEADER
         if self.bytes > self.max_bytes:  # more rows than the first pass counted
-            raise TooLarge(
+            raise UnpacksTooLarge(
                 f"the shards passed {self.limit} at shard {self.written}; nothing was kept"
             )
         np.save(self.folder / x_name, x[:rows])

@@ -39,6 +39,7 @@ def api_settings(tmp_path: Path, migrated_sql_url: str, redis_url: str) -> Setti
         max_upload_part_bytes=4 * PART,
         max_open_uploads=2,
         upload_expiry_seconds=3600.0,
+        max_dataset_unpacked_bytes=32 * MB,
     )
 
 
@@ -355,12 +356,22 @@ def test_an_archive_that_unpacks_past_the_quota_is_refused_and_leaves_nothing(
     set_dataset_quota(api, 8 * MB)
     bomb = npz_bomb(tmp_path / "bomb.npz", nbytes=64 * MB).read_bytes()  # 64 kB on the wire
     refused = upload_whole(api, "bomb", "bomb.npz", bomb)
-    assert refused.status_code == 413, refused.text
+    assert refused.status_code == 403, refused.text  # past the quota
     detail = refused.json()["detail"]
     assert detail.startswith("bomb.npz: ") and "member 'x.npy' alone declares 67108992" in detail
     assert f"the limit of {8 * MB} bytes (what your quota dataset_bytes of {8 * MB}" in detail
     assert used(api) == 0 and api.counts()[2] == 0
     assert api.client.get("/api/v1/datasets/uploads", headers=api.auth()).json() == []
+    assert not alices(api).exists() or list(alices(api).iterdir()) == []
+
+
+def test_without_a_quota_the_servers_bound_holds(api: Api, tmp_path: Path) -> None:
+    bomb = npz_bomb(tmp_path / "bomb.npz", nbytes=64 * MB).read_bytes()
+    refused = upload_whole(api, "bomb", "bomb.npz", bomb)
+    assert refused.status_code == 413, refused.text
+    detail = refused.json()["detail"]
+    assert "more than the limit of 33554432 bytes (max_dataset_unpacked_bytes)" in detail
+    assert used(api) == 0 and api.counts()[2] == 0
     assert not alices(api).exists() or list(alices(api).iterdir()) == []
 
 
@@ -370,7 +381,7 @@ def test_a_table_whose_shards_would_pass_the_quota_is_refused_before_any_is_writ
     set_dataset_quota(api, 8 * MB)
     table = parquet_bomb(tmp_path / "zeros.parquet", rows=2**16, columns=64).read_bytes()
     refused = upload_whole(api, "zeros", "zeros.parquet", table)
-    assert refused.status_code == 413, refused.text
+    assert refused.status_code == 403, refused.text  # past the quota
     detail = refused.json()["detail"]
     assert detail.startswith("zeros.parquet converts to 65536 rows of 64 features: ")
     assert "what your quota dataset_bytes of 8388608 leaves" in detail
