@@ -23,8 +23,14 @@ from scheduler.admission.policy import NotAllowed
 from scheduler.admission.quotas import QuotaExceeded
 from scheduler.admission.rate_limit import RateLimited
 from scheduler.store.artifacts import UnsafePath
-from scheduler.store.datasets import TooLarge, UnsupportedKind
-from scheduler.store.errors import Conflict, InvalidRequest, NotFound, StoreError
+from scheduler.store.errors import (
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    StoreError,
+    TooLarge,
+    UnsupportedKind,
+)
 from scheduler.store.lifecycle import IllegalTransition
 from scheduler.store.webhooks import TooManyWebhooks
 

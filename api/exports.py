@@ -30,8 +30,7 @@ from contract.settings import Settings
 from dsl.export import FORMATS, SUFFIXES, metadata_path
 from scheduler.admission.rate_limit import RateLimited
 from scheduler.store import reports as report_store
-from scheduler.store.datasets import TooLarge
-from scheduler.store.errors import InvalidRequest, NotFound, StoreError
+from scheduler.store.errors import InvalidRequest, NotFound, StoreError, TooLarge
 from scheduler.store.models import Job, User
 
 RETRY_SECONDS = 5

@@ -120,6 +120,25 @@ class Settings(BaseSettings):
         description="an upload no part reached for this long expires: its parts are deleted "
         "and its bytes no longer count against the quota",
     )
+    max_dataset_unpacked_bytes: int = Field(
+        default=20_000_000_000,
+        gt=0,
+        description="the most bytes an uploaded dataset may take unpacked (an .npz's arrays, a "
+        "table's shards, a .tar's files) when its owner's quota dataset_bytes is unset; with "
+        "the quota, what the quota leaves bounds it",
+    )
+    dataset_intake_memory_mb: int = Field(
+        default=2048,
+        ge=64,
+        description="memory (MB) the process that checks, unpacks and inventories an upload "
+        "may take beyond its imports (never the API's own); past it, the upload is refused",
+    )
+    dataset_intake_seconds: float = Field(
+        default=1800.0,
+        gt=0,
+        description="CPU time that process may take (its wall time: twice that and 30 s); past "
+        "it, the upload is refused",
+    )
     max_prediction_workers: int = Field(
         default=8,
         ge=1,

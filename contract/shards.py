@@ -10,9 +10,10 @@ An optional `categories.json` ({"features": {column: [values]}, "label": [values
 the integer codes of categorical columns stood for; it travels with the dataset's description.
 
 `describe_shards` reads only the npy headers and the parquet footers (and the labels' extremes,
-from parquet statistics or the label arrays), never the samples, so that describing a dataset of
-any size is fast. Shards that disagree in shape or dtype are refused with the shard's name.
-Imports numpy and pyarrow only (the store validates uploaded shards with it).
+from parquet statistics or the label arrays, LABEL_CHUNK rows at a time), never the samples, so
+that describing a dataset of any size is fast and holds megabytes. Shards that disagree in shape
+or dtype are refused with the shard's name. Imports numpy and pyarrow only (the store validates
+uploaded shards with it).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -34,6 +36,8 @@ NPY_PATTERN = re.compile(r"^(\d{1,9})\.(x|y)\.npy$")
 MAX_SHARDS = 100_000
 # Labels are scanned for their extremes in chunks of this many rows (npy: no statistics).
 LABEL_CHUNK = 1 << 20
+# The largest categories.json read: 10,000 values of a few columns (it travels with jobs).
+MAX_CATEGORIES_BYTES = 16 * 2**20
 
 
 class ShardError(ValueError):
@@ -117,6 +121,12 @@ def _read_categories(folder: Path) -> dict[str, Any] | None:
     path = folder / CATEGORIES_FILE
     if not path.is_file():
         return None
+    size = path.stat().st_size
+    if size > MAX_CATEGORIES_BYTES:
+        raise ShardError(
+            f"{CATEGORIES_FILE} takes {size} bytes, more than the {MAX_CATEGORIES_BYTES} read",
+            CATEGORIES_FILE,
+        )
     try:
         categories = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -140,7 +150,7 @@ def _too_many(count: int) -> None:
         raise ShardError(f"the folder holds {count} shards, more than the {MAX_SHARDS} allowed")
 
 
-def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype[Any], int]:
+def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype[Any], int]:
     """(shape, dtype, data offset) of an .npy file, from its header alone."""
     try:
         with path.open("rb") as handle:
@@ -187,8 +197,8 @@ def _describe_npy(folder: Path) -> ShardsDescription:
                     f"shard {name} has {name}.{other}.npy but no {name}.{part}.npy",
                     f"{name}.{other}.npy",
                 )
-        x_shape, x_dtype, x_offset = _npy_header(pair["x"])
-        y_shape, y_dtype, y_offset = _npy_header(pair["y"])
+        x_shape, x_dtype, x_offset = npy_header(pair["x"])
+        y_shape, y_dtype, y_offset = npy_header(pair["y"])
         if x_shape[0] != y_shape[0]:
             raise ShardError(
                 f"shard {name}: {pair['x'].name} has {x_shape[0]} samples but "
@@ -219,30 +229,35 @@ def _disagree(name: str, facts: tuple[Any, ...], first: str, want: tuple[Any, ..
 def _npy_label_range(
     shards: list[Shard], y_shape: tuple[int, ...], y_dtype: np.dtype[Any]
 ) -> tuple[float, float]:
-    """The smallest and largest label, scanned in chunks from a memory map of the labels (a
-    small part of a shard); the samples are not read."""
+    """The smallest and largest label, read LABEL_CHUNK rows at a time (not memory-mapped:
+    the pages of a map would stay resident in this process); the samples are not read."""
     low, high = math.inf, -math.inf
     for shard in shards:
-        if shard.rows == 0:
-            continue
-        labels = np.memmap(
-            shard.y_path,
-            dtype=y_dtype,
-            mode="r",
-            offset=shard.y_offset,
-            shape=(shard.rows, *y_shape),
-        )
-        for start in range(0, shard.rows, LABEL_CHUNK):
-            chunk = np.asarray(labels[start : start + LABEL_CHUNK])
+        for chunk in npy_rows(shard.y_path, shard.y_offset, y_dtype, shard.rows, y_shape):
             if chunk.dtype.kind == "f" and not np.isfinite(chunk).all():
                 raise ShardError(
                     f"shard {shard.name}: labels contain NaN or infinity", shard.y_path.name
                 )
             low, high = min(low, float(chunk.min())), max(high, float(chunk.max()))
-        del labels
     if low == math.inf:
         raise ShardError("the shards hold no samples")
     return low, high
+
+
+def npy_rows(
+    path: Path, offset: int, dtype: np.dtype[Any], rows: int, shape: tuple[int, ...] = ()
+) -> Iterator[np.ndarray]:
+    """The rows of an .npy file's array (of per-row `shape`, its data at `offset`), read
+    LABEL_CHUNK rows at a time."""
+    per_row = math.prod(shape)
+    with path.open("rb") as handle:
+        handle.seek(offset)
+        for start in range(0, rows, LABEL_CHUNK):
+            count = min(LABEL_CHUNK, rows - start)
+            chunk = np.fromfile(handle, dtype=dtype, count=count * per_row)
+            if len(chunk) < count * per_row:
+                raise ShardError(f"{path.name} is shorter than its header says", path.name)
+            yield chunk.reshape(count, *shape)
 
 
 def _describe_parquet(folder: Path) -> ShardsDescription:
@@ -351,8 +366,8 @@ def _parquet_columns(name: str, schema: Any) -> tuple[Any, ...]:
 
 
 def _parquet_label_range(meta: Any, name: str) -> tuple[float, float]:
-    """The labels' extremes from the row groups' statistics; the label column alone is read
-    where a writer left no statistics."""
+    """The labels' extremes from the row groups' statistics; the label column alone is read,
+    LABEL_CHUNK rows at a time, where a writer left no statistics."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -371,14 +386,16 @@ def _parquet_label_range(meta: Any, name: str) -> tuple[float, float]:
         ):
             low, high = min(low, float(stats.min)), max(high, float(stats.max))
             continue
-        labels = meta.read_row_group(group, columns=["y"]).column("y").combine_chunks()
-        if labels.null_count:
-            raise ShardError(f"{name} column 'y' has empty cells", name)
-        while pa.types.is_fixed_size_list(labels.type):
-            labels = labels.flatten()
-        extremes = pc.min_max(labels)
-        low = min(low, float(extremes["min"].as_py()))
-        high = max(high, float(extremes["max"].as_py()))
+        batches = meta.iter_batches(LABEL_CHUNK, row_groups=[group], columns=["y"])
+        for batch in batches:
+            labels = batch.column("y")
+            if labels.null_count:
+                raise ShardError(f"{name} column 'y' has empty cells", name)
+            while pa.types.is_fixed_size_list(labels.type):
+                labels = labels.flatten()
+            extremes = pc.min_max(labels)
+            low = min(low, float(extremes["min"].as_py()))
+            high = max(high, float(extremes["max"].as_py()))
     if low != math.inf and not (math.isfinite(low) and math.isfinite(high)):
         raise ShardError(f"{name}: labels contain NaN or infinity", name)
     return low, high

@@ -2,10 +2,11 @@
 
 `check_job` validates the document with `dsl.compiler.compile_job`, adding the service's rules
 (who may read server files, the step limit), resolves a named dataset to its stored file,
-describes the data and compiles the net from that description on torch's meta device (shapes
-and parameter counts, no weights). Its `execution_spec` is what workers run: the validated job
-with every file given by an absolute path, its objective resolved and a pipeline's stages as the
-planner cut them.
+describes the data (an uploaded .npz or .csv from the inventory its intake stored with it,
+nothing read; other files from their headers, a bounded chunk at a time) and compiles the net
+from that description on torch's meta device (shapes and parameter counts, no weights). Its
+`execution_spec` is what workers run: the validated job with every file given by an absolute
+path, its objective resolved and a pipeline's stages as the planner cut them.
 Every failure is a located `JobSpecError`. `kind_of` tells a sweep from a job before any of
 that, from the parsed document.
 """
@@ -23,6 +24,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from sqlalchemy.orm import Session
 
+from contract.inventory import INVENTORY
 from dsl.budget import CompileBudget
 from dsl.compiler import CompiledJob, compile_job
 from dsl.data_config import (
@@ -47,7 +49,12 @@ from dsl.topology import Topology, resolve_topology
 from scheduler.placement.cluster import largest_memory_share, node_capacities
 from scheduler.placement.plan import NodeCapacity
 from scheduler.store.artifacts import UnsafePath
-from scheduler.store.datasets import dataset_file, dataset_names, get_dataset
+from scheduler.store.datasets import (
+    dataset_file,
+    dataset_names,
+    get_dataset,
+    inventory_of_file,
+)
 from scheduler.store.errors import NotFound, StoreError
 from scheduler.store.jobs import NewJob, own_job
 from scheduler.store.models import DatasetRecord, User
@@ -55,7 +62,7 @@ from scheduler.store.registry import get_model, model_file, parse_ref
 from scheduler.store.reports import model_checkpoint
 from scheduler.store.sweeps import NewSweep
 from scheduler.sweeps.warm_start import warm_start_issues
-from workers.data import DataInfo, describe
+from workers.data import DataInfo, describe, describe_from_inventory
 from workers.data.uploaded import as_file_source
 
 # Steps are stored in 32-bit columns.
@@ -176,9 +183,14 @@ def check_job(
     def describe_data(spec: JobSpec) -> BuildContext:
         stored = isinstance(job, JobSpec)
         try:
-            data = spec.data if stored else _data_to_run(session, owner, spec, base_dir, artifacts)
+            run = (
+                DataToRun(spec.data, _stored_inventory(session, spec.data))
+                if stored
+                else _data_to_run(session, owner, spec, base_dir, artifacts)
+            )
+            data = run.config
             resolved.append(data)
-            described.append(_describe(data, spec.seed, cache_dir))
+            described.append(_describe(data, spec.seed, cache_dir, run.inventory))
             return described[-1].build_context()
         except DataSourceError as exc:
             if isinstance(spec.data, DatasetData):
@@ -479,9 +491,18 @@ def _server_file_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
     return issues
 
 
+@dataclass(frozen=True)
+class DataToRun:
+    """The data config workers get, and the stored inventory of the file it names (an
+    uploaded .npz's or .csv's), which describes it without reading it."""
+
+    config: DataSourceConfig
+    inventory: dict[str, Any] | None = None
+
+
 def _data_to_run(
     session: Session, owner: User, spec: JobSpec, base_dir: Path, artifacts: Path
-) -> DataSourceConfig:
+) -> DataToRun:
     """The data config workers get: a named dataset becomes its stored file (which must lie
     in its owner's folder), and relative paths become absolute (workers run elsewhere)."""
     data = spec.data
@@ -495,8 +516,9 @@ def _data_to_run(
                 field="name",
             )
         if record.kind == "shards":
-            return data.model_copy(update={"path": str(stored)})
-        return as_file_source(data, "npz" if record.kind == "npz" else "csv", stored)
+            return DataToRun(data.model_copy(update={"path": str(stored)}))
+        file = as_file_source(data, "npz" if record.kind == "npz" else "csv", stored)
+        return DataToRun(file, record.inventory)
     if isinstance(data, TextData) and data.dataset is not None:
         record = _own_dataset(session, owner, data.dataset, "dataset")
         if record.kind != "text":
@@ -505,22 +527,29 @@ def _data_to_run(
                 f"data: {{source: dataset, name: {data.dataset}}} reads it",
                 field="dataset",
             )
-        return data.model_copy(
-            update={"path": str(dataset_file(record, artifacts)), "dataset": None}
+        return DataToRun(
+            data.model_copy(update={"path": str(dataset_file(record, artifacts)), "dataset": None})
         )
     if isinstance(data, ShardsData) and data.dataset is not None:
         # The stored folder by path, with only the keys that were written.
         values = data.model_dump(mode="json", exclude_unset=True, exclude={"dataset"})
         values["path"] = str(_shards_folder(session, owner, data, artifacts))
-        return ShardsData.model_validate(values)
+        return DataToRun(ShardsData.model_validate(values))
     if isinstance(data, NpzData | CsvData | TextData | ShardsData):
         files = {
             key: str((base_dir / path).expanduser().resolve())
             for key in ("path", "val_path", "test_path")
             if (path := getattr(data, key, None))
         }
-        return data.model_copy(update=files) if files else data
-    return data
+        return DataToRun(data.model_copy(update=files) if files else data)
+    return DataToRun(data)
+
+
+def _stored_inventory(session: Session, data: DataSourceConfig) -> dict[str, Any] | None:
+    """The inventory of the uploaded file a stored execution spec reads, if it reads one."""
+    if not isinstance(data, NpzData | CsvData) or (isinstance(data, CsvData) and data.val_path):
+        return None
+    return inventory_of_file(session, data.path)
 
 
 def _own_dataset(session: Session, owner: User, name: str, field: str) -> DatasetRecord:
@@ -584,7 +613,14 @@ def _execution_spec(
     return out
 
 
-def _describe(data: DataSourceConfig, seed: int, cache_dir: Path) -> DataInfo:
+def _describe(
+    data: DataSourceConfig, seed: int, cache_dir: Path, inventory: dict[str, Any] | None = None
+) -> DataInfo:
+    """The data's DataInfo: an uploaded file's from its stored inventory (nothing is read),
+    anything else described (a file inventoried a bounded chunk at a time), remembered."""
+    if inventory is not None:
+        assert isinstance(data, NpzData | CsvData)  # the kinds an inventory is stored for
+        return describe_from_inventory(data, INVENTORY.validate_python(inventory))
     stamps: list[tuple[int, int] | None] = []
     for key in ("path", "val_path", "test_path"):
         path = getattr(data, key, None)

@@ -4,15 +4,17 @@
 
 A chunked upload's declared size counts against the quota from its start until it completes,
 is aborted or expires (scheduler/store/quotas.py `dataset_bytes`), so parts never pass it.
-Completion checks the checksum, then the content (scheduler/store/datasets.py); only then is
-there a dataset. A completion that fails for its content or checksum drops the upload: nothing
-of it is stored or counted.
+Completion checks the checksum, then the content in the intake's process of its own
+(scheduler/store/intake.py), which may unpack it to no more than the quota leaves
+(`intake_bounds`); only then is there a dataset. A completion that fails for its content or
+checksum drops the upload: nothing of it is stored or counted.
 """
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -31,7 +33,8 @@ from scheduler.store.datasets import (
     store_upload,
     upload_kind_of,
 )
-from scheduler.store.errors import Conflict, InvalidRequest, NotFound
+from scheduler.store.errors import Conflict, InvalidRequest, NotFound, UnpacksTooLarge
+from scheduler.store.intake import Bound, IntakeBounds
 from scheduler.store.models import DatasetRecord, Job, Sweep, User
 from scheduler.store.quotas import dataset_bytes, limits_for
 from scheduler.store.states import JobState, SweepState
@@ -79,18 +82,55 @@ def upload_dataset(
 ) -> DatasetRecord:
     """Store `content` as the user's dataset `name`; an upload past a limit or the user's
     quota leaves nothing behind (the session is not committed, its file is removed)."""
-    record = save_dataset(
-        session,
-        user,
-        name=name,
-        filename=filename,
-        content=content,
-        artifacts=settings.artifacts(),
-        max_bytes=settings.max_dataset_bytes,
-    )
+    bounds = intake_bounds(session, user, settings, one_request=True)
+    with past_the_quota(bounds):
+        record = save_dataset(
+            session,
+            user,
+            name=name,
+            filename=filename,
+            content=content,
+            artifacts=settings.artifacts(),
+            max_bytes=settings.max_dataset_bytes,
+            bounds=bounds,
+        )
     check_dataset_storage(session, user, limits_for(session, user, settings), record)
     session.commit()
     return record
+
+
+def intake_bounds(
+    session: Session, user: User, settings: Settings, *, one_request: bool = False
+) -> IntakeBounds:
+    """What taking an upload of the user's in may cost: unpacked, no more than their quota
+    dataset_bytes leaves (else the server's max_dataset_unpacked_bytes; sent in one request,
+    no more than max_dataset_bytes either); the intake process's memory and CPU time."""
+    quota = limits_for(session, user, settings).dataset_bytes
+    if quota is not None:
+        left = max(0, quota - dataset_bytes(session, user.id))
+        bound = Bound(left, f"what your quota dataset_bytes of {quota} leaves", quota=True)
+    else:
+        bound = Bound(settings.max_dataset_unpacked_bytes, "max_dataset_unpacked_bytes")
+    if one_request and settings.max_dataset_bytes < bound.bytes:
+        bound = Bound(settings.max_dataset_bytes, "max_dataset_bytes, sent in one request")
+    return IntakeBounds(
+        unpacked=bound,
+        memory_bytes=settings.dataset_intake_memory_mb * 2**20,
+        cpu_seconds=settings.dataset_intake_seconds,
+    )
+
+
+@contextmanager
+def past_the_quota(bounds: IntakeBounds) -> Iterator[None]:
+    """An upload that would unpack past what the quota leaves is refused as one past the
+    quota (QuotaExceeded, as a dataset stored past it is); past the server's bound it stays
+    UnpacksTooLarge."""
+    try:
+        yield
+    except UnpacksTooLarge as error:
+        if not bounds.unpacked.quota:
+            raise
+        raise QuotaExceeded(str(error)) from None
 
 
 def upload_limits(settings: Settings) -> UploadLimits:
@@ -207,8 +247,9 @@ def complete_upload(
             "(PUT .../parts/{n}) and complete again"
         )
     claim_for_completion(session, upload, upload_limits(settings).expiry)
-    name, kind, label_column, declared = (
+    name, filename, kind, label_column, declared = (
         upload.name,
+        upload.filename,
         upload.kind,
         upload.label_column,
         upload.sha256,
@@ -225,16 +266,19 @@ def complete_upload(
             )
         # The upload's reservation goes as the dataset's own size comes to count.
         delete_upload_row(session, upload_id)
-        record = store_upload(
-            session,
-            user,
-            name=name,
-            kind=kind,
-            assembled=assembled,
-            artifacts=artifacts,
-            label_column=label_column,
-            max_bytes=settings.max_upload_bytes,
-        )
+        bounds = intake_bounds(session, user, settings)
+        with past_the_quota(bounds):
+            record = store_upload(
+                session,
+                user,
+                name=name,
+                kind=kind,
+                assembled=assembled,
+                artifacts=artifacts,
+                filename=filename,
+                label_column=label_column,
+                bounds=bounds,
+            )
         check_dataset_storage(session, user, limits_for(session, user, settings), record)
         session.commit()
     except BaseException:

@@ -19,7 +19,7 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
 from contract.rundir import TENSORBOARD, WORKERS, job_run_dir
-from scheduler.store.datasets import TooLarge
+from scheduler.store.errors import TooLarge
 from scheduler.store.models import LogLine, Metric
 
 PAGE = 5000  # rows read from SQL per session

@@ -24,3 +24,15 @@ class Expired(StoreError):
 
 class InvalidRequest(StoreError):
     """A malformed argument the schema could not catch (a bad cursor)."""
+
+
+class TooLarge(InvalidRequest):
+    """A request past a size limit; the message names the limit and what passed it."""
+
+
+class UnpacksTooLarge(TooLarge):
+    """An upload that would unpack past what its owner's quota leaves or the server allows."""
+
+
+class UnsupportedKind(InvalidRequest):
+    """A file of a kind the service does not take."""

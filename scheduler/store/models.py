@@ -395,6 +395,10 @@ class DatasetRecord(Base):
     kind: Mapped[str] = mapped_column(String(8))  # npz | csv | text | shards (a folder)
     path: Mapped[str] = mapped_column(Text)
     size: Mapped[int] = mapped_column(BigInteger)
+    # What the upload's intake read of an .npz's or a .csv's values (contract/inventory.py):
+    # checking a job reads it instead of the file. Null for other kinds, and for datasets
+    # stored before migration 0019 (their files are inventoried when a job is checked).
+    inventory: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     __table_args__ = (UniqueConstraint("owner_id", "name"),)
 

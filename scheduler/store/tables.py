@@ -9,7 +9,10 @@ its value's index; values are numbered in sorted order.
 
 The file is read twice, a block of rows at a time (pyarrow), so a table larger than memory
 converts in bounded memory: the first pass learns each column's type and its distinct values,
-the second writes the shards.
+the second writes the shards. What the shards will take is known after the first pass (rows x
+features): a table whose shards would pass the bound given is refused then, before anything is
+written, and the writer holds the shards to it as they are written. The conversion runs in the
+intake's process of its own (scheduler/store/intake.py), never in the API's.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from contract.rundir import CATEGORIES, shard_names
-from scheduler.store.errors import InvalidRequest
+from contract.shards import MAX_CATEGORIES_BYTES
+from scheduler.store.errors import InvalidRequest, TooLarge, UnpacksTooLarge
 
 MAX_CATEGORIES = 10_000  # distinct values of one text column
 MAX_COLUMNS = 10_000
@@ -37,7 +41,9 @@ SHARD_BYTES = 64 * 2**20  # x bytes per shard
 # round(fraction x shards) for validation, so one shard would leave nothing to train on.
 MIN_SHARDS = 10
 READ_BLOCK = 8 * 2**20  # CSV bytes per block read
-BATCH_ROWS = 65_536  # Parquet rows per batch read
+BATCH_ROWS = 65_536  # Parquet rows per batch read, for tables of up to BATCH_CELLS // BATCH_ROWS
+BATCH_CELLS = 2**22  # columns; a wider table's batches hold about this many values
+NPY_HEADER = 128  # bytes of an .npy file besides its array (the header numpy writes, about)
 
 
 class BadTable(InvalidRequest):
@@ -139,7 +145,10 @@ def parquet_file(path: Path) -> pq.ParquetFile:
 
 def parquet_batches(path: Path) -> Iterator[pa.RecordBatch]:
     try:
-        yield from parquet_file(path).iter_batches(batch_size=BATCH_ROWS)
+        file = parquet_file(path)
+        columns = max(1, len(file.schema_arrow.names))
+        rows = max(1, min(BATCH_ROWS, BATCH_CELLS // columns))
+        yield from file.iter_batches(batch_size=rows)
     except (pa.ArrowInvalid, OSError) as error:
         raise BadTable(f"the Parquet file cannot be read: {error}") from None
 
@@ -221,13 +230,42 @@ def survey_table(
     return Survey(names, label, vector, columns, rows, width)
 
 
-def write_shards(survey: Survey, batches: Iterator[pa.RecordBatch], folder: Path) -> int:
+def shards_bytes(survey: Survey, categories: str) -> int:
+    """What the shard folder of the surveyed table takes: every shard's x (float32) and y
+    (int64 indices or float32 targets) with their headers, and categories.json."""
+    shards = -(-survey.rows // _rows_per_shard(survey.width, survey.rows))
+    row = 4 * survey.width + (8 if survey.label_is_index else 4)
+    return survey.rows * row + 2 * shards * NPY_HEADER + len(categories.encode())
+
+
+def write_shards(
+    survey: Survey,
+    batches: Iterator[pa.RecordBatch],
+    folder: Path,
+    *,
+    max_bytes: int,
+    limit: str,
+    what: str = "the table",
+) -> int:
     """The second pass: the table as a shard folder in `folder` (made here; the caller
-    removes it where this raises). Returns the number of shards."""
-    folder.mkdir(parents=True)
+    removes it where this raises). Shards that would take more than `max_bytes` (`limit`
+    says what sets it) are refused with UnpacksTooLarge before anything is written, and the
+    writer holds the shards to it as it writes. Returns the number of shards."""
     categories = json.dumps(survey.categories, indent=1, sort_keys=True)
+    if len(categories) > MAX_CATEGORIES_BYTES:
+        raise TooLarge(
+            f"the values of {what}'s text columns take {len(categories)} bytes as "
+            f"{CATEGORIES}, more than the {MAX_CATEGORIES_BYTES} a dataset's may take"
+        )
+    expected = shards_bytes(survey, categories)
+    if expected > max_bytes:
+        raise UnpacksTooLarge(
+            f"{what} converts to {survey.rows} rows of {survey.width} features: "
+            f"{expected} bytes of shards, more than {limit}; nothing was written"
+        )
+    folder.mkdir(parents=True)
     (folder / CATEGORIES).write_text(categories, encoding="utf-8")
-    writer = _ShardWriter(folder, survey.width, survey.rows)
+    writer = _ShardWriter(folder, survey.width, survey.rows, max_bytes - len(categories), limit)
     features = [name for name in survey.names if name != survey.label]
     label = survey.columns[survey.label]
     for batch in batches:
@@ -286,16 +324,22 @@ def _vectors(array: pa.Array, width: int) -> np.ndarray:
     return numbers.to_numpy(zero_copy_only=False).reshape(len(array), width).astype(np.float32)
 
 
+def _rows_per_shard(width: int, rows: int) -> int:
+    return max(1, min(SHARD_BYTES // (4 * width), -(-rows // MIN_SHARDS)))
+
+
 class _ShardWriter:
     """Rows gathered into shards of about SHARD_BYTES of x (fewer rows where the table would
-    make less than MIN_SHARDS), each written as an npy pair."""
+    make less than MIN_SHARDS), each written as an npy pair; the pairs may take `max_bytes`
+    in all."""
 
-    def __init__(self, folder: Path, width: int, rows: int) -> None:
+    def __init__(self, folder: Path, width: int, rows: int, max_bytes: int, limit: str) -> None:
         self.folder, self.width = folder, width
-        self.rows_per_shard = max(1, min(SHARD_BYTES // (4 * width), -(-rows // MIN_SHARDS)))
+        self.rows_per_shard = _rows_per_shard(width, rows)
         self.pending: list[tuple[np.ndarray, np.ndarray]] = []
         self.pending_rows = 0
         self.written = 0
+        self.bytes, self.max_bytes, self.limit = 0, max_bytes, limit
 
     def add(self, x: np.ndarray, y: np.ndarray) -> None:
         self.pending.append((x, y))
@@ -312,6 +356,11 @@ class _ShardWriter:
         x = np.concatenate([x for x, _ in self.pending])
         y = np.concatenate([y for _, y in self.pending])
         x_name, y_name = shard_names(self.written)
+        self.bytes += x[:rows].nbytes + y[:rows].nbytes + 2 * NPY_HEADER
+        if self.bytes > self.max_bytes:  # more rows than the first pass counted
+            raise UnpacksTooLarge(
+                f"the shards passed {self.limit} at shard {self.written}; nothing was kept"
+            )
         np.save(self.folder / x_name, x[:rows])
         np.save(self.folder / y_name, y[:rows])
         self.written += 1

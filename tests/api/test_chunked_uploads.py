@@ -15,13 +15,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from contract.settings import Settings
-from scheduler.store.models import DatasetUpload, utcnow
+from scheduler.store.models import DatasetRecord, DatasetUpload, utcnow
 from scheduler.store.quotas import set_quotas
 from scheduler.store.users import get_user
 from tests.api.conftest import Api, make_settings
+from tests.helpers.data_bombs import MB, npz_bomb, parquet_bomb
 
 ROOT = Path(__file__).resolve().parents[2]
 MLP = (ROOT / "examples" / "digits_mlp.yaml").read_text()
@@ -38,6 +39,7 @@ def api_settings(tmp_path: Path, migrated_sql_url: str, redis_url: str) -> Setti
         max_upload_part_bytes=4 * PART,
         max_open_uploads=2,
         upload_expiry_seconds=3600.0,
+        max_dataset_unpacked_bytes=32 * MB,
     )
 
 
@@ -302,3 +304,86 @@ def test_an_npz_is_checked_from_its_headers(api: Api) -> None:
     refused = upload_whole(api, "pickled", "pickled.npz", buffer.getvalue())
     assert refused.status_code == 422 and "object arrays" in refused.json()["detail"]
     assert api.counts()[2] == 0 and used(api) == 0
+
+
+def alices(api: Api, *names: str) -> Path:
+    return api.settings.artifacts().joinpath("datasets", str(api.user_ids["alice"]), *names)
+
+
+def test_a_job_is_checked_against_the_inventory_its_upload_stored(api: Api) -> None:
+    content = npz_bytes(n=300, features=20)
+    assert upload_whole(api, "kept", "kept.npz", content).status_code == 201
+    with api.db.session() as session:
+        record = session.scalars(select(DatasetRecord)).one()
+        inventory = record.inventory
+    assert inventory is not None and inventory["arrays"]["x"]["shape"] == [300, 20]
+    assert inventory["arrays"]["y"]["values"]["high"] == 2
+    document = MLP.replace(DIGITS, "data: {source: dataset, name: kept, batch_size: 32}")
+
+    def check() -> Any:
+        return api.client.post(
+            "/api/v1/jobs/validate", content=document, headers=api.yaml_headers()
+        )
+
+    job = api.submit(document)
+    # The check reads the stored inventory, not the file: bytes in its place change nothing,
+    # nor to the compiled net of a job already submitted.
+    alices(api, "kept.npz").write_bytes(bytes(len(content)))
+    checked = check()
+    assert checked.status_code == 200, checked.text
+    assert checked.json()["layers"][0]["out_shape"] == [20]
+    graph = api.client.get(f"/api/v1/jobs/{job['id']}/graph", headers=api.auth())
+    assert graph.status_code == 200 and graph.json()["nodes"][0]["out_shape"] == [20]
+    # A dataset stored before inventories (null) is inventoried from its file, as it is.
+    with api.db.session() as session:
+        session.execute(update(DatasetRecord).values(inventory=None))
+    refused = check()
+    assert refused.status_code == 422 and "cannot read" in refused.text
+    alices(api, "kept.npz").write_bytes(content)
+    assert check().json()["layers"][0]["out_shape"] == [20]
+
+
+def set_dataset_quota(api: Api, nbytes: int) -> None:
+    with api.db.session() as session:
+        user = get_user(session, "alice")
+        assert user is not None
+        set_quotas(session, user, {"dataset_bytes": nbytes})
+
+
+def test_an_archive_that_unpacks_past_the_quota_is_refused_and_leaves_nothing(
+    api: Api, tmp_path: Path
+) -> None:
+    set_dataset_quota(api, 8 * MB)
+    bomb = npz_bomb(tmp_path / "bomb.npz", nbytes=64 * MB).read_bytes()  # 64 kB on the wire
+    refused = upload_whole(api, "bomb", "bomb.npz", bomb)
+    assert refused.status_code == 403, refused.text  # past the quota
+    detail = refused.json()["detail"]
+    assert detail.startswith("bomb.npz: ") and "member 'x.npy' alone declares 67108992" in detail
+    assert f"the limit of {8 * MB} bytes (what your quota dataset_bytes of {8 * MB}" in detail
+    assert used(api) == 0 and api.counts()[2] == 0
+    assert api.client.get("/api/v1/datasets/uploads", headers=api.auth()).json() == []
+    assert not alices(api).exists() or list(alices(api).iterdir()) == []
+
+
+def test_without_a_quota_the_servers_bound_holds(api: Api, tmp_path: Path) -> None:
+    bomb = npz_bomb(tmp_path / "bomb.npz", nbytes=64 * MB).read_bytes()
+    refused = upload_whole(api, "bomb", "bomb.npz", bomb)
+    assert refused.status_code == 413, refused.text
+    detail = refused.json()["detail"]
+    assert "more than the limit of 33554432 bytes (max_dataset_unpacked_bytes)" in detail
+    assert used(api) == 0 and api.counts()[2] == 0
+    assert not alices(api).exists() or list(alices(api).iterdir()) == []
+
+
+def test_a_table_whose_shards_would_pass_the_quota_is_refused_before_any_is_written(
+    api: Api, tmp_path: Path
+) -> None:
+    set_dataset_quota(api, 8 * MB)
+    table = parquet_bomb(tmp_path / "zeros.parquet", rows=2**16, columns=64).read_bytes()
+    refused = upload_whole(api, "zeros", "zeros.parquet", table)
+    assert refused.status_code == 403, refused.text  # past the quota
+    detail = refused.json()["detail"]
+    assert detail.startswith("zeros.parquet converts to 65536 rows of 64 features: ")
+    assert "what your quota dataset_bytes of 8388608 leaves" in detail
+    assert used(api) == 0 and api.counts()[2] == 0
+    assert not alices(api).exists() or list(alices(api).iterdir()) == []

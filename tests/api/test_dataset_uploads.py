@@ -16,8 +16,11 @@ import pytest
 from sqlalchemy import select
 
 from contract.settings import Settings
+from scheduler.admission.uploads import intake_bounds
 from scheduler.store import errors as store_errors
-from scheduler.store.datasets import TooLarge, check_npz_sizes, save_dataset
+from scheduler.store.datasets import save_dataset
+from scheduler.store.errors import TooLarge
+from scheduler.store.intake import Bound, check_npz_sizes
 from scheduler.store.models import DatasetRecord
 from scheduler.store.users import get_user
 from tests.api.conftest import make_settings
@@ -89,11 +92,12 @@ def test_a_zip_bomb_is_refused_without_inflating_it(bomb: bytes, tmp_path: Path)
     tracemalloc.start()
     try:
         with pytest.raises(TooLarge, match="more than the limit of 2097152 bytes") as refused:
-            check_npz_sizes(path, UPLOAD_LIMIT)
+            check_npz_sizes(path, Bound(UPLOAD_LIMIT, "max_dataset_bytes"), "bomb.npz")
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert "'x.npy' alone declares 1073741952 bytes" in str(refused.value)
+    assert str(refused.value).startswith("bomb.npz: ")
+    assert "member 'x.npy' alone declares 1073741952 bytes" in str(refused.value)
     assert peak < 4 * MB  # the 1 GB array was never built
 
 
@@ -101,13 +105,15 @@ def test_an_npy_header_that_claims_more_than_its_member_is_refused(tmp_path: Pat
     path = tmp_path / "liar.npz"
     path.write_bytes(lying_zip(declared=GB))
     with pytest.raises(TooLarge, match=r"array 'x' .* shape \(134217728, 2\) of float32"):
-        check_npz_sizes(path, UPLOAD_LIMIT)
+        check_npz_sizes(path, Bound(UPLOAD_LIMIT, "max_dataset_bytes"))
 
 
 def test_the_api_answers_a_zip_bomb_413_and_keeps_nothing(api: Any, bomb: bytes) -> None:
     response = upload(api.client, "/api/v1/datasets", api.auth(), "bomb", bomb)
     assert response.status_code == 413, response.text
-    assert "would unpack to more than the limit" in response.json()["detail"]
+    detail = response.json()["detail"]
+    assert detail.startswith("bomb.npz: ") and "member 'x.npy' alone declares 1073741952" in detail
+    assert "more than the limit of 2097152 bytes (max_dataset_bytes" in detail
     assert api.counts()[2] == 0
     folder = api.settings.artifacts() / "datasets" / str(api.user_ids["alice"])
     assert list(folder.iterdir()) == []
@@ -118,7 +124,7 @@ def test_the_api_answers_a_zip_bomb_413_and_keeps_nothing(api: Any, bomb: bytes)
 def test_an_archive_just_under_the_limit_is_kept(api: Any) -> None:
     x = np.ones((UPLOAD_LIMIT // 4 - 1024) // 4, dtype=np.float32)  # under once with y
     buffer = io.BytesIO()
-    np.savez_compressed(buffer, x=x, y=np.zeros(4))
+    np.savez_compressed(buffer, x=x, y=np.zeros(len(x), np.int8))
     response = upload(api.client, "/api/v1/datasets", api.auth(), "fits", buffer.getvalue())
     assert response.status_code == 201, response.text
 
@@ -183,6 +189,7 @@ def test_the_unique_index_decides_when_the_first_check_passes(api: Any) -> None:
             content=io.BytesIO(_npz(np.zeros((4, 2)), np.zeros(4))),
             artifacts=artifacts,
             max_bytes=UPLOAD_LIMIT,
+            bounds=intake_bounds(first, alice, api.settings, one_request=True),
         )
         first.commit()
         second.connection()  # its own transaction, as a request that began at the same time
@@ -195,6 +202,7 @@ def test_the_unique_index_decides_when_the_first_check_passes(api: Any) -> None:
                 content=io.BytesIO(_npz(np.ones((4, 2)), np.zeros(4))),
                 artifacts=artifacts,
                 max_bytes=UPLOAD_LIMIT,
+                bounds=intake_bounds(second, again, api.settings, one_request=True),
             )
     with api.db.session() as session:
         (path,) = session.scalars(select(DatasetRecord.path))

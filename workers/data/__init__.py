@@ -27,6 +27,7 @@ from workers.data.base import (
     stream_meta,
 )
 from workers.data.batches import TrainBatches, eval_batches
+from workers.data.files import describe_from_inventory
 
 __all__ = [
     "DATA_SOURCES",
@@ -39,6 +40,7 @@ __all__ = [
     "TrainStream",
     "TrainingData",
     "describe",
+    "describe_from_inventory",
     "eval_batches",
     "load_dataset",
     "restore_stream",

@@ -285,15 +285,20 @@ def split_train_test(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A random split drawn from the seed: at least one sample on each side."""
     n = len(x)
-    if n < 2:
-        raise DataSourceError(
-            f"the data holds {n} sample(s); a train and a test split need at least 2",
-            field="path",
-        )
+    check_splittable(n)
     n_test = min(n - 1, max(1, round(n * test_fraction)))
     order = rng(seed, "split").permutation(n)
     test, train = order[:n_test], order[n_test:]
     return x[train], y[train], x[test], y[test]
+
+
+def check_splittable(samples: int) -> None:
+    """A train and a test split drawn from `samples` samples need two of them."""
+    if samples < 2:
+        raise DataSourceError(
+            f"the data holds {samples} sample(s); a train and a test split need at least 2",
+            field="path",
+        )
 
 
 def hold_out_validation(dataset: Dataset, fraction: float, seed: int) -> Dataset:
@@ -342,19 +347,8 @@ def infer_labels(
     given = [y_train, y_test] if y_val is None else [y_train, y_test, y_val]
     both = np.concatenate(given)
     if both.dtype.kind in "iub":
-        low, high = int(both.min()), int(both.max())
-        if low < 0:
-            raise DataSourceError(
-                f"{where}: class labels must be 0 or more, found {low}",
-                hint="number the classes 0..K-1, or store float labels for regression",
-                field=field,
-            )
-        if high < 1:
-            raise DataSourceError(
-                f"{where}: every label is {high}, so there is only one class",
-                hint="store float labels for regression",
-                field=field,
-            )
+        high = int(both.max())
+        check_classes(int(both.min()), high, where, field)
         return Labels(
             y_train.astype(np.int64),
             y_test.astype(np.int64),
@@ -379,6 +373,22 @@ def infer_labels(
         f"{where}: labels have dtype {both.dtype}; expected integers (classes) or floats",
         field=field,
     )
+
+
+def check_classes(low: int, high: int, where: str, field: str) -> None:
+    """Class labels are 0..K-1 with K at least 2."""
+    if low < 0:
+        raise DataSourceError(
+            f"{where}: class labels must be 0 or more, found {low}",
+            hint="number the classes 0..K-1, or store float labels for regression",
+            field=field,
+        )
+    if high < 1:
+        raise DataSourceError(
+            f"{where}: every label is {high}, so there is only one class",
+            hint="store float labels for regression",
+            field=field,
+        )
 
 
 def samples_as(x: np.ndarray, where: str, field: str) -> tuple[np.ndarray, XDtype]:

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import numpy as np
 
 from contract.rundir import CATEGORIES
+from contract.shards import MAX_CATEGORIES_BYTES, ShardError, npy_header, npy_rows
 from dsl.data_config import CsvData, DatasetData, NpzData
 from dsl.errors import DataSourceError
 from workers.data.base import (
@@ -113,6 +114,11 @@ def read_categories(folder: Path) -> dict[str, Any] | None:
     path = folder / CATEGORIES
     if not path.is_file():
         return None
+    if path.stat().st_size > MAX_CATEGORIES_BYTES:
+        raise DataSourceError(
+            f"{path} takes {path.stat().st_size} bytes, more than the {MAX_CATEGORIES_BYTES} read",
+            field="name",
+        )
     try:
         categories = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
@@ -163,27 +169,29 @@ def load_shard_folder(config: DatasetData, folder: Path, seed: int) -> Dataset:
 
 
 def describe_shard_folder(config: DatasetData, folder: Path) -> DataInfo:
-    """The folder's facts from its shards' headers (memory-mapped: nothing of x is read; the
-    labels are scanned for their classes)."""
+    """The folder's facts from its shards' headers: nothing of x is read, and the labels are
+    read a chunk at a time for their classes (never memory-mapped, whose pages would stay
+    in the describing process)."""
     samples, shape, dtype, high, low, y_kind = 0, None, None, 0, 0, "i"
     for x_path, y_path in shard_pairs(folder):
         try:
-            x = np.load(x_path, mmap_mode="r", allow_pickle=False)
-            y = np.load(y_path, mmap_mode="r", allow_pickle=False)
-        except (OSError, ValueError) as error:
-            raise DataSourceError(f"{folder}: cannot read {x_path.name}: {error}") from None
+            x_shape, x_dtype, _ = npy_header(x_path)
+            y_shape, y_dtype, y_offset = npy_header(y_path)
+        except ShardError as error:
+            raise DataSourceError(f"{folder}: {error.message}") from None
         if shape is None:
-            shape, dtype = x.shape[1:], x.dtype
-        elif (x.shape[1:], x.dtype) != (shape, dtype):
+            shape, dtype = x_shape[1:], x_dtype
+        elif (x_shape[1:], x_dtype) != (shape, dtype):
             raise DataSourceError(
-                f"{folder}: shard {x_path.name} holds {x.dtype} {list(x.shape[1:])}, the first "
+                f"{folder}: shard {x_path.name} holds {x_dtype} {list(x_shape[1:])}, the first "
                 f"shard {dtype} {list(shape)}",
                 field="name",
             )
-        samples += len(x)
-        y_kind = y.dtype.kind
-        if y_kind in "iu" and len(y):
-            high, low = max(high, int(y.max())), min(low, int(y.min()))
+        samples += x_shape[0]
+        y_kind = y_dtype.kind
+        if y_kind in "iu":
+            for chunk in npy_rows(y_path, y_offset, y_dtype, y_shape[0], y_shape[1:]):
+                high, low = max(high, int(chunk.max())), min(low, int(chunk.min()))
     assert shape is not None and dtype is not None  # shard_pairs found at least one
     if low < 0:
         raise DataSourceError(

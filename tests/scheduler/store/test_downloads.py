@@ -14,7 +14,7 @@ import pytest
 from contract.rundir import TENSORBOARD, WORKERS, job_run_dir
 from scheduler.store import downloads
 from scheduler.store.database import Database
-from scheduler.store.datasets import TooLarge
+from scheduler.store.errors import TooLarge
 from scheduler.store.jobs import NewJob, create_job
 from scheduler.store.models import LogLine, Metric
 from scheduler.store.users import create_user

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0020_job_avoided_nodes"
-down_revision = "0018_effective_documents"
+down_revision = "0019_dataset_inventories"
 branch_labels = None
 depends_on = None
 
