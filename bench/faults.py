@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sqlalchemy import select
 
 from bench import smoke
-from bench.service_cluster import Cluster, start_cluster, stop_cluster, stop_process
 from contract.settings import Settings
+from harness.service_cluster import Cluster, start_cluster, stop_cluster, stop_process
 from scheduler.cli.redis_server import RedisServer
 from scheduler.store.models import Metric
 from scheduler.store.states import JobState

@@ -7,7 +7,7 @@ parameters, and 8 MB crossing the cut each way a step, the case pipelining is fo
 equal layers let the planner give each stage half of the work. A wide MLP is not: the
 gradient of a 2048 x 2048 weight is 16 MB that each micro-batch's backward adds to again, so
 memory traffic grows with M. Every run is
-a real job launched here (bench/local_cluster.py), one process per stage with one torch
+a real job launched here (harness/local_cluster.py), one process per stage with one torch
 thread each; the planner cuts the net in two. The throughput is the trainer's own samples/s
 over its windows after the first (start-up and the first step's shape probe excluded), so
 the ratio compares the steady state of the two. Every pipelined run is paired with an
@@ -49,9 +49,9 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
 
 import smoke
-from local_cluster import launch_local
 
 from contract.rundir import TIMELINE
+from harness.local_cluster import launch_local
 from scheduler.cli.redis_server import RedisServer
 from workers.context import worker_dir
 from workers.metrics import read_metrics

@@ -4,7 +4,7 @@ against sending them after it ("apart"), on the same job in one run.
 The job is a synchronous (sandblaster) worker training a deep MLP, 784-1024-1024-1024-1024-10
 (3.96M parameters, 15.8 MB of fp32 pushed and pulled each step, so that the traffic weighs as
 much as the arithmetic), SGD with momentum 0.9, batch 128, against one shard in a separate
-process (bench/local_cluster.py) and a private Redis. Two trainers of the same job take the
+process (harness/local_cluster.py) and a private Redis. Two trainers of the same job take the
 steps in alternating blocks as one worker of the job (one step counter, so the shard applies
 every step once): one whose client sends each part of the gradient the moment the backward
 pass completes it (what the parameter-server frameworks do; the shard then updates each slice as
@@ -36,10 +36,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import smoke
-from local_cluster import LocalCluster, prepare_launch
 
 from dsl.compiler import compile_job
 from dsl.topology import Topology
+from harness.local_cluster import LocalCluster, prepare_launch
 from scheduler.cli.redis_server import RedisServer
 from workers.data import TrainingData
 from workers.distributed.ps.client import PSClient

@@ -2,7 +2,7 @@
 raw redis-py SET + GET of the same bytes.
 
 The model is the 1.3M-parameter MLP of bench/overhead.py (784-1000-500-10, 5.2 MB of fp32); the
-shards are separate processes started here (bench/local_cluster.py)
+shards are separate processes started here (harness/local_cluster.py)
 applying the job's updater (SGD, momentum 0.9). Three kinds of step alternate in blocks inside
 one run against the same Redis, so machine noise falls on all alike:
 
@@ -40,11 +40,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import smoke
-from local_cluster import LocalCluster, prepare_launch
 from overhead import JOB
 
 from dsl.compiler import compile_job
 from dsl.topology import Topology
+from harness.local_cluster import LocalCluster, prepare_launch
 from scheduler.cli.redis_server import RedisServer
 from workers.data import TrainingData
 from workers.distributed.ps.client import PSClient

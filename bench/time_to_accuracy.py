@@ -46,9 +46,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
 
 import smoke
-from local_cluster import LaunchError, launch_local
 
 from dsl.compiler import compile_job
+from harness.local_cluster import LaunchError, launch_local
 from scheduler.cli.redis_server import RedisServer
 from workers.context import worker_dir
 from workers.data import TrainingData

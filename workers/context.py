@@ -1,7 +1,7 @@
 """What one process of a job needs to run its part: one value instead of long argument chains.
 
 The node agent's worker (workers/entry.py) and the local launcher of tests and benchmarks
-(bench/local_cluster.py) build a `RunContext` for a worker, which workers/parallel.py reads to
+(harness/local_cluster.py) build a `RunContext` for a worker, which workers/parallel.py reads to
 apply the job's parallelism and train, or a `Place` for a parameter-server shard, which serves
 from the job's spec alone (it builds no net and loads no data).
 """

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.local_cluster import launch_local
+from harness.local_cluster import launch_local
 from scripts.testhosts import REDIS_PORT, TIMINGS, Cluster
 from tests.conftest import compile_with_data
 from tests.hosts.conftest import NODES, alive_nodes, placed_on, run_dir

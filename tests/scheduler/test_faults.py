@@ -20,8 +20,8 @@ import psutil
 import pytest
 from sqlalchemy import func, select
 
-from bench.service_cluster import Cluster, start_cluster, stop_cluster, stop_process
 from contract.allocation import AllocationState
+from harness.service_cluster import Cluster, start_cluster, stop_cluster, stop_process
 from scheduler.cli.redis_server import RedisServer
 from scheduler.store.models import Metric
 from scheduler.store.states import JobState

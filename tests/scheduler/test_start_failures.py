@@ -30,9 +30,9 @@ import redis
 from sqlalchemy import select
 
 from api.app import create_app
-from bench.service_cluster import Cluster, stop_process
 from contract.keys import Keys
 from contract.settings import Settings, with_user
+from harness.service_cluster import Cluster, stop_process
 from scheduler.daemon.loop import run_scheduler
 from scheduler.store.database import Database, migrate
 from scheduler.store.models import Node

@@ -19,9 +19,9 @@ import pytest
 import torch
 import yaml
 
-from bench.local_cluster import launch_local
 from contract.rundir import CHECKPOINTS
 from dsl.plugins import load_plugins, unloaded_after
+from harness.local_cluster import launch_local
 from tests.conftest import ROOT, clean_env, compile_with_data
 from workers.checkpoint import load_checkpoint, resolve_checkpoint
 from workers.distributed.partition import layer_mode

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import yaml
 
-from bench.local_cluster import launch_local
 from contract.rundir import CHECKPOINTS, list_checkpoints
 from contract.stream import EventRecord, MetricRecord
 from dsl.objective import Objective
 from dsl.schema import EarlyStopConfig
+from harness.local_cluster import launch_local
 from tests.conftest import ROOT, clean_env, compile_with_data
 from workers.checkpoint import load_checkpoint
 from workers.metrics import Emitted, JsonlSink

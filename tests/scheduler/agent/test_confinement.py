@@ -24,10 +24,10 @@ import pytest
 import redis
 from sqlalchemy import select
 
-from bench.service_cluster import Cluster, stop_process
 from contract.allocation import ExitCode
 from contract.keys import Keys
 from contract.settings import Settings
+from harness.service_cluster import Cluster, stop_process
 from scheduler.daemon.loop import run_scheduler
 from scheduler.store.database import Database, migrate
 from scheduler.store.models import LogLine

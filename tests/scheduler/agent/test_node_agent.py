@@ -20,11 +20,11 @@ import pytest
 import redis
 from sqlalchemy import select
 
-from bench.service_cluster import Cluster, stop_process
 from contract.allocation import REDIS_PASSWORD, AllocationState
 from contract.codec import decode
 from contract.keys import Keys
 from contract.settings import Settings, with_user
+from harness.service_cluster import Cluster, stop_process
 from scheduler.celery_app import node_queue
 from scheduler.cli.redis_server import RedisServer
 from scheduler.daemon.loop import run_scheduler

@@ -14,10 +14,10 @@ import pytest
 import redis
 from sqlalchemy import select
 
-from bench.service_cluster import Cluster, stop_process
 from contract.allocation import AllocationState
 from contract.keys import Keys
 from contract.settings import Settings
+from harness.service_cluster import Cluster, stop_process
 from scheduler.admission.checks import check_sweep
 from scheduler.daemon.loop import run_scheduler
 from scheduler.store.database import Database, migrate

@@ -18,9 +18,9 @@ import torch.multiprocessing as mp
 import yaml
 from safetensors.torch import load_file, save_file
 
-from bench.local_cluster import launch_local
 from dsl.schema import ClusterConfig
 from dsl.topology import resolve_topology
+from harness.local_cluster import launch_local
 from tests.conftest import compile_with_data
 from workers.checkpoint import load_checkpoint, resolve_checkpoint
 from workers.context import RunContext, worker_dir

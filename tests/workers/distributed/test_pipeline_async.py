@@ -17,7 +17,7 @@ import redis
 import torch
 import yaml
 
-from bench.local_cluster import LocalCluster, launch_local, prepare_launch
+from harness.local_cluster import LocalCluster, launch_local, prepare_launch
 from tests.conftest import compile_with_data
 from tests.workers.distributed.test_pipeline_training import MLP
 from workers.checkpoint import load_checkpoint, resolve_checkpoint

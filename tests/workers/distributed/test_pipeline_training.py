@@ -15,9 +15,9 @@ import pytest
 import torch
 import yaml
 
-from bench.local_cluster import LocalRun, launch_local
 from dsl.planner import plan_pipeline
 from dsl.plugins import load_plugins, unloaded_after
+from harness.local_cluster import LocalRun, launch_local
 from tests.conftest import compile_with_data
 from workers.checkpoint import load_checkpoint, resolve_checkpoint
 from workers.context import worker_dir

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.local_cluster import launch_local
+from harness.local_cluster import launch_local
 from tests.conftest import EXAMPLES
 from workers.context import worker_dir
 from workers.metrics import read_metrics

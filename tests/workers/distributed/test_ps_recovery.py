@@ -11,7 +11,7 @@ import pytest
 import redis
 import torch
 
-from bench.local_cluster import LocalCluster, prepare_launch
+from harness.local_cluster import LocalCluster, prepare_launch
 from tests.conftest import EXAMPLES, compile_with_data
 from tests.workers.distributed.test_ps_overlap import (
     ONE_WORKER,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.local_cluster import launch_local
+from harness.local_cluster import launch_local
 from tests.conftest import EXAMPLES, compile_with_data
 from workers.checkpoint import load_checkpoint, resolve_checkpoint
 from workers.metrics import read_metrics

@@ -3,7 +3,7 @@ the scheduler (`trainyard scheduler`) as subprocesses of their own, so that each
 and started again, over a redis-server and a SQLite file; helpers to submit jobs and wait on
 their states. The fault tests (tests/scheduler/test_faults.py and
 tests/scheduler/agent/test_node_agent.py) and the fault campaign (bench/faults.py) use it;
-tests import it as `bench.service_cluster`."""
+tests import it as `harness.service_cluster`."""
 
 from __future__ import annotations
 

@@ -4,10 +4,8 @@
 as a script), talking only through Redis: a server shard that dies is started again (it
 continues from its state in Redis); a worker that fails fails the run. Tests
 (tests/workers/distributed/) and benchmarks (bench/ps_throughput.py, bench/time_to_accuracy.py)
-use it; the service runs processes through its node agents instead (workers/entry.py). Its
-home is bench/ because it is a tool for running topologies by hand and in benchmarks, which
-put bench/ on sys.path; tests import it as `bench.local_cluster` (pytest puts the repository
-root first).
+use it, as `harness.local_cluster`; the service runs processes through its node agents
+instead (workers/entry.py).
 """
 
 from __future__ import annotations
@@ -316,7 +314,7 @@ def _run_process(config: LaunchConfig, kind: str, group: int, rank: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="bench/local_cluster.py",
+        prog="harness/local_cluster.py",
         description="Run one process of a local distributed launch (see launch_local).",
     )
     parser.add_argument("config", type=Path, help="launch.json written by LocalCluster")
