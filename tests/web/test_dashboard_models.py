@@ -43,7 +43,10 @@ def test_register_tag_and_delete_models(signed_in: Page, stack: Stack) -> None:
         row.locator("input.tag-input").fill("production")
         row.locator("button.tag-button").click()
         page.locator("#model-message", has_text=f"e2e-digits@{version} tagged").wait_for()
-    page.locator("tr[data-model='e2e-digits@2']", has_text="production").wait_for()
+        # The list is read again after the message: the next version's input is filled in the
+        # new table, not in one about to be replaced (on a busy machine it was, and the click
+        # sent an empty tag).
+        page.locator(f"tr[data-model='e2e-digits@{version}']", has_text="production").wait_for()
     assert "production" not in page.locator("tr[data-model='e2e-digits@1']").inner_text()
     shoot(page, "models")
 
