@@ -160,7 +160,7 @@ def test_bench_smoke(script: str, slow_smokes: dict[str, Future[str]]) -> None:
 
 def test_submit_latency_smoke_on_the_shared_stack(stack: RunningStack) -> None:
     out = run_smoke("submit_latency", "--data-dir", str(stack.data_dir))
-    assert "POST answered after" in out
+    assert "POST answered after" in out and "started directly" in out
 
 
 def test_sweep_replay_smoke(tmp_path: Path) -> None:
