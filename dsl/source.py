@@ -1,8 +1,10 @@
 """Read a job document with the position of every key and value.
 
-PyYAML's composer gives each node its line and column; we build plain Python values (safe types
-only: no tags, no Python objects) and remember where each path came from, so that every later
-error can point at the user's file.
+PyYAML's composer (libyaml's, where PyYAML was built with it: several times faster) gives each
+node its line and column; we build plain Python values (safe types only: no tags, no Python
+objects) and remember where each path came from, so that every later error can point at the
+user's file. A document is refused before the composer runs where it nests brackets too deep
+or holds too many nodes for its parse to cost little.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from dsl.errors import JobSpecError, Path, SpecIssue, format_path
 
 Position = tuple[int, int]  # 1-based line, column
+# libyaml's parser where PyYAML has it (its wheels do), else PyYAML's own: the same nodes.
+_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 @dataclass
@@ -172,6 +176,24 @@ class _Builder:
 # small document could hold a server for minutes; a job nests a handful of levels.
 MAX_FLOW_DEPTH = 100
 
+# Parsing costs time in proportion to the document's nodes (about 0.1 ms each, before any
+# check), so a document under the request's size bound (a megabyte) could hold the server for
+# seconds. The nodes are counted first, cheaply and from above: every `key:` (and JSON's
+# `"key":`), every `- ` item and every `,` of a flow collection, comments and quoted text
+# included. The largest example counts under 200; a net that needs more repeats a block.
+MAX_DOCUMENT_NODES = 10_000
+_NODE = re.compile(r"""(?m):(?=\s|$)|(?<=["']):|,|^[ \t]*-[ \t\n]""")
+
+
+def _too_many_nodes(text: str) -> tuple[int, int] | None:
+    """The (line, column) of the node past MAX_DOCUMENT_NODES, or None."""
+    for count, match in enumerate(_NODE.finditer(text), start=1):
+        if count > MAX_DOCUMENT_NODES:
+            start = match.start()
+            line_start = text.rfind("\n", 0, start) + 1
+            return text.count("\n", 0, start) + 1, start - line_start + 1
+    return None
+
 
 def _too_deep(text: str) -> tuple[int, int] | None:
     """The (line, column) where [ { nesting passes MAX_FLOW_DEPTH, or None. Brackets inside
@@ -198,6 +220,7 @@ def _too_deep(text: str) -> tuple[int, int] | None:
     return None
 
 
+ESCAPE_HINT = "a \\U escape names at most U+0010FFFF"
 _LONG_ESCAPE = re.compile(r"\\U([0-9A-Fa-f]{8})")
 
 
@@ -233,6 +256,18 @@ def read_document(
 def parse_document(text: str, filename: str = "<job>") -> tuple[dict[str, Any], SourceMap]:
     """Parse one YAML job document into plain values and their positions."""
     source = SourceMap(filename)
+    crowded = _too_many_nodes(text)
+    if crowded:
+        raise JobSpecError(
+            SpecIssue(
+                "<document>",
+                f"the document holds more than {MAX_DOCUMENT_NODES:,} keys, list items and "
+                "flow entries; it is refused before it is read",
+                *crowded,
+                "a job holds a few hundred: write repeated layers once, in a block of "
+                "`type: repeat`",
+            )
+        )
     deep = _too_deep(text)
     if deep:
         raise JobSpecError(
@@ -244,18 +279,22 @@ def parse_document(text: str, filename: str = "<job>") -> tuple[dict[str, Any], 
             )
         )
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(text, Loader=_LOADER)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, column = (mark.line + 1, mark.column + 1) if mark else (None, None)
         problem = exc.problem or str(exc)
+        hint = "check indentation, colons and quotes around this position"
+        escape = _escape_past_unicode(text) if "escape" in problem else None
+        if escape:  # libyaml points past the escape's digits: point at its backslash
+            (line, column), hint = escape, ESCAPE_HINT
         raise JobSpecError(
             SpecIssue(
                 "<document>",
                 f"malformed YAML: {problem}" + (f" ({exc.context})" if exc.context else ""),
                 line,
                 column,
-                "check indentation, colons and quotes around this position",
+                hint,
             )
         ) from None
     except yaml.YAMLError as exc:
@@ -268,7 +307,7 @@ def parse_document(text: str, filename: str = "<job>") -> tuple[dict[str, Any], 
                 f"malformed YAML: {exc}",
                 line,
                 column,
-                "a \\U escape names at most U+0010FFFF",
+                ESCAPE_HINT,
             )
         ) from None
     if root is None:

@@ -211,6 +211,12 @@ def test_random_overrides_and_priorities_never_500(
         )
 
 
+LAYERS_18K = (
+    "name: crowded\nneuralnet:\n  layers:\n"
+    + "".join(f"    - name: l{i}\n      type: dense\n      units: 4\n" for i in range(18_000))
+).encode()
+
+
 @pytest.mark.parametrize(
     ("content", "content_type", "status", "message"),
     [
@@ -227,6 +233,8 @@ def test_random_overrides_and_priorities_never_500(
         (b'{"spec": "a: 1", "extra": 1}', "application/json", 422, "extra"),
         (b'{"spec": "a: 1", "priority": 9999999999}', "application/json", 422, "priority"),
         (b"[" * 300_000, "application/yaml", 422, "nest more than"),
+        # 18,000 layers written out, about 0.9 MB: refused before the YAML parser reads it
+        (LAYERS_18K, "application/yaml", 422, "refused before it is read"),
         (b'{"spec": ' + b'{"a": ' * 3000 + b"1" + b"}" * 3001, "application/json", 422, ""),
         (
             b"a: &a [x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\n"
