@@ -367,24 +367,20 @@ def test_the_allowed_graphs_have_no_cycle() -> None:
     _no_cycle(ROOMS)
 
 
-# Lazy imports that close a loop, each with what is left to do.
-LOOPS_TO_UNDO = {
-    ("trainyard.jobs", "trainyard.loading"): "Job.load_model: loading takes a Job (issue 40)",
-    ("trainyard.jobs", "trainyard.predicting"): "Job.predict: predicting loads by loading",
-}
-
-
-def _module_graph(*runs: Runs) -> dict[str, set[str]]:
-    """Each module of the packages and the harness -> those it imports by statements that run
-    as `runs` says."""
+def _module_graph(counts: Callable[[Imported], bool]) -> dict[str, set[str]]:
+    """Each module of the packages and the harness -> those it imports by the imports that
+    `counts`."""
     files = _files()
     modules = {_module_name(p): p for top in (*PACKAGES, "harness") for p in files[top]}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         deps = set()
-        for imported in _imports(path, *runs):
+        for imported in _imports_of(path):
+            if not counts(imported):
+                continue
             # `from a.b import c` names a.b.c: a submodule if there is one, else a.b's attribute.
-            target = imported if imported in modules else imported.rpartition(".")[0]
+            target = imported.name
+            target = target if target in modules else target.rpartition(".")[0]
             if target in modules and target != name:
                 deps.add(target)
         graph[name] = deps
@@ -394,11 +390,24 @@ def _module_graph(*runs: Runs) -> dict[str, set[str]]:
 def test_no_import_cycle_between_modules() -> None:
     """Counting the imports that run, lazy ones too: a lazy import that closes a loop hides
     it, it does not break it. An import for type checking alone never runs."""
-    graph = _module_graph(Runs.ON_IMPORT, Runs.ON_CALL)
-    for importer, imported in LOOPS_TO_UNDO:
-        assert imported in graph[importer], f"{importer} -> {imported} is gone: drop it"
-        graph[importer].discard(imported)
-    _no_cycle(graph)
+    _no_cycle(_module_graph(lambda i: i.runs is not Runs.NEVER))
+
+
+def test_the_client_is_layered_without_a_loop() -> None:
+    """The transport, below the resources (jobs, sweeps, uploads, ...), below the client, below
+    loading and the commands: no loop among the client's modules, counting even the imports
+    for type checking alone, but a resource's of the Client that made it (a Job keeps its
+    Client, and says so to its users)."""
+
+    def counts(i: Imported) -> bool:
+        return i.name.startswith("trainyard") and not (
+            i.runs is Runs.NEVER and i.name == "trainyard.client.Client"
+        )
+
+    graph = _module_graph(counts)
+    client = {name: deps for name, deps in graph.items() if name.split(".")[0] == "trainyard"}
+    assert {"trainyard.transport", "trainyard.jobs"} <= client["trainyard.client"]
+    _no_cycle(client)
 
 
 def _loaded_by(code: str) -> list[str]:
