@@ -1,7 +1,7 @@
 """Data larger than memory: a folder of npy shards streamed to the trainer (issue 29).
 
 Three measurements, each in this run, each worker a real training process (workers/trainer.py
-on `source: shards`) watched from outside with psutil:
+on `source: shards`) watched from outside with psutil (harness/watched_workers.py):
 
 1. **memory and speed**: one worker trains one epoch over the whole generated dataset (>= 4 GB
    in the full run); its peak resident memory is sampled every 20 ms. The same net trains the
@@ -24,14 +24,11 @@ on `source: shards`) watched from outside with psutil:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -42,8 +39,7 @@ import numpy as np
 import psutil
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-ID_SCALE = 1e-6  # the first feature is id * ID_SCALE, exact enough in float32 to round back
+from harness.watched_workers import ID_SCALE, launch, mlp_job, train, write_shards
 
 
 @dataclass(frozen=True)
@@ -87,189 +83,9 @@ SMOKE = Sizes(
 )
 
 
-def write_shards(
-    folder: Path, *, shards: int, rows: int, features: int, first_id: int = 0, seed: int = 0
-) -> int:
-    """`shards` npy pairs of `rows` samples: x float32 (rows, features) with x[:, 0] the sample
-    id (scaled), y = id % 10. Returns the next id."""
-    folder.mkdir(parents=True, exist_ok=True)
-    generator = np.random.default_rng(seed)
-    next_id = first_id
-    for index in range(shards):
-        ids = np.arange(next_id, next_id + rows)
-        x = generator.random((rows, features), dtype=np.float32)
-        x[:, 0] = ids * ID_SCALE
-        np.save(folder / f"{index:05d}.x.npy", x)
-        np.save(folder / f"{index:05d}.y.npy", (ids % 10).astype(np.int64))
-        next_id += rows
-    return next_id
-
-
-def job(
-    data: dict[str, Any],
-    sizes: Sizes,
-    steps: int,
-    *,
-    first: dict[str, Any] | None = None,
-    **extra: Any,
-) -> dict[str, Any]:
-    """The benchmark's net: an MLP over the features, 10 classes. `first`: a layer between
-    the input and the MLP (it reads `data`); `extra`: top-level keys, which win."""
-    inputs = [{"name": "data", "type": "input"}]
-    if first is not None:
-        inputs.append({**first, "srclayers": ["data"]})
-    return {
-        "name": "data-stream",
-        "seed": 0,
-        "data": {"batch_size": sizes.batch_size, **data},
-        "neuralnet": {
-            "layers": [
-                *inputs,
-                {
-                    "name": "fc1",
-                    "type": "dense",
-                    "srclayers": [inputs[-1]["name"]],
-                    "units": sizes.hidden,
-                },
-                {"name": "relu1", "type": "relu", "srclayers": ["fc1"]},
-                {"name": "fc2", "type": "dense", "srclayers": ["relu1"], "units": 10},
-                {"name": "loss", "type": "softmax_loss", "srclayers": ["fc2"]},
-            ]
-        },
-        "train_one_batch": {"alg": "bp"},
-        "updater": {"type": "sgd", "lr": {"base": 0.01}},
-        "train_steps": steps,
-        "disp_freq": max(1, min(50, steps // 4)),
-        "test": {"freq": 0, "steps": 1},
-        "checkpoint": {"freq": 0},
-        **extra,
-    }
-
-
-# -- the worker (a separate process) -------------------------------------------------------------
-def worker(args: argparse.Namespace) -> None:
-    """Train the job once (resuming from the run's latest restart point); print a JSON line
-    with samples/s of the display windows after the first."""
-    import torch
-
-    from contract.rundir import latest_restart_point
-    from dsl.compiler import compile_job
-    from workers.data import TrainingData
-    from workers.trainer import Trainer, TrainOptions
-
-    torch.set_num_threads(1)
-    run_dir = Path(args.run_dir)
-    document = yaml.safe_load(Path(args.job).read_text())
-    data = TrainingData(cache_dir=run_dir / "cache", base_dir=run_dir)
-    compiled = compile_job(document, data)
-    found = latest_restart_point(run_dir)
-    options = TrainOptions(
-        run_dir=run_dir,
-        rank=args.rank,
-        world=args.world,
-        resume_from=found[1] if found else None,
-        restart_seconds=args.restart_seconds,
-    )
-    rates: list[float] = []
-
-    class Rates:
-        def emit(self, record: Any) -> None:
-            if "samples_per_sec" in getattr(record, "values", {}):
-                rates.append(record.values["samples_per_sec"])
-
-        def log(self, line: str) -> None: ...
-        def checkpoint(self, step: int, path: Path, *, best: bool = False) -> None: ...
-        def close(self) -> None: ...
-
-    trainer = Trainer(compiled, data.dataset, options, [Rates()])
-    if args.trace:
-        trainer.batches = Recording(trainer.batches, Path(args.trace))  # type: ignore[assignment]
-    sleep = args.step_sleep
-    summary = trainer.run(on_step=(lambda _: time.sleep(sleep)) if sleep else None)
-    steady = rates[1:] or rates
-    print(
-        json.dumps(
-            {
-                "status": summary.status,
-                "steps": summary.steps,
-                "samples_per_sec": sum(steady) / max(len(steady), 1),
-            }
-        ),
-        flush=True,
-    )
-
-
-class Recording:
-    """The trainer's stream, writing `key id id ...` for every batch it hands out, where key is
-    the batch's step in the whole run (epoch * steps_per_epoch + position)."""
-
-    def __init__(self, stream: Any, path: Path) -> None:
-        self.stream, self.out = stream, path.open("a", buffering=1)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.stream, name)
-
-    def __iter__(self) -> Recording:
-        return self
-
-    def __next__(self) -> Any:
-        state = self.stream.state()
-        key = state["epoch"] * self.stream.steps_per_epoch + state["position"]
-        x, y = next(self.stream)
-        ids = np.rint(x[:, 0].double().numpy() / ID_SCALE).astype(np.int64)
-        self.out.write(f"{key} {' '.join(map(str, ids.tolist()))}\n")
-        return x, y
-
-
-# -- measuring from outside -------------------------------------------------------------------
-@dataclass
-class Ran:
-    peak_rss: int
-    result: dict[str, Any]
-    returncode: int
-
-
-def launch(job_file: Path, run_dir: Path, *extra: str) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "bench.data_stream", "worker", "--job", str(job_file)]
-    command += ["--run-dir", str(run_dir), *extra]
-    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-
-
-def watch(processes: list[subprocess.Popen[str]]) -> list[Ran]:
-    """Wait for the processes, sampling each one's resident memory every 20 ms."""
-    peaks = [0] * len(processes)
-    handles = [psutil.Process(p.pid) for p in processes]
-    while any(p.poll() is None for p in processes):
-        for i, handle in enumerate(handles):
-            with contextlib.suppress(psutil.Error):
-                peaks[i] = max(peaks[i], handle.memory_info().rss)
-        time.sleep(0.02)
-    out = []
-    for process, peak in zip(processes, peaks, strict=True):
-        assert process.stdout is not None
-        lines = process.stdout.read().strip().splitlines()
-        result = json.loads(lines[-1]) if lines else {}
-        out.append(Ran(peak, result, process.returncode))
-    return out
-
-
-def train(
-    document: dict[str, Any], work: Path, name: str, *extra: str, world: int = 1
-) -> list[Ran]:
-    run_dirs = [work / f"{name}-{rank}" for rank in range(world)]
-    job_file = work / f"{name}.yaml"
-    job_file.write_text(yaml.safe_dump(document))
-    processes = []
-    for rank, run_dir in enumerate(run_dirs):
-        shutil.rmtree(run_dir, ignore_errors=True)
-        run_dir.mkdir(parents=True)
-        args = ["--rank", str(rank), "--world", str(world), *extra]
-        processes.append(launch(job_file, run_dir, *args))
-    ran = watch(processes)
-    for r in ran:
-        if r.returncode != 0 or r.result.get("status") != "succeeded":
-            raise RuntimeError(f"{name}: the worker ended {r.returncode} {r.result}")
-    return ran
+def job(data: dict[str, Any], sizes: Sizes, steps: int, **options: Any) -> dict[str, Any]:
+    """The benchmark's net, an MLP over the features, at `sizes`' batch and width."""
+    return mlp_job(data, steps, batch_size=sizes.batch_size, hidden=sizes.hidden, **options)
 
 
 def throughput_and_memory(
@@ -443,22 +259,10 @@ def machine_load() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command")
-    w = sub.add_parser("worker")
-    w.add_argument("--job", required=True)
-    w.add_argument("--run-dir", required=True)
-    w.add_argument("--rank", type=int, default=0)
-    w.add_argument("--world", type=int, default=1)
-    w.add_argument("--trace")
-    w.add_argument("--restart-seconds", type=float, default=0.0)
-    w.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds")
     parser.add_argument("--folder", help="where to write the shards (deleted afterwards)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
-    if args.command == "worker":
-        worker(args)
-        return
     sizes = SMOKE if args.smoke else FULL
     work = Path(args.folder or tempfile.mkdtemp(prefix="data-stream-"))
     work.mkdir(parents=True, exist_ok=True)

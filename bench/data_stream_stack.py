@@ -1,12 +1,13 @@
 """Issue 29's "done when" through a real stack: a folder of npy shards (>= 4 GB in the full run)
 trained by allreduce on 2 workers of one `trainyard up`, one worker SIGKILLed mid-epoch.
 
-The shards are bench/data_stream.py's (the first feature carries the sample id), written to a
-temporary folder that is deleted afterwards. An admin submits `source: shards, path: ...`
-with a 2-worker allreduce job; the service saves restart points every `--restart-seconds`.
-Once the job reports `--kill-at` of its steps, the worker of rank 1 is SIGKILLed (its pid from
-its allocation's record in Redis, as bench/faults.py finds it); the service restarts the job
-from its latest restart point and it runs to the end. Measured from outside:
+The shards are bench/data_stream.py's (harness/watched_workers.py writes them; the first
+feature carries the sample id), written to a temporary folder that is deleted afterwards. An
+admin submits `source: shards, path: ...` with a 2-worker allreduce job; the service saves
+restart points every `--restart-seconds`. Once the job reports `--kill-at` of its steps, the
+worker of rank 1 is SIGKILLed (its pid from its allocation's record in Redis, as
+bench/faults.py finds it); the service restarts the job from its latest restart point and
+it runs to the end. Measured from outside:
 
 - **peak resident memory** of every worker process (psutil, every 20 ms), the most per rank
   over its attempts;
@@ -46,11 +47,12 @@ import redis  # noqa: E402
 from sqlalchemy import select  # noqa: E402
 
 from bench import smoke  # noqa: E402
-from bench.data_stream import ID_SCALE, SMOKE, job, machine_load, write_shards  # noqa: E402
+from bench.data_stream import SMOKE, job, machine_load  # noqa: E402
 from bench.load import start_stack  # noqa: E402
 from contract.allocation import PID  # noqa: E402
 from contract.keys import Keys  # noqa: E402
 from contract.settings import Settings  # noqa: E402
+from harness.watched_workers import ID_SCALE, write_shards  # noqa: E402
 from scheduler.cli.stack import read_stack_file  # noqa: E402
 from scheduler.store.database import Database  # noqa: E402
 from scheduler.store.models import Allocation  # noqa: E402

@@ -28,8 +28,7 @@ from dsl.net import CompiledLayer, NeuralNet
 from dsl.objective import objective_issues
 from dsl.overrides import apply_overrides
 from dsl.pipeline import pipeline_issues
-from dsl.plugin_types import ELEMENTWISE, PLUGIN_UPDATERS
-from dsl.plugins import seed_for
+from dsl.plugins import ELEMENTWISE, PLUGIN_UPDATERS, seed_for
 from dsl.schema import JobSpec
 from dsl.search_checks import search_issues
 from dsl.source import ParsedDocument, SourceMap, read_document

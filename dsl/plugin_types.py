@@ -18,18 +18,12 @@ from pydantic import Field, create_model
 from torch import nn
 
 from dsl.layers.base import LAYERS, BuildContext, Layer, LayerConfig, LayerShapeError, Shape
-from dsl.plugins import LOADING, OWNERS, PluginError
+from dsl.plugins import ELEMENTWISE, LOADING, OWNERS, PLUGIN_UPDATERS, PluginError
 from dsl.updater_config import UPDATER_CONFIGS, UpdaterBase
 
 Optimizer = torch.optim.Optimizer
 M = TypeVar("M", bound=type[nn.Module])
 F = TypeVar("F", bound=Callable[..., Optimizer])
-
-# updater type -> the function that builds its optimiser (workers/updaters.py reads it)
-PLUGIN_UPDATERS: dict[str, Callable[..., Optimizer]] = {}
-# The plugin updaters declared elementwise: each element's update depends on that element's
-# gradient and state alone, so server shards may apply them to slices of the parameters.
-ELEMENTWISE: set[str] = set()
 
 
 class PluginLayer(Layer):

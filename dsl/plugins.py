@@ -21,6 +21,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from importlib.metadata import PackageNotFoundError, entry_points, packages_distributions, version
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch.optim import Optimizer
 
 ENTRY_POINT_GROUP = "trainyard.plugins"
 SETTING = "TRAINYARD_PLUGINS"
@@ -47,6 +51,12 @@ PLUGINS: dict[str, Plugin] = {}
 OWNERS: dict[str, Plugin] = {}
 # the plugins being imported, innermost last: what their decorators register is theirs
 LOADING: list[Plugin] = []
+# updater type -> the function that builds its optimiser (workers/updaters.py reads it), as
+# `@updater` registers it (dsl/plugin_types.py)
+PLUGIN_UPDATERS: dict[str, Callable[..., Optimizer]] = {}
+# The plugin updaters declared elementwise: each element's update depends on that element's
+# gradient and state alone, so server shards may apply them to slices of the parameters.
+ELEMENTWISE: set[str] = set()
 
 
 def plugin_of(type_name: str) -> Plugin | None:
@@ -167,7 +177,6 @@ def unloaded_after() -> Iterator[None]:
     """Forget the plugins loaded inside the block (their types too) when it ends: for tests,
     which load plugins into a process that goes on."""
     from dsl.layers.base import LAYERS
-    from dsl.plugin_types import ELEMENTWISE, PLUGIN_UPDATERS
     from dsl.updater_config import UPDATER_CONFIGS
 
     before = set(PLUGINS)

@@ -32,18 +32,25 @@ def create_celery(settings: Settings) -> Celery:
         task_serializer="json",
         accept_content=["json"],
         result_serializer="json",
-        # A task message is taken from the queue once (no acknowledgement emulation): kept
-        # unacknowledged for the hours a task runs, kombu's Redis transport would try to put
-        # it back when the connection to Redis breaks, and that crashes the worker. A message
-        # lost before its agent claimed the allocation is sent again by the scheduler
-        # (loop.undispatched); a claimed allocation its agent lost is reconciled
-        # (agent.reconcile).
-        task_acks_late=False,
+        # A task is acknowledged when it ends. The message left Redis when the worker took it
+        # (no acknowledgement emulation, below), so this decides only what the worker takes:
+        # one message per thread, held until its task ends, so an agent busy on every slot
+        # takes no further message; the next waits in the node's queue in Redis, not in the
+        # memory of an agent that may die (tests/scheduler/test_celery_app.py). Should kombu
+        # put a running task's message back (it restores the unacknowledged ones when its
+        # channel closes), the second delivery is a no-op: the agent's claim.
+        task_acks_late=True,
         worker_prefetch_multiplier=1,
         # Tasks report through the job's Redis stream, never through results.
         task_ignore_result=True,
         task_default_queue=f"{settings.redis_prefix}.default",
         broker_connection_retry_on_startup=True,
+        # A task message is taken from the queue once: with acknowledgement emulation, kombu's
+        # Redis transport kept it in Redis, unacknowledged, for the hours a task runs, and
+        # crashed the worker putting it back when the connection to Redis broke. A message
+        # lost before its agent claimed the allocation is sent again by the scheduler
+        # (loop.undispatched); a claimed allocation its agent lost is reconciled
+        # (agent.reconcile).
         broker_transport_options={"ack_emulation": False},
         worker_hijack_root_logger=False,
         worker_send_task_events=False,

@@ -104,7 +104,7 @@ def test_every_bench_script_has_a_smoke_run_here() -> None:
     }
     covered = {*QUICK, *SLOW, "submit_latency", "sweep_replay", "data_stream"}
     assert scripts == covered
-    # sweep passes --smoke on to its parts; data_stream's worker processes have their own parser.
+    # sweep passes --smoke on to its parts; data_stream's own --smoke picks its sizes.
     for script in scripts - {"sweep", "data_stream"}:
         assert "smoke.parse(" in (BENCH / f"{script}.py").read_text(), script
 

@@ -15,8 +15,7 @@ from trainyard.errors import TrainyardError
 if TYPE_CHECKING:
     import pandas as pd
 
-    from trainyard.client import Client
-    from trainyard.jobs import Job
+    from trainyard.transport import Connection
 
 
 def _require_pandas() -> None:
@@ -30,15 +29,20 @@ def _require_pandas() -> None:
 
 
 def history(
-    job: Job, names: Sequence[str] | None = None, *, group: int = 0, rank: int = 0
+    connection: Connection,
+    job_id: int,
+    names: Sequence[str] | None = None,
+    *,
+    group: int = 0,
+    rank: int = 0,
 ) -> pd.DataFrame:
-    """One row per step the worker (`group`, `rank`) reported at: `step`, `time` (when it
+    """One row per step the job's worker (`group`, `rank`) reported at: `step`, `time` (when it
     reported the step, a UTC timestamp) and a column per metric (NaN where a metric was not
     reported at that step), in step order. `names` picks metrics; an unknown one raises."""
     _require_pandas()
     import pandas
 
-    data = job.client.request("GET", f"/jobs/{job.id}/metrics.csv").content
+    data = connection.request("GET", f"/jobs/{job_id}/metrics.csv").content
     points = pandas.read_csv(io.BytesIO(data), dtype={"name": str}, keep_default_na=False)
     points = points[(points["group"] == group) & (points["rank"] == rank)]
     known = sorted(set(points["name"]))
@@ -47,7 +51,7 @@ def history(
             if name not in known:
                 hint = did_you_mean(name, known)
                 raise TrainyardError(
-                    f"job {job.id} has no metric {name!r} (worker {group}/{rank})"
+                    f"job {job_id} has no metric {name!r} (worker {group}/{rank})"
                     + (f"; {hint}" if hint else f"; it has {', '.join(known) or 'none yet'}")
                 )
         points = points[points["name"].isin(list(names))]
@@ -62,7 +66,7 @@ def history(
 
 
 def compare(
-    client: Client, job_ids: Sequence[int], names: Sequence[str] | None = None
+    connection: Connection, job_ids: Sequence[int], names: Sequence[str] | None = None
 ) -> pd.DataFrame:
     """The histories of several jobs in one frame, with a `job` column first (the job's id);
     a metric one job lacks is NaN in its rows. `names` must be metrics of every job."""
@@ -71,7 +75,7 @@ def compare(
 
     frames = []
     for job_id in job_ids:
-        frame = history(client.job(job_id), names)
+        frame = history(connection, job_id, names)
         frame.insert(0, "job", job_id)
         frames.append(frame)
     if not frames:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainyard.errors import NotFound, WaitTimeout
+from trainyard.model_files import Choice, load_checkpoint_model, model_cache, parse_choice
 from trainyard.models import (
     CheckpointOut,
     EventOut,
@@ -168,7 +169,7 @@ class Job:
         (UTC) and a column per metric (`pip install 'trainyard[pandas]'`)."""
         from trainyard.frames import history
 
-        return history(self, names, group=group, rank=rank)
+        return history(self.client, self.id, names, group=group, rank=rank)
 
     def download_tensorboard(self, directory: str | Path) -> Path:
         """The job's TensorBoard event files, extracted into `directory`/job-<id>/ (run
@@ -283,11 +284,10 @@ class Job:
     ) -> InferenceNet:
         """The job's net for prediction (trainyard.load_model): its `best` checkpoint where one
         was kept, else its `latest`, or the one of a step; downloaded once."""
-        from trainyard.loading import load_model
-
         key = (checkpoint, probabilities)
         if key not in self._models:
-            self._models[key] = load_model(self, checkpoint, probabilities=probabilities)
+            path = download_model_checkpoint(self, parse_choice(checkpoint))
+            self._models[key] = load_checkpoint_model(path, probabilities=probabilities)
         return self._models[key]
 
     def predict_dataset(
@@ -325,3 +325,37 @@ class Job:
         from trainyard.predicting import predict_array
 
         return predict_array(self.load_model(checkpoint, probabilities=probabilities), x)
+
+
+def job_checkpoint_step(job: Job, choice: Choice = None) -> int:
+    """The step of the job's checkpoint that `choice` names, from the server's list."""
+    known = job.checkpoints()
+    if not known:
+        raise NotFound(f"job {job.id} has no checkpoints (yet)", 404)
+    steps = sorted(c.step for c in known)
+    if isinstance(choice, int):
+        if choice not in steps:
+            listed = ", ".join(str(s) for s in steps)
+            raise NotFound(
+                f"job {job.id} has no checkpoint at step {choice} (it has {listed})", 404
+            )
+        return choice
+    best = [c.step for c in known if c.best]
+    if choice == "best" and not best:
+        raise NotFound(
+            f"job {job.id} has no best checkpoint: a job keeps one with checkpoint.keep_best: true",
+            404,
+        )
+    if choice != "latest" and best:
+        return best[-1]
+    return steps[-1]
+
+
+def download_model_checkpoint(job: Job, choice: Choice = None) -> Path:
+    """The job's checkpoint that `choice` names, downloaded once into the client's cache."""
+    step = job_checkpoint_step(job, choice)
+    cache = model_cache(job.client.url) / f"job-{job.id}"
+    cached = cache / f"step-{step:08d}.safetensors"
+    if cached.is_file():
+        return cached
+    return job.download_checkpoint(cache, step)

@@ -17,7 +17,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
-from trainyard.loading import ModelError
+from trainyard.model_files import ModelError
 
 if TYPE_CHECKING:
     from dsl.inference import InferenceNet

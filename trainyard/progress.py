@@ -4,17 +4,37 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
 from rich.console import Console
 
 from trainyard.console import format_stats, training_progress
-
-if TYPE_CHECKING:
-    from trainyard.jobs import Job
+from trainyard.models import JobOut
 
 
-def _status(job: Job, latest: dict[str, float]) -> str:
+class Followed(Protocol):
+    """What following asks of a job: a `trainyard.jobs.Job`, which calls it."""
+
+    info: JobOut
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def done(self) -> bool: ...
+    def refresh(self) -> object: ...
+    def latest_metrics(self) -> dict[str, float]: ...
+
+
+J = TypeVar("J", bound=Followed)
+
+
+def _status(job: Followed, latest: dict[str, float]) -> str:
     if job.state == "QUEUED":
         where = job.info.queue_position
         return "queued" + (f" (position {where})" if where is not None else "")
@@ -24,13 +44,13 @@ def _status(job: Job, latest: dict[str, float]) -> str:
 
 
 def follow_with_progress(
-    job: Job,
+    job: J,
     *,
     timeout: float | None = None,
     poll: float = 1.0,
     console: Console | None = None,
     stop: threading.Event | None = None,
-) -> Job:
+) -> J:
     """Poll the job and its newest metrics every `poll` seconds until it ends (or `stop` is
     set: then it returns the job as it is, and the terminal is left tidy)."""
     from trainyard.errors import WaitTimeout

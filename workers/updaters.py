@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from dsl.plugin_types import PLUGIN_UPDATERS
+from dsl.plugins import PLUGIN_UPDATERS
 from dsl.registry import Registry
 from dsl.updater_config import (
     AdaDeltaConfig,

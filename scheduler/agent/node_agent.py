@@ -463,7 +463,8 @@ class Agent:
 
 
 def register_tasks(app: Celery, agent: Agent) -> None:
-    @app.task(name=RUN_ALLOCATION, acks_late=True, ignore_result=True)
+    # Acknowledged when it ends, its result ignored: the application's settings (celery_app.py).
+    @app.task(name=RUN_ALLOCATION)
     def run_allocation(allocation_id: int) -> str:
         return agent.run_allocation(int(allocation_id))
 

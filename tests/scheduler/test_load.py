@@ -3,7 +3,7 @@ a final state, none is lost, none is placed twice, and the queue is shared betwe
 
 Training all 200 would take minutes on 2 cores, so each user then cancels their queued jobs
 but their first, as users do: about 10 jobs train to the end (each costs about 4 CPU-seconds).
-bench/load.py runs all 200.
+bench/load.py runs all 200; both load the stack through harness/load.py.
 
 The users are created as `trainyard admin create-user` creates them (create_user and
 create_token), at once from a thread each, in this process: ten CLI processes would cost
@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from sqlalchemy import func, select
 
-from bench.load import (
+from contract.allocation import AllocationState
+from harness.load import (
     DISP_FREQ,
     TRAIN_STEPS,
     JobRecord,
@@ -30,7 +31,6 @@ from bench.load import (
     store_of,
     submit_all,
 )
-from contract.allocation import AllocationState
 from scheduler.store.models import Allocation
 from scheduler.store.states import JobState
 from scheduler.store.users import create_token, create_user

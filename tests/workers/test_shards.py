@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from contract.shards import describe_shards
 from dsl.compiler import compile_job
 from dsl.data_config import DataConfig
 from dsl.errors import DataSourceError, JobSpecError
+from harness.watched_workers import mlp_job, train, write_shards
 from workers.data import DATA_SOURCES, Dataset, TrainingData, describe, load_dataset
 from workers.data.shard_stream import ShardBatches
 from workers.trainer import Trainer, TrainOptions
@@ -246,6 +246,7 @@ def test_the_benchmark_smoke_resumes_exactly_after_sigkill() -> None:
 
 
 SHARD_ROWS, SHARD_FEATURES, SHARDS = 1024, 1024, 40  # 4 MB shards, 160 MB in all
+BATCH, HIDDEN = 32, 32  # bench/data_stream.py's smoke sizes
 
 
 @pytest.mark.slow
@@ -253,17 +254,15 @@ def test_a_streaming_worker_holds_a_few_shards_not_the_dataset(tmp_path: Path) -
     """A real worker process streams an epoch of 40 shards of 4 MB, its shuffle buffer a
     shard's rows; its peak resident memory, less that of the same worker trained on a
     one-batch array, stays within 8 shards (the window read, the one read ahead, its shuffled
-    copy, the queued batches): far below the 160 MB the dataset takes. bench/data_stream.py's
-    worker processes and their watch (resident memory sampled every 20 ms)."""
-    from bench.data_stream import SMOKE, job, train, write_shards
-
-    sizes = replace(SMOKE, features=SHARD_FEATURES, shard_rows=SHARD_ROWS, shards=SHARDS)
+    copy, the queued batches): far below the 160 MB the dataset takes. The worker processes
+    and their watch (resident memory sampled every 20 ms) are bench/data_stream.py's, in
+    harness/watched_workers.py."""
     folder, test = tmp_path / "shards", tmp_path / "test"
     ids = write_shards(folder, shards=SHARDS, rows=SHARD_ROWS, features=SHARD_FEATURES)
     write_shards(test, shards=1, rows=SHARD_ROWS, features=SHARD_FEATURES, first_id=ids)
     x = np.load(folder / "00000.x.npy")
     shard_bytes = x.nbytes
-    batch = x[: sizes.batch_size]
+    batch = x[:BATCH]
     np.savez(
         tmp_path / "one_batch.npz",
         x=batch,
@@ -271,16 +270,20 @@ def test_a_streaming_worker_holds_a_few_shards_not_the_dataset(tmp_path: Path) -
         x_test=np.load(test / "00000.x.npy"),
         y_test=np.load(test / "00000.y.npy"),
     )
-    steps = SHARDS * SHARD_ROWS // sizes.batch_size  # one epoch
+    steps = SHARDS * SHARD_ROWS // BATCH  # one epoch
     streamed_data = {
         "source": "shards",
         "path": str(folder),
         "test_path": str(test),
         "shuffle_buffer": SHARD_ROWS,
     }
-    [streamed] = train(job(streamed_data, sizes, steps), tmp_path, "streamed")
+    [streamed] = train(
+        mlp_job(streamed_data, steps, batch_size=BATCH, hidden=HIDDEN), tmp_path, "streamed"
+    )
     one_batch = {"source": "npz", "path": str(tmp_path / "one_batch.npz")}
-    [control] = train(job(one_batch, sizes, steps), tmp_path, "control")
+    [control] = train(
+        mlp_job(one_batch, steps, batch_size=BATCH, hidden=HIDDEN), tmp_path, "control"
+    )
     data = streamed.peak_rss - control.peak_rss
     assert data <= 8 * shard_bytes, (
         f"streaming {SHARDS} shards of {shard_bytes / 2**20:.1f} MB took {data / 2**20:.1f} MB "

@@ -25,7 +25,7 @@ import torch
 
 from contract.keys import NORMS_TTL_SECONDS
 from dsl.frameworks import FRAMEWORK_SPECS
-from dsl.plugin_types import PLUGIN_UPDATERS
+from dsl.plugins import PLUGIN_UPDATERS
 from dsl.schema import JobSpec
 from dsl.topology import Topology
 from dsl.updater_config import UpdaterConfig
