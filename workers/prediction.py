@@ -222,7 +222,8 @@ def _score_shard(
 
 def _progress(info: AllocationInfo, done: int) -> MetricRecord:
     """The rows of its shard scored so far, as its step too: the run's job shows the progress
-    of its furthest worker (its train_steps are the largest shard's rows)."""
+    of its furthest worker, over the largest shard's rows (scheduler/store/predictions.py
+    progress_ends)."""
     return MetricRecord(
         step=done, values={ROWS_METRIC: float(done)}, group=info.group, rank=info.rank
     )
