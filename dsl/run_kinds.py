@@ -21,7 +21,6 @@ from dsl.registry import Registry
 @dataclass(frozen=True, kw_only=True)
 class RunKindSpec:
     name: str
-    doc: str  # what its workers do, one line
     # Its workers train a net, with a framework: the run leaves checkpoints, a model to predict
     # with, and its progress is its steps over train_steps.
     trains: bool
@@ -42,15 +41,13 @@ def register_run_kind(spec: RunKindSpec) -> RunKindSpec:
 
 TRAINING = register_run_kind(
     RunKindSpec(
-        name="training",
-        doc="its workers train the job's net, as its framework says",
+        name="training",  # its workers train the job's net, as its framework says
         trains=True,
     )
 )
 PREDICTION = register_run_kind(
     RunKindSpec(
-        name="prediction",
-        doc="its workers score a dataset with a trained model, each its own shard of the rows",
+        name="prediction",  # its workers score a dataset with a trained model, a shard each
         trains=False,
         scores_rows=True,
         restarts_alone=True,

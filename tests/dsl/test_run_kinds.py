@@ -16,6 +16,6 @@ def test_a_training_run_trains_and_a_prediction_run_scores_rows_its_workers_apar
 
 def test_a_kind_is_registered_once_and_an_unknown_one_is_named() -> None:
     with pytest.raises(ValueError, match="registered twice"):
-        register_run_kind(RunKindSpec(name=TRAINING.name, doc="again", trains=True))
+        register_run_kind(RunKindSpec(name=TRAINING.name, trains=True))
     with pytest.raises(UnknownNameError, match="did you mean 'prediction'"):
         RUN_KINDS.get("predictions")
