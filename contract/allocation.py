@@ -76,10 +76,13 @@ class AllocationInfo:
     slots: int
     gpus: int
     node: str
-    framework: str
+    framework: str  # a training run's ("" for a prediction run)
     topology: dict[str, Any]
     spec: dict[str, Any]  # the execution spec: validated, dataset names resolved to paths
     run_dir: Path
+    # What its job's processes do, a run kind's name (dsl/run_kinds.py): train, or score a
+    # dataset's rows as `prediction` says; an older scheduler's records are a training run's.
+    kind: str = "training"
     attempt: int = 0  # the job's placements before this one (restarts, drains, lost nodes)
     resume_from: str = ""  # the restart point this attempt continues from ("": step 0)
     restart_seconds: float = 0.0  # restart points every this many seconds (0: none)
@@ -96,6 +99,9 @@ class AllocationInfo:
     # The node's GPUs this process alone uses, by index (its CUDA_VISIBLE_DEVICES): placement
     # never gives one to two processes at once.
     devices: tuple[int, ...] = ()
+    # A prediction run's task (contract/prediction.py PredictionTask.to_dict()): the model, the
+    # dataset and how to score it. None for a training run's processes.
+    prediction: dict[str, Any] | None = None
 
     def to_hash(self) -> dict[str, str]:
         return to_fields(self)

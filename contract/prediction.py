@@ -1,11 +1,12 @@
 """A prediction run on the cluster: what the scheduler hands its workers and the files they write.
 
-A prediction run is placed work like a job: a row of `jobs` whose framework is `PREDICT`, with
-N workers in one group (placed, counted against quotas and fair share, restarted like any
-job's). Its topology carries the `PredictionTask` under `TASK_KEY`; worker `rank` of `world`
-scores the rows `shard_rows(rows, world, rank)` of the dataset with the job's inference net
-(dsl/inference.py) and writes them to `shard_file(run_dir, rank)`. The worker that finds every
-shard written assembles them, in input order, into `output_file(run_dir)`.
+A prediction run is placed work like a job: a row of `jobs` of kind prediction
+(dsl/run_kinds.py), with N workers in one group (placed, counted against quotas and fair
+share, restarted like any job's). Its `PredictionTask` is kept in the run's own row and handed
+to each worker in its allocation record (`AllocationInfo.prediction`); worker `rank` of
+`world` scores the rows `shard_rows(rows, world, rank)` of the dataset with the job's inference
+net (dsl/inference.py) and writes them to `shard_file(run_dir, rank)`. The worker that finds
+every shard written assembles them, in input order, into `output_file(run_dir)`.
 
     <artifacts>/jobs/<run id>/predictions/shard-00000.npy   worker 0's rows' scores
     <artifacts>/jobs/<run id>/predictions.npy               the assembled output
@@ -17,8 +18,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-PREDICT = "predict"  # a prediction run's Job.framework: its workers score, they do not train
-TASK_KEY = "predict"  # the run's PredictionTask in its topology
 ROWS_METRIC = "predict/rows"  # a worker's rows scored so far (its stream's metric records)
 SHARDS = "predictions"
 OUTPUT = "predictions.npy"
@@ -30,7 +29,7 @@ class PredictionTask:
 
     checkpoint: str  # the safetensors file (its model card rebuilds the net)
     dataset: str  # the uploaded dataset's file
-    kind: Literal["npz", "csv"]
+    format: Literal["npz", "csv"]
     key: str  # the .npz array holding the samples ("" for a .csv: every column)
     rows: int  # samples in the dataset
     probabilities: bool

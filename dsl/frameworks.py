@@ -3,8 +3,10 @@
 A framework is a preset topology (SINGA's worker and server groups) and a way for the replicas
 of the net to agree. The job language's choices (dsl/schema.py), the presets and the topology's
 rules (dsl/topology.py), how a worker applies it (workers/parallel.py) and how the service
-restarts its processes (scheduler/recovery/policy.py) all read `FRAMEWORK_SPECS`. A new framework
-is a descriptor here and its function in workers/parallel.py's `FRAMEWORKS`.
+restarts its processes (scheduler/recovery/policy.py) all read `FRAMEWORK_SPECS`; no reader
+compares a framework's name. A new framework is a descriptor here and its function in
+workers/parallel.py's `FRAMEWORKS`. A framework is how a training run's replicas agree; what a
+job's processes do (train, or score a dataset) is its run kind (dsl/run_kinds.py).
 """
 
 from __future__ import annotations
@@ -50,6 +52,13 @@ class FrameworkSpec:
     # GPUs one worker process drives (each worker sees its own as cuda:0, cuda:1, ...): a job
     # asking more of a framework is refused, as the rest would sit idle.
     devices_per_worker: int = 1
+    # Its one worker group all-reduces the gradients through DistributedDataParallel, whose
+    # communication hooks it can take (cluster.compression powersgd: dsl/sync_checks.py).
+    ddp_gradients: bool = False
+    # Its replicas train apart and average their parameters every sync_freq steps, on DDP's
+    # post-local SGD hook (workers/distributed/localsgd.py): dsl/sync_checks.py holds a job
+    # to what that hook can do.
+    averages_locally: bool = False
 
     def __post_init__(self) -> None:
         # A worker restarted alone takes the current parameters from the shards, and only
@@ -118,6 +127,7 @@ register_framework(
         doc="synchronous: all-reduce of the gradients (torch.distributed)",
         preset=Preset(nworker_groups=1, nworkers_per_group=2),
         sync=Sync.GROUP_THEN_SERVERS,
+        ddp_gradients=True,
     )
 )
 register_framework(
@@ -158,5 +168,6 @@ register_framework(
         doc="synchronous steps apart: local updates, replicas averaged every sync_freq",
         preset=Preset(nworker_groups=1, nworkers_per_group=2),
         sync=Sync.GROUP,
+        averages_locally=True,
     )
 )

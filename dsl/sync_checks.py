@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dsl.errors import SpecIssue
+from dsl.frameworks import FRAMEWORK_SPECS
 from dsl.source import SourceMap
 from dsl.topology import Topology
 
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 
 def sync_issues(spec: JobSpec, topology: Topology, source: SourceMap) -> list[SpecIssue]:
     issues = _powersgd_issues(spec, topology, source)
-    if topology.framework == "localsgd":
+    if FRAMEWORK_SPECS.get(topology.framework).averages_locally:
         issues += _localsgd_issues(spec, topology, source)
     return issues
 
@@ -41,11 +42,12 @@ def _ddp_obstacle(spec: JobSpec, topology: Topology) -> str | None:
 
 
 def _powersgd_issues(spec: JobSpec, topology: Topology, source: SourceMap) -> list[SpecIssue]:
-    if spec.cluster.compression != "powersgd" or topology.framework == "local":
+    framework = FRAMEWORK_SPECS.get(topology.framework)
+    if spec.cluster.compression != "powersgd" or framework.in_one_process:
         return []
     at = ("cluster", "compression")
     hint = "use compression none, fp16 or bf16, or framework allreduce with one worker group"
-    if topology.framework != "allreduce":
+    if not framework.ddp_gradients:
         message = (
             f"framework {topology.framework} sends whole gradients"
             + (" to server shards" if topology.servers else "")
@@ -82,8 +84,8 @@ def _localsgd_issues(spec: JobSpec, topology: Topology, source: SourceMap) -> li
         issues.append(
             source.issue(
                 ("cluster", "compression"),
-                f"framework localsgd averages parameters, not gradients, and compression "
-                f"{spec.cluster.compression} is for gradients",
+                f"framework {topology.framework} averages parameters, not gradients, and "
+                f"compression {spec.cluster.compression} is for gradients",
                 "drop compression, or use framework allreduce",
             )
         )
@@ -93,7 +95,7 @@ def _localsgd_issues(spec: JobSpec, topology: Topology, source: SourceMap) -> li
         issues.append(
             source.issue(
                 key,
-                f"framework localsgd runs on DDP's post-local SGD hook, and {obstacle}",
+                f"framework {topology.framework} runs on DDP's post-local SGD hook, and {obstacle}",
                 "use framework allreduce",
             )
         )
@@ -109,9 +111,9 @@ def _localsgd_issues(spec: JobSpec, topology: Topology, source: SourceMap) -> li
         issues.append(
             source.issue(
                 split[0],
-                "framework localsgd trains each replica apart between syncs, and a net split "
-                "by feature or replicated (partition_dim 1 or -1) exchanges activations between "
-                "the workers at every step",
+                f"framework {topology.framework} trains each replica apart between syncs, and a "
+                "net split by feature or replicated (partition_dim 1 or -1) exchanges "
+                "activations between the workers at every step",
                 "use partition_dim 0 (split by batch), or framework allreduce",
             )
         )

@@ -143,7 +143,7 @@ def test_the_field_recipe_adds_a_field_everywhere(tmp_path: Path) -> None:
         with db.session() as session:
             page, _ = list_jobs(session, owner)
             job = session.get(type(job), job.id)
-            detail = job_fields(job, "ada", None)
+            detail = job_fields(job, "ada", None, job.train_steps)
         print(json.dumps({{
             "listed": json.loads(page)[0]["pinned"],
             "detail": detail["pinned"],

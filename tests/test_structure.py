@@ -513,3 +513,60 @@ def test_test_modules_have_names_of_their_own() -> None:
     for path in (ROOT / "tests").rglob("test_*.py"):
         names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
     assert not {name: paths for name, paths in names.items() if len(paths) > 1}
+
+
+# Where the frameworks and the run kinds are named: their registries (dsl/frameworks.py,
+# dsl/run_kinds.py), and migrations, which write out the names as they were when they ran.
+NAMED_HERE = {ROOT / "dsl" / "frameworks.py", ROOT / "dsl" / "run_kinds.py"}
+MIGRATIONS = ROOT / "scheduler" / "store" / "migrations"
+# The framework a prediction run once had, before it was a run kind: a reader asks the kind.
+RETIRED_NAMES = {"predict"}
+
+
+def _names_compared(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """The comparisons in `source` (==, !=, in, not in, is) of a value with one of `names`
+    written as a string (`framework == "localsgd"`, `kind in ("prediction", ...)`): their lines
+    and the names."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        literals = {
+            item.value
+            for operand in (node.left, *node.comparators)
+            for item in (
+                operand.elts if isinstance(operand, ast.Tuple | ast.List | ast.Set) else [operand]
+            )
+            if isinstance(item, ast.Constant) and isinstance(item.value, str)
+        }
+        found += [(node.lineno, name) for name in sorted(literals & names)]
+    return found
+
+
+def test_no_framework_or_run_kind_is_told_by_its_name_outside_its_registry() -> None:
+    """A reader asks a framework's or a run kind's descriptor (`averages_locally`,
+    `scores_rows`, `restarts_alone`...), never compares its name: a new framework or kind is
+    one descriptor, not a hunt for string checks."""
+    from dsl.frameworks import FRAMEWORK_SPECS
+    from dsl.run_kinds import RUN_KINDS
+
+    names = {*FRAMEWORK_SPECS.names(), *RUN_KINDS.names(), *RETIRED_NAMES}
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line} compares '{name}'"
+        for paths in _package_files().values()
+        for path in paths
+        if path not in NAMED_HERE and MIGRATIONS not in path.parents
+        for line, name in _names_compared(path.read_text(), names)
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_name_scan_finds_a_name_compared_as_a_string() -> None:
+    source = (
+        "def f(t, k):\n"
+        "    if t.framework == 'localsgd':\n"
+        "        return 1\n"
+        "    return k in ('prediction', 'other') or t != 'local2' or {'local': 1}\n"
+    )
+    names = {"localsgd", "prediction", "local"}
+    assert _names_compared(source, names) == [(2, "localsgd"), (4, "prediction")]

@@ -238,12 +238,18 @@ def jobs(
             str(info.id),
             info.name,
             info.state,
-            f"{info.step}/{info.train_steps}",
+            step_text(info),
             best_text(info),
             info.created_at.strftime("%Y-%m-%d %H:%M:%S") if info.created_at else "-",
             f"{info.duration_seconds:.1f}s" if info.duration_seconds is not None else "-",
         )
     console.print(table)
+
+
+def step_text(info: JobOut) -> str:
+    """How far the job is: a training run's `700/2000` steps, a prediction run's `35%` of its
+    rows (it trains no steps)."""
+    return f"{info.step}/{info.train_steps}" if info.train_steps else f"{info.progress:.0%}"
 
 
 def best_text(info: JobOut) -> str:
@@ -281,14 +287,17 @@ def show(
     console.print(
         f"[bold]job {info.id}[/] {info.name}   owner {info.owner}   priority {info.priority}"
     )
-    console.print(f"state [bold]{info.state}[/]   step {info.step}/{info.train_steps}")
+    console.print(f"state [bold]{info.state}[/]   step {step_text(info)}")
     if info.queue_position is not None:
         console.print(f"queue position {info.queue_position}")
     if info.pending_reason and info.state == "QUEUED":
         console.print(f"[yellow]waiting[/] {info.pending_reason}")
     if info.restarts:
         console.print(f"restarts {info.restarts} (see the events below)")
-    console.print(f"framework {info.framework}   topology {json.dumps(info.topology)}")
+    console.print(
+        f"kind {info.kind}   framework {info.framework or '-'}   "
+        f"topology {json.dumps(info.topology)}"
+    )
     for label, at in (
         ("created", info.created_at),
         ("scheduled", info.scheduled_at),

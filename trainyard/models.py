@@ -103,10 +103,17 @@ class JobOut(BaseModel):
     owner: str = Field(description="the submitting user's name")
     state: JobState
     priority: int
-    framework: str = Field(description="cluster.framework of the job")
-    train_steps: int
-    step: int = Field(description="the last training step reported")
-    progress: float = Field(description="step / train_steps, 0..1")
+    kind: str = Field(description="its run kind: training, or prediction (a prediction run's)")
+    framework: str = Field(
+        description="cluster.framework of a training run; '' for a prediction run"
+    )
+    train_steps: int = Field(description="the steps a training run trains; 0 for a prediction run")
+    step: int = Field(
+        description="the last training step reported; a prediction run's furthest worker's rows"
+    )
+    progress: float = Field(
+        description="step / train_steps, 0..1; a prediction run's: step / its largest shard's rows"
+    )
     created_at: datetime
     scheduled_at: datetime | None
     started_at: datetime | None

@@ -30,10 +30,10 @@ import redis
 from contract.allocation import CGROUP, AllocationInfo, ExitCode, stop_requested
 from contract.codec import decode
 from contract.keys import Keys
-from contract.prediction import PREDICT
 from contract.settings import Settings
 from contract.stream import JobStream
 from dsl.plugins import PluginError, load_plugins
+from dsl.run_kinds import RUN_KINDS
 from workers.confine import confine, out_of_memory
 from workers.fork_server import serve
 from workers.metrics import RedisSink
@@ -147,7 +147,7 @@ def train(
     torch.set_num_threads(max(info.slots, 1))
     should_stop = StopPoll(client, keys, info)
     signal.signal(signal.SIGTERM, should_stop.on_sigterm)
-    if info.framework == PREDICT:  # a prediction run's worker scores its shard
+    if RUN_KINDS.get(info.kind).scores_rows:  # a prediction run's worker scores its shard
         from workers.prediction import predict_shard
 
         stream = JobStream(client, keys, info.job_id, info.attempt)

@@ -19,8 +19,10 @@ Every framework applies its pieces in this one order:
 5. build the trainer on that net with the hooks.
 
 Steps 2 to 4 each take the hooks built so far and return them with their part added.
-The framework is chosen in one place, `FRAMEWORKS` (framework -> how it is applied); `train`
-and `serve` are what one process of a job runs.
+The framework is chosen in one place, `FRAMEWORKS` (framework -> how it is applied), its
+names those of dsl/frameworks.py's descriptors; a pipelined job's stages run `_pipeline`,
+which applies the framework to the pipeline's replicas. `train` and `serve` are what one
+process of a job runs.
 """
 
 from __future__ import annotations
@@ -336,8 +338,8 @@ def train(ctx: RunContext) -> Summary:
     """Train this worker's part of the job to the end, with the job's parallelism."""
     with ExitStack() as cleanup:
         # A pipelined job's stages run the pipeline, whose replicas the framework syncs.
-        name = "pipeline" if ctx.topology.stages > 1 else ctx.topology.framework
-        worker = FRAMEWORKS.get(name)(ctx, cleanup)
+        applied = _pipeline if ctx.topology.stages > 1 else FRAMEWORKS.get(ctx.topology.framework)
+        worker = applied(ctx, cleanup)
         summary = worker.trainer.run()
         # A stopped worker leaves at once: its peers may be stopping at another step, and a
         # closing barrier or the shards' last exchange would wait for them.
@@ -442,7 +444,6 @@ def _localsgd(ctx: RunContext, cleanup: ExitStack) -> Worker:
     return Worker(trainer, after_run=[dist.barrier])
 
 
-@FRAMEWORKS.register("pipeline")
 def _pipeline(ctx: RunContext, cleanup: ExitStack) -> Worker:
     """Each worker group is one pipeline and its workers the stages; the stages of all the
     groups form one process group, from which each pipeline and each stage's replicas get

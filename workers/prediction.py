@@ -1,6 +1,6 @@
 """One worker of a prediction run (contract/prediction.py): scores its shard of a dataset.
 
-The node agent starts it like a training worker (workers/entry.py sees the run's framework).
+The node agent starts it like a training worker (workers/entry.py reads the run's kind).
 It rebuilds the net from the checkpoint with the one inference function
 (dsl.inference.load_inference_net), reads its rows [start, stop) of the uploaded dataset a batch
 at a time (an .npz array through its member's stream, a .csv's rows), scores them and writes
@@ -31,7 +31,6 @@ import numpy as np
 from contract.allocation import AllocationInfo, ExitCode
 from contract.prediction import (
     ROWS_METRIC,
-    TASK_KEY,
     PredictionTask,
     output_file,
     shard_file,
@@ -156,7 +155,10 @@ def predict_shard(info: AllocationInfo, stream: JobStream, should_stop: Callable
     when every shard is written. Returns the process's exit code."""
     if output_file(info.run_dir).is_file():  # assembled already: a restart after the end
         return ExitCode.OK
-    task = PredictionTask.from_dict(info.topology[TASK_KEY])
+    if info.prediction is None:
+        print("a prediction run's worker was given no task to score", file=sys.stderr)
+        return ExitCode.INVALID
+    task = PredictionTask.from_dict(info.prediction)
     if not shard_file(info.run_dir, info.rank).is_file():  # else written before a restart
         code = _score_shard(info, task, stream, should_stop)
         if code != ExitCode.OK:
@@ -193,7 +195,7 @@ def _score_shard(
     done, reported, complete = 0, time.monotonic(), False
     try:
         for rows in read_rows(
-            Path(task.dataset), task.kind, task.key, start, stop, task.batch_size
+            Path(task.dataset), task.format, task.key, start, stop, task.batch_size
         ):
             if should_stop():
                 return ExitCode.CANCELLED
@@ -220,7 +222,8 @@ def _score_shard(
 
 def _progress(info: AllocationInfo, done: int) -> MetricRecord:
     """The rows of its shard scored so far, as its step too: the run's job shows the progress
-    of its furthest worker (its train_steps are the largest shard's rows)."""
+    of its furthest worker, over the largest shard's rows (scheduler/store/predictions.py
+    progress_ends)."""
     return MetricRecord(
         step=done, values={ROWS_METRIC: float(done)}, group=info.group, rank=info.rank
     )

@@ -12,6 +12,7 @@ from api.schemas import errors, finite
 from api.schemas_integrations import ComparisonOut, CurveOut, DifferenceOut, MetricRowOut
 from scheduler.store import compare
 from scheduler.store import jobs as job_store
+from scheduler.store import predictions as prediction_store
 from scheduler.store.models import JobOut
 
 router = APIRouter(prefix="/compare", tags=["jobs"])
@@ -36,8 +37,12 @@ def compare_jobs(
 ) -> ComparisonOut:
     found = compare.compare_jobs(session, user, compare.parse_ids(jobs), max_points=max_points)
     owners = job_store.owner_names(session, {job.owner_id for job in found.jobs})
+    ends = prediction_store.progress_ends(session, found.jobs)
     return ComparisonOut(
-        jobs=[JobOut(**job_fields(job, owners[job.owner_id], None)) for job in found.jobs],
+        jobs=[
+            JobOut(**job_fields(job, owners[job.owner_id], None, ends[job.id]))
+            for job in found.jobs
+        ],
         curves=[
             CurveOut(
                 job_id=c.job_id, name=c.name, steps=c.steps, times=c.times, values=finite(c.values)

@@ -46,6 +46,7 @@ from dsl.schema import JobSpec
 from scheduler.admission import submit
 from scheduler.admission.checks import check_job
 from scheduler.store import jobs as job_store
+from scheduler.store import predictions as prediction_store
 from scheduler.store import reports as report_store
 from scheduler.store.models import JOB_FIELD_KINDS, FieldKind, Job, User, aware, utcnow
 from scheduler.store.states import JobState
@@ -53,14 +54,15 @@ from scheduler.store.states import JobState
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 
-def job_fields(job: Job, owner: str, position: int | None) -> dict[str, Any]:
-    """The JobOut fields of a job (the spec_yaml of the detail view aside); a listed page has
-    the same fields, computed by the database (scheduler/store/job_page.py)."""
+def job_fields(job: Job, owner: str, position: int | None, end: int) -> dict[str, Any]:
+    """The JobOut fields of a job (the spec_yaml of the detail view aside), its progress
+    ending at `end` (scheduler/store/predictions.py progress_ends); a listed page has the same
+    fields, computed by the database (scheduler/store/job_page.py)."""
     started = aware(job.started_at) if job.started_at else None
     ended = aware(job.ended_at) if job.ended_at else None
     computed = {
         "owner": owner,
-        "progress": min(job.step / job.train_steps, 1.0) if job.train_steps else 0.0,
+        "progress": min(job.step / end, 1.0) if end > 0 else 0.0,
         "duration_seconds": ((ended or utcnow()) - started).total_seconds() if started else None,
         "queue_position": position,
     }
@@ -86,8 +88,9 @@ def detail_of(session: SessionDep, job: Job) -> JobDetail:
     position = (
         job_store.queue_positions(session).get(job.id) if job.state == JobState.QUEUED else None
     )
+    end = prediction_store.progress_ends(session, [job])[job.id]
     return JobDetail(
-        **job_fields(job, owner, position),
+        **job_fields(job, owner, position, end),
         spec_yaml=job.spec_yaml,
         effective_yaml=job.effective_yaml,
         override_lines=override_lines(job.effective_yaml, job.overrides)

@@ -130,7 +130,7 @@ def model_predictions(
     "/jobs/{job_id}/prediction",
     response_model=PredictionOut,
     summary="The prediction run a job places",
-    description="For a job of framework `predict`: the prediction run whose workers it places "
+    description="For a job of kind `prediction`: the prediction run whose workers it places "
     "(rows scored, the model, the dataset); 404 for any other job.",
     responses=errors(401, 404, 422),
 )

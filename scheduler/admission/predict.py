@@ -3,8 +3,9 @@ POST /models/{ref}/predictions) calls.
 
     the model (a job's checkpoint, or a registered model's) -> the dataset (the caller's upload,
     its samples the model's shape) -> workers within the bound -> the owner's rate and quotas
-    -> a placed job of its own (framework `predict`, contract/prediction.py) and the run's row
-    -> commit -> announce
+    -> a placed job of its own, of kind prediction (dsl/run_kinds.py), and the run's row with
+    its task (contract/prediction.py) -> commit -> announce (submit.py's `admit_run`, the end
+    of every run's admission)
 
 The run is placed work like any job: the scheduler places its workers on slots in fair-share
 order, under the owner's quotas (running_jobs, slots, queued_jobs), shows it on the cluster
@@ -22,16 +23,14 @@ from typing import Any
 import yaml
 from sqlalchemy.orm import Session
 
-from contract.announcements import JOB, announce
-from contract.prediction import PREDICT, ROWS_METRIC, TASK_KEY, PredictionTask
 from dsl.model_card import read_model_card
+from dsl.run_kinds import PREDICTION, RUN_KINDS
 from dsl.schema import JobSpec
 from dsl.topology import Topology
 from scheduler.admission.quotas import check_new_job
 from scheduler.admission.rate_limit import check_rate
-from scheduler.admission.submit import NAME_LENGTH, Backends
+from scheduler.admission.submit import NAME_LENGTH, Backends, admit_run
 from scheduler.placement.preview import placement_preview
-from scheduler.store import jobs as job_store
 from scheduler.store import reports as report_store
 from scheduler.store.datasets import dataset_file, get_dataset
 from scheduler.store.errors import InvalidRequest, NotFound
@@ -109,17 +108,8 @@ def start_prediction(
     limits = limits_for(session, owner, settings)
     check_rate(backends.redis, backends.keys, owner, limits)
     check_new_job(session, owner, limits, train_steps=0, slots=request.workers, gpus=0)
-    task = PredictionTask(
-        checkpoint=str(model.checkpoint),
-        dataset=str(path),
-        kind=record.kind,  # type: ignore[arg-type]  # npz | csv, as the upload was checked
-        key=layout.key,
-        rows=layout.rows,
-        probabilities=request.probabilities,
-        batch_size=request.batch_size,
-    )
     topology = Topology(
-        framework=PREDICT,
+        framework="",  # its workers exchange nothing
         nworker_groups=1,
         nworkers_per_group=request.workers,
         nserver_groups=0,
@@ -131,38 +121,38 @@ def start_prediction(
     preview = placement_preview(session, topology, 0)
     if preview.never:
         raise InvalidRequest(f"the prediction run {preview.reason}; ask for fewer workers")
-    name = f"predict-{model.name}"[:NAME_LENGTH]
-    run = job_store.create_job(
-        session,
-        owner,
-        NewJob(
-            name=name,
-            spec_yaml=yaml.safe_dump(model.spec, sort_keys=False),
-            overrides={},
-            spec=model.spec,
-            topology={**topology.to_dict(), TASK_KEY: task.to_dict()},
-            framework=PREDICT,
-            train_steps=-(-layout.rows // request.workers),  # the largest shard's rows
-            objective=ROWS_METRIC,
-            objective_mode="max",
-        ),
-    )
-    if not preview.feasible:
-        run.pending_reason = preview.reason
     row = Prediction(
         owner_id=owner.id,
         job_id=model.job_id,
         model=model.ref,
-        run_job_id=run.id,
         dataset=record.name,
         rows=layout.rows,
         step=model.step,
         workers=request.workers,
         probabilities=request.probabilities,
+        checkpoint=str(model.checkpoint),
+        dataset_file=str(path),
+        dataset_format=record.kind,  # npz | csv, as the upload was checked
+        sample_key=layout.key,
+        batch_size=request.batch_size,
     )
-    session.add(row)
-    session.commit()
-    announce(backends.redis, backends.keys, JOB, run.id)  # placed now, not at the next pass
+
+    def keep(run: Job) -> None:
+        row.run_job_id = run.id
+        session.add(row)
+
+    new = NewJob(
+        name=f"predict-{model.name}"[:NAME_LENGTH],
+        spec_yaml=yaml.safe_dump(model.spec, sort_keys=False),
+        overrides={},
+        spec=model.spec,
+        topology=topology.to_dict(),
+        kind=PREDICTION.name,
+        framework="",
+        train_steps=0,
+        objective="",
+    )
+    admit_run(session, owner, new, preview, backends, keep=keep)
     return row
 
 
@@ -172,8 +162,9 @@ def _model(
     if isinstance(source, Job):
         if source.owner_id != owner.id:  # others' jobs, an admin's view too: as if absent
             raise NotFound(f"no job {source.id}")
-        if source.framework == PREDICT:
-            raise InvalidRequest(f"job {source.id} is a prediction run; it has no model")
+        kind = RUN_KINDS.get(source.kind)
+        if not kind.trains:
+            raise InvalidRequest(f"job {source.id} is a {kind.name} run; it has no model")
         step, path = report_store.model_checkpoint(session, source.id, choice, artifacts=artifacts)
         return _Model(path, step, dict(source.spec), source.name, source.id, None)
     name, which = parse_ref(source)

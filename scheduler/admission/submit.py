@@ -4,10 +4,12 @@
     compile) -> check (the compile, a sweep's space too) -> the user's quotas -> create the row
     -> placement preview (a job) -> commit -> announce
 
-POST /jobs and POST /sweeps run all of it (`submit_job`, `submit_sweep`); POST /jobs/validate
-runs the checks without the user's priority, rate and quotas, and writes nothing (`validate`);
-the sweep thread checks each trial as a job and queues it (`check` with `admit=False`, then
-`queue_job`) in its own transaction, which it commits, and it wakes placement itself.
+POST /jobs and POST /sweeps run all of it (`submit_job`, `submit_sweep`); a run of every kind
+ends in `admit_run` (queue, commit, announce), a prediction run after its own checks
+(scheduler/admission/predict.py). POST /jobs/validate runs the checks without the user's
+priority, rate and quotas, and writes nothing (`validate`); the sweep thread checks each trial
+as a job and queues it (`check` with `admit=False`, then `queue_job`) in its own transaction,
+which it commits, and it wakes placement itself.
 
 Refusals are domain errors (JobSpecError, NotAllowed, RateLimited, QuotaExceeded); only the API
 turns them into HTTP statuses.
@@ -16,7 +18,7 @@ turns them into HTTP statuses.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -216,9 +218,26 @@ def submit_job(session: Session, owner: User, submission: Submission, backends: 
     # the scheduler keeps the reason up to date from its next pass.
     preview = placement_preview(session, checked.job.topology, submission.priority)
     refuse_never_fit(checked.job, preview)
-    job = queue_job(session, owner, checked)
+    return admit_run(session, owner, new_job(checked), preview, backends)
+
+
+def admit_run(
+    session: Session,
+    owner: User,
+    new: NewJob,
+    preview: Preview,
+    backends: Backends,
+    *,
+    keep: Callable[[Job], None] | None = None,
+) -> Job:
+    """The end of every run's admission, whatever its kind (a checked job, a prediction run:
+    scheduler/admission/predict.py): its row queued with why the cluster cannot place it now,
+    what else the run keeps (`keep`, given the row: a prediction run's own), commit, announce."""
+    job = job_store.create_job(session, owner, new)
     if not preview.feasible:
         job.pending_reason = preview.reason
+    if keep is not None:
+        keep(job)
     session.commit()
     announce(backends.redis, backends.keys, JOB, job.id)  # placed now, not at the next pass
     return job

@@ -42,6 +42,7 @@ from contract.keys import Keys, delete_matching
 from contract.liveness import record_pass
 from contract.rundir import job_run_dir
 from contract.settings import Settings
+from dsl.run_kinds import RUN_KINDS
 from scheduler.celery_app import RUN_ALLOCATION, create_celery
 from scheduler.daemon.lease import SchedulerLease
 from scheduler.daemon.nodes import (
@@ -76,6 +77,7 @@ from scheduler.recovery.policy import PlaceAgain, Vacant, decide
 from scheduler.store.database import Database
 from scheduler.store.lifecycle import transition
 from scheduler.store.models import Allocation, Job, Node, utcnow
+from scheduler.store.predictions import prediction_task
 from scheduler.store.quotas import Limits
 from scheduler.store.states import JobState, NodeState
 
@@ -96,6 +98,7 @@ class Dispatch:
 
 
 def allocation_info(
+    session: Session,
     settings: Settings,
     job: Job,
     alloc: Allocation,
@@ -105,6 +108,7 @@ def allocation_info(
     replacement: int = 0,
 ) -> AllocationInfo:
     topology = job_topology(job)
+    scores = RUN_KINDS.get(job.kind).scores_rows
     return AllocationInfo(
         allocation_id=alloc.id,
         job_id=job.id,
@@ -115,6 +119,7 @@ def allocation_info(
         slots=alloc.slots,
         gpus=alloc.gpus,
         node=node.name,
+        kind=job.kind,
         framework=job.framework,
         topology=topology,
         spec=job.spec,  # the execution spec: files absolute, datasets resolved at submission
@@ -126,6 +131,8 @@ def allocation_info(
         replacement=replacement,
         memory_mb=memory_limit(topology, alloc.slots, node),
         devices=tuple(int(i) for i in alloc.devices or ()),
+        # what a prediction run's workers score, from the run's own row
+        prediction=prediction_task(session, job.id).to_dict() if scores else None,
     )
 
 
@@ -209,7 +216,7 @@ def schedule_once(
         job.pending_reason = None
         transition(session, job, JobState.SCHEDULED, f"placed on {plan.describe()}")
         for alloc, a in zip(allocs, plan.assignments, strict=True):
-            info = allocation_info(settings, job, alloc, nodes[a.node])
+            info = allocation_info(session, settings, job, alloc, nodes[a.node])
             dispatches.append(Dispatch(alloc.id, nodes[a.node].queue, info))
     return dispatches
 
@@ -321,7 +328,7 @@ def replace_processes(session: Session, settings: Settings) -> list[Dispatch]:
                 )
             )
             info = allocation_info(
-                settings, job, alloc, node, start_step=start, replacement=int(before or 0)
+                session, settings, job, alloc, node, start_step=start, replacement=int(before or 0)
             )
             dispatches.append(Dispatch(alloc.id, node.queue, info))
     return dispatches
@@ -454,7 +461,8 @@ def undispatched(
         job, node = session.get(Job, alloc.job_id), session.get(Node, alloc.node_id)
         if job is None or node is None or JobState(job.state).terminal:
             continue
-        items.append(Dispatch(alloc.id, node.queue, allocation_info(settings, job, alloc, node)))
+        info = allocation_info(session, settings, job, alloc, node)
+        items.append(Dispatch(alloc.id, node.queue, info))
     return items
 
 

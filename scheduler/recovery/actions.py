@@ -38,9 +38,9 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from contract.allocation import AllocationState
-from contract.prediction import PREDICT
 from contract.rundir import RESTART, attempt_point, job_run_dir, latest_restart_point
 from dsl.frameworks import restarting_alone
+from dsl.run_kinds import RUN_KINDS
 from scheduler.placement.cluster import ACTIVE_ALLOCATIONS
 from scheduler.recovery.policy import Fail, JobFacts, ReplaceShard, RestartAlone
 from scheduler.store.lifecycle import transition
@@ -62,12 +62,18 @@ def job_facts(job: Job) -> JobFacts:
     return JobFacts(
         state=JobState(job.state),
         cancel_requested=job.cancel_requested,
-        # A prediction run's workers score disjoint shards: one that failed scores its own again.
-        restart="alone" if job.framework in (*restarting_alone(), PREDICT) else "gang",
+        restart="alone" if _restarts_alone(job) else "gang",
         pipelined=int((job.topology or {}).get("stages", 1) or 1) > 1,
         restarts=job.restarts,
         max_restarts=max_restarts(job),
     )
+
+
+def _restarts_alone(job: Job) -> bool:
+    """Whether a failed worker of `job` restarts alone: its run kind's rule (a prediction run's
+    workers score disjoint shards: one that failed scores its own again), else its
+    framework's."""
+    return RUN_KINDS.get(job.kind).restarts_alone or job.framework in restarting_alone()
 
 
 def write_off(session: Session, job: Job) -> list[int]:
@@ -224,7 +230,7 @@ def restart_alone(
         stops = [peer.id for peer in peers]
         who = f"pipeline {alloc.group} alone, its {len(peers) + 1} stages"
     alone = f"{decision.cause}; restart {job.restarts} of {max_restarts(job)}: {who}"
-    if job.framework == PREDICT:
+    if RUN_KINDS.get(job.kind).scores_rows:
         reason = f"{alone}, scoring its shard again"
     else:
         step = alone_restart_step(session, job, alloc.group, alloc.rank)

@@ -50,6 +50,7 @@ from scheduler.store.models import (
     FieldKind,
     Job,
     JobOut,
+    Prediction,
     User,
     utcnow,
 )
@@ -114,7 +115,9 @@ def _queue_of(page_ids: Select[Any]) -> CTE:
 # The computed fields of JobOut: the owner's name and the queue position join other tables;
 # progress and the duration are computed from these columns.
 _INPUTS = ("step", "train_steps", "started_at", "ended_at")
-# The columns a page reads; the documents (spec, spec_yaml, effective_yaml) stay unread.
+# The columns a page reads; the documents (spec, spec_yaml, effective_yaml) stay unread. A
+# prediction run's progress ends at its largest shard's rows (predictions.largest_shard), read
+# from its own row (null for a job of any other kind).
 _LISTED = (
     *(
         getattr(Job, name)
@@ -122,6 +125,7 @@ _LISTED = (
         if name not in JOB_COMPUTED_FIELDS
     ),
     User.name.label("owner"),
+    ((Prediction.rows + Prediction.workers - 1) // Prediction.workers).label("largest_shard"),
 )
 
 
@@ -219,10 +223,11 @@ DIALECTS: dict[str, Dialect] = {"sqlite": SQLite(), "postgresql": PostgreSQL()}
 def _item(page: Subquery, sql: Dialect) -> ColumnElement[Any]:
     """One JobOut as a JSON object, from a row of the page."""
     c = page.c
+    end = func.coalesce(c.largest_shard, c.train_steps)  # as predictions.progress_ends says
     progress = case(
-        (c.train_steps <= 0, 0.0),
-        (c.step >= c.train_steps, 1.0),
-        else_=cast(c.step, Float) / c.train_steps,
+        (end <= 0, 0.0),
+        (c.step >= end, 1.0),
+        else_=cast(c.step, Float) / end,
     )
     duration = case(
         (c.started_at.is_(None), None),
@@ -270,7 +275,11 @@ def _statement(dialect: str, *, admin: bool, states: bool, name: bool, cursor: b
     sql = DIALECTS.get(dialect)
     if sql is None:
         raise NotImplementedError(f"listing jobs on {dialect}: the store supports {list(DIALECTS)}")
-    matching = select(*_LISTED).join(User, User.id == Job.owner_id)
+    matching = (
+        select(*_LISTED)
+        .join(User, User.id == Job.owner_id)
+        .outerjoin(Prediction, Prediction.run_job_id == Job.id)
+    )
     if not admin:
         matching = matching.where(Job.owner_id == bindparam("owner"))
     if states:

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from contract.keys import CANCEL_TTL_SECONDS, Keys
 from contract.rundir import job_run_dir
+from dsl.run_kinds import TRAINING
 from scheduler.store import job_page
 from scheduler.store.artifacts import confine_to_job
 from scheduler.store.errors import Conflict, InvalidRequest, NotFound
@@ -41,9 +42,10 @@ class NewJob:
     overrides: dict[str, Any]
     spec: dict[str, Any]  # validated, overrides applied, datasets resolved: what workers run
     topology: dict[str, Any]
-    framework: str
+    framework: str  # a training run's; "" for a run of a kind that does not train
     train_steps: int
     priority: int = 0
+    kind: str = TRAINING.name  # what its processes do (dsl/run_kinds.py)
     sweep_id: int | None = None  # a sweep's trial: its sweep and its number there
     trial_number: int | None = None
     # The resolved objective (dsl/objective.py) its best metric is the best of; without a
@@ -73,6 +75,7 @@ def create_job(session: Session, owner: User, new: NewJob) -> Job:
         spec=new.spec,
         topology=new.topology,
         plugins=new.plugins,
+        kind=new.kind,
         framework=new.framework,
         train_steps=new.train_steps,
         objective=new.objective,

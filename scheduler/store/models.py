@@ -27,6 +27,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from contract.allocation import AllocationState
+from dsl.run_kinds import TRAINING
 from scheduler.store.states import JobState, NodeState, SweepState
 
 
@@ -145,6 +146,10 @@ class Job(Base):
     # The plugin types it uses, each {kind, type, plugin, version}: placed only on nodes whose
     # processes load those plugins (dsl/plugins.py); null: none.
     plugins: Mapped[list[dict[str, str]] | None] = mapped_column(JSON, nullable=True)
+    # What its processes do (dsl/run_kinds.py): a training run's have a framework and train
+    # train_steps; a prediction run's score a dataset, as its `Prediction` row says (its
+    # framework is "", its train_steps 0, its objective "").
+    kind: Mapped[str] = mapped_column(String(16), default=TRAINING.name)
     framework: Mapped[str] = mapped_column(String(32), default="local")
     train_steps: Mapped[int] = mapped_column(Integer)
     step: Mapped[int] = mapped_column(Integer, default=0)
@@ -191,10 +196,17 @@ class JobOut(BaseModel):
     owner: str = Field(description="the submitting user's name")
     state: JobState
     priority: int
-    framework: str = Field(description="cluster.framework of the job")
-    train_steps: int
-    step: int = Field(description="the last training step reported")
-    progress: float = Field(description="step / train_steps, 0..1")
+    kind: str = Field(description="its run kind: training, or prediction (a prediction run's)")
+    framework: str = Field(
+        description="cluster.framework of a training run; '' for a prediction run"
+    )
+    train_steps: int = Field(description="the steps a training run trains; 0 for a prediction run")
+    step: int = Field(
+        description="the last training step reported; a prediction run's furthest worker's rows"
+    )
+    progress: float = Field(
+        description="step / train_steps, 0..1; a prediction run's: step / its largest shard's rows"
+    )
     created_at: datetime
     scheduled_at: datetime | None
     started_at: datetime | None
@@ -455,8 +467,9 @@ class WebhookDelivery(Base):
 class Prediction(Base):
     """A batch prediction run (scheduler/admission/predict.py): a job's or a registered model's
     checkpoint scoring a user's dataset on the cluster. Its workers are the processes of the
-    placed job `run_job_id` (framework `predict`, contract/prediction.py), whose state it
-    shares."""
+    placed job `run_job_id` (of kind prediction, dsl/run_kinds.py), whose state it shares; what
+    they score is here (contract/prediction.py's PredictionTask, which the scheduler hands
+    them)."""
 
     __tablename__ = "predictions"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -473,6 +486,11 @@ class Prediction(Base):
     step: Mapped[int] = mapped_column(Integer)  # the checkpoint's training step
     workers: Mapped[int] = mapped_column(Integer)
     probabilities: Mapped[bool] = mapped_column(Boolean, default=False)
+    checkpoint: Mapped[str] = mapped_column(Text)  # the safetensors file that scores
+    dataset_file: Mapped[str] = mapped_column(Text)  # the uploaded dataset's file
+    dataset_format: Mapped[str] = mapped_column(String(8))  # npz | csv
+    sample_key: Mapped[str] = mapped_column(Text)  # the .npz array of samples ("" for a .csv)
+    batch_size: Mapped[int] = mapped_column(Integer)  # samples a worker scores at once
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

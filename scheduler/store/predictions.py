@@ -8,14 +8,16 @@ like the exports and the models.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from contract.prediction import ROWS_METRIC, output_file
+from contract.prediction import ROWS_METRIC, PredictionTask, output_file
 from contract.rundir import job_run_dir
+from dsl.run_kinds import RUN_KINDS
 from scheduler.store.errors import Conflict, NotFound
 from scheduler.store.models import Job, Metric, Prediction, User
 from scheduler.store.states import JobState
@@ -75,6 +77,45 @@ def model_predictions(session: Session, owner: User, ref: str) -> list[Predictio
         .order_by(Prediction.id.desc())
     )
     return [view(session, row) for row in rows]
+
+
+def prediction_task(session: Session, run_job_id: int) -> PredictionTask:
+    """What the workers of job `run_job_id`, a prediction run, score: its row's task."""
+    row = session.scalars(select(Prediction).where(Prediction.run_job_id == run_job_id)).one()
+    return PredictionTask(
+        checkpoint=row.checkpoint,
+        dataset=row.dataset_file,
+        format=row.dataset_format,  # type: ignore[arg-type]  # npz | csv, as admission checked
+        key=row.sample_key,
+        rows=row.rows,
+        probabilities=row.probabilities,
+        batch_size=row.batch_size,
+    )
+
+
+def largest_shard(rows: int, workers: int) -> int:
+    """The rows of a run's largest shard (contract/prediction.py shard_rows): the end of its
+    job's progress, which its furthest worker's rows scored (the job's step) go to."""
+    return -(-rows // workers) if workers else 0
+
+
+def progress_ends(session: Session, jobs: Sequence[Job]) -> dict[int, int]:
+    """Where each job's progress (its step over this) ends: a training run's train_steps, a
+    prediction run's largest shard's rows (scheduler/store/job_page.py computes it alike)."""
+    runs = [job.id for job in jobs if RUN_KINDS.get(job.kind).scores_rows]
+    shards = (
+        {
+            run_job_id: largest_shard(rows, workers)
+            for run_job_id, rows, workers in session.execute(
+                select(Prediction.run_job_id, Prediction.rows, Prediction.workers).where(
+                    Prediction.run_job_id.in_(runs)
+                )
+            )
+        }
+        if runs
+        else {}
+    )
+    return {job.id: shards.get(job.id, job.train_steps) for job in jobs}
 
 
 def run_prediction(session: Session, owner: User, run_job_id: int) -> Prediction:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from contract.allocation import AllocationInfo, AllocationState, ExitCode
+from dsl.run_kinds import RUN_KINDS, TRAINING
 
 
 def test_exit_codes_keep_their_numbers() -> None:
@@ -35,12 +36,14 @@ def test_an_allocation_reads_back_as_the_scheduler_wrote_it() -> None:
         topology={"workers": 2},
         spec={"train_steps": 10},
         run_dir=Path("/runs/3"),
+        kind="prediction",
         attempt=2,
         resume_from="/runs/3/restart/attempt-2.safetensors",
         restart_seconds=0.25,
         start_step=40,
         memory_mb=2048,
         devices=(1, 3),
+        prediction={"rows": 40, "key": "x"},
     )
     fields = info.to_hash()
     assert "allocation_id" not in fields  # the hash's key holds it
@@ -50,7 +53,8 @@ def test_an_allocation_reads_back_as_the_scheduler_wrote_it() -> None:
 
 
 def test_an_allocation_of_an_older_scheduler_still_reads() -> None:
-    """Fields added since (attempt, resume_from, restart_seconds, start_step) have defaults."""
+    """Fields added since (kind, attempt, resume_from, restart_seconds, start_step,
+    prediction) have defaults: an older scheduler's allocations are a training run's."""
     fields = {
         "job_id": "3",
         "role": "server",
@@ -67,6 +71,7 @@ def test_an_allocation_of_an_older_scheduler_still_reads() -> None:
     }
     info = AllocationInfo.from_hash(9, fields)
     assert (info.allocation_id, info.attempt, info.resume_from, info.start_step) == (9, 0, "", 0)
+    assert RUN_KINDS.get(info.kind) is TRAINING and info.prediction is None
 
 
 def test_only_pending_and_running_processes_are_active() -> None:

@@ -95,7 +95,7 @@ def test_two_workers_score_as_trainyard_predict_does(
     assert runs[0].state == "SUCCEEDED" and runs[0].progress == 1.0
     assert runs[0].info.workers == 2 and runs[0].info.rows == len(samples)
     # Placed work like a job: its workers were allocations of the run's own job.
-    assert job.client.job(runs[0].info.run_job_id).info.framework == "predict"
+    assert job.client.job(runs[0].info.run_job_id).info.kind == "prediction"
 
 
 def test_a_killed_worker_is_restarted_and_the_output_is_whole(

@@ -224,7 +224,7 @@ export const api = {
     json<Comparison>("/compare", { query: { jobs: ids.join(",") }, signal }),
   predictions: (id: number, signal?: AbortSignal) =>
     json<PredictionOut[]>(`/jobs/${id}/predictions`, { signal }),
-  /** The prediction run a job of framework `predict` places. */
+  /** The prediction run a job of kind `prediction` places. */
   runOfJob: (id: number, signal?: AbortSignal) => json<PredictionOut>(`/jobs/${id}/prediction`, { signal }),
   modelPredictions: (name: string, version: number, signal?: AbortSignal) =>
     json<PredictionOut[]>(`/models/${encodeURIComponent(name)}/${version}/predictions`, { signal }),

@@ -94,12 +94,15 @@ export interface JobOut {
   owner: string;
   state: JobState;
   priority: number;
-  /** cluster.framework of the job */
+  /** its run kind: training, or prediction (a prediction run's) */
+  kind: string;
+  /** cluster.framework of a training run; '' for a prediction run */
   framework: string;
+  /** the steps a training run trains; 0 for a prediction run */
   train_steps: number;
-  /** the last training step reported */
+  /** the last training step reported; a prediction run's furthest worker's rows */
   step: number;
-  /** step / train_steps, 0..1 */
+  /** step / train_steps, 0..1; a prediction run's: step / its largest shard's rows */
   progress: number;
   created_at: string;
   scheduled_at: string | null;

@@ -15,6 +15,8 @@ from contract.keys import Keys
 from contract.nodes import NodeRegistration
 from contract.settings import Settings
 from contract.stream import StateRecord
+from dsl.run_kinds import PREDICTION
+from dsl.topology import Topology
 from scheduler.daemon.loop import (
     KeySweeper,
     PlanMemo,
@@ -29,7 +31,8 @@ from scheduler.recovery.actions import requeue
 from scheduler.recovery.policy import MAX_SHARD_REPLACEMENTS
 from scheduler.store.database import Database
 from scheduler.store.jobs import NewJob, create_job
-from scheduler.store.models import Allocation, Job, JobEvent, Node
+from scheduler.store.models import Allocation, Job, JobEvent, Node, Prediction
+from scheduler.store.predictions import prediction_task
 from scheduler.store.states import JobState, NodeState
 from scheduler.store.users import create_user, get_user
 
@@ -521,3 +524,51 @@ def test_a_job_whose_process_did_not_start_on_a_node_is_placed_on_another(
     with db.session() as session:
         job = session.get(Job, job_id)
         assert job is not None and job.avoided_nodes == ["n1"]
+
+
+def test_a_prediction_runs_workers_are_handed_its_task_and_one_that_fails_restarts_alone(
+    db: Database, settings: Settings
+) -> None:
+    """A job of kind prediction (as scheduler/admission/predict.py queues it): each worker's
+    allocation record carries the kind and the task kept in the run's own row; a worker that
+    fails is placed again alone, to score its shard again, while the other scores on."""
+    with db.session() as session:
+        sync_nodes(session, {"n1": registration(2)}, NodeTracker(), TIMEOUT, now=0.0)
+        owner = create_user(session, "carol")
+        topology = Topology("", 1, 2, 0, 0, False, 1, 0).to_dict()  # no framework: 2 workers
+        new = NewJob("predict-m", "", {}, {"name": "m"}, topology, "", 0)
+        run = create_job(session, owner, replace(new, kind=PREDICTION.name, objective=""))
+        row = Prediction(
+            owner_id=owner.id,
+            run_job_id=run.id,
+            dataset="many",
+            rows=9,
+            step=40,
+            workers=2,
+            checkpoint="/c.safetensors",
+            dataset_file="/d.npz",
+            dataset_format="npz",
+            sample_key="x",
+            batch_size=8,
+        )
+        session.add(row)
+        session.flush()
+        task = prediction_task(session, run.id)
+        run_id = run.id
+    with db.session() as session:
+        placed = schedule_once(session, settings)
+    assert sorted(item.info.rank for item in placed) == [0, 1]
+    for item in placed:
+        assert (item.info.kind, item.info.framework) == (PREDICTION.name, "")
+        assert item.info.prediction == task.to_dict() and task.rows == 9
+        report(db, run_id, item.allocation_id, AllocationState.RUNNING, 0)
+    failed = placed[1]
+    report(db, run_id, failed.allocation_id, AllocationState.FAILED, -9)
+    assert state(db, run_id) == JobState.RUNNING  # the other worker scores on
+    with db.session() as session:
+        [again] = replace_processes(session, settings)
+        reason = session.scalars(
+            select(JobEvent.reason).where(JobEvent.job_id == run_id).order_by(JobEvent.id.desc())
+        ).first()
+    assert (again.info.rank, again.info.prediction) == (failed.info.rank, task.to_dict())
+    assert reason is not None and reason.endswith("scoring its shard again"), reason

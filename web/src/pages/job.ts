@@ -28,9 +28,10 @@ import { checkpointsTab, eventsTab, graphTab, logsTab, pipelineTab, predictionsT
 
 const TABS = ["charts", "graph", "pipeline", "events", "logs", "checkpoints", "predictions", "environment", "yaml"] as const;
 type Tab = (typeof TABS)[number];
-/** A prediction run's job (framework `predict`) trains nothing: it has no training tabs. */
+/** A prediction run's job (its kind `prediction`) trains nothing: it has no training tabs. */
 const PREDICTION_TABS: readonly Tab[] = ["events", "logs", "environment"];
-const PREDICT = "predict";
+/** Whether a job is a prediction run: its workers score a dataset's rows, they train nothing. */
+const scoresRows = (j: Job): boolean => j.kind === "prediction";
 const REFRESH_MS = 2000;
 
 /** A live `metric` event: one worker's values at a step (null: NaN or infinite). */
@@ -64,7 +65,7 @@ export interface JobContext {
 export function renderJob(root: HTMLElement, scope: Scope, params: Params): void {
   const id = Number(params.id);
   let job: Job | null = null;
-  let run: PredictionOut | null = null; // the prediction run a job of framework `predict` places
+  let run: PredictionOut | null = null; // the prediction run a job of kind `prediction` places
   const listeners: Listeners = { log: [], checkpoint: [], event: [], state: [], metric: [], timeline: [] };
   const ctx: JobContext = {
     id,
@@ -172,7 +173,7 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
       j.cancel_requested ? "Cancelling…" : "Cancel job",
     );
     if (j.cancel_requested) cancel.disabled = true;
-    const predicting = j.framework === PREDICT;
+    const predicting = scoresRows(j);
     const copy = h(
       "button",
       {
@@ -224,7 +225,7 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
         j.sweep_id !== null
           ? fact("sweep", h("a", { href: `#/sweeps/${j.sweep_id}`, id: "job-sweep" }, `#${j.sweep_id} trial ${j.trial_number ?? "?"}`))
           : null,
-        fact("framework", j.framework),
+        predicting ? fact("kind", j.kind) : fact("framework", j.framework),
         fact("priority", String(j.priority)),
         j.queue_position !== null ? fact("queue position", String(j.queue_position)) : null,
         j.restarts > 0 ? fact("restarts", String(j.restarts)) : null,
@@ -244,7 +245,7 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
 
   const refresh = async () => {
     const fresh = await api.job(id, scope.signal);
-    if (fresh.framework === PREDICT) run = await api.runOfJob(id, scope.signal);
+    if (scoresRows(fresh)) run = await api.runOfJob(id, scope.signal);
     const changed = !job || job.state !== fresh.state;
     job = fresh;
     drawHeader(fresh);
@@ -334,7 +335,7 @@ export function renderJob(root: HTMLElement, scope: Scope, params: Params): void
   refresh()
     .then(() => {
       const pipelined = job !== null && isPipelined(job);
-      const predicting = job?.framework === PREDICT;
+      const predicting = job !== null && scoresRows(job);
       const shown = (tab: Tab) =>
         predicting ? PREDICTION_TABS.includes(tab) : tab !== "pipeline" || pipelined;
       for (const button of tabBar.querySelectorAll<HTMLElement>("button")) {

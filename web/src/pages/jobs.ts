@@ -53,15 +53,23 @@ const COLUMNS: Column<Job>[] = [
   { title: "State", cell: (j) => stateBadge(j.state) },
   { title: "Name", cell: (j) => h("a", { href: `#/jobs/${j.id}`, class: "job-name" }, j.name) },
   { title: "Owner", cell: (j) => j.owner },
-  { title: "Framework", cell: (j) => j.framework },
+  // A prediction run has no framework: its kind says what it is.
+  { title: "Framework", cell: (j) => j.framework || h("span", { class: "muted" }, j.kind) },
   {
     title: "Progress",
     cell: (j) =>
       h(
         "div",
         { class: "progress-cell" },
-        progressBar(j.step, j.train_steps, j.state),
-        h("span", { class: "num" }, `${j.step.toLocaleString()} / ${j.train_steps.toLocaleString()}`),
+        // progress: the server's, a training run's steps or a prediction run's rows
+        progressBar(j.progress, 1, j.state),
+        h(
+          "span",
+          { class: "num" },
+          j.train_steps > 0
+            ? `${j.step.toLocaleString()} / ${j.train_steps.toLocaleString()}`
+            : `${Math.round(j.progress * 100)}%`,
+        ),
       ),
   },
   { title: "Best (objective)", cell: bestOf, className: "num" },
