@@ -83,13 +83,20 @@ def create_token(
     summary="Revoke an API token",
     description="At once, in every API process: the next request with it, or with any token "
     "it minted (and theirs), gets 401, and live streams opened with them close. Yours, or any "
-    "user's for an admin (404 otherwise, as for an id that does not exist).",
-    responses=errors(401, 404, 422),
+    "user's for an admin (404 otherwise, as for an id that does not exist); 403 for the token "
+    "that minted the one this request came with, or any of its minters.",
+    responses=errors(401, 403, 404, 422),
 )
 def revoke_token(
-    token_id: TokenId, session: SessionDep, caller: CurrentUser, services: ServicesDep
+    token_id: TokenId, session: SessionDep, caller: CallerDep, services: ServicesDep
 ) -> Response:
     tokens.revoke(
-        session, caller, token_id, services.redis, services.keys, forget=services.tokens.drop
+        session,
+        caller.user,
+        token_id,
+        services.redis,
+        services.keys,
+        forget=services.tokens.drop,
+        revoker=caller.token_id,
     )
     return Response(status_code=204)

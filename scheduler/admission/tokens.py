@@ -29,6 +29,7 @@ from scheduler.store.users import (
     find_token_by_id,
     issue_token,
     list_tokens,
+    minters_of,
     revoke_token,
     token_count,
 )
@@ -130,10 +131,22 @@ def revoke(
     keys: Keys,
     *,
     forget: Callable[[str], None],
+    revoker: int | None = None,
 ) -> None:
     """Revoke a token the caller may manage (NotFound otherwise) and the tokens it minted,
-    commit, `forget` them in this process's cache, and tell the other API processes."""
-    hashes = revoke_token(session, find_token_by_id(session, caller, token_id))
+    commit, `forget` them in this process's cache, and tell the other API processes.
+
+    `revoker`, the id of the token the request came with, may not revoke a token that minted
+    it, or that one's minters (NotAllowed): a stolen short-lived token could otherwise lock its
+    user out by revoking the user's root token. It may revoke itself."""
+    token = find_token_by_id(session, caller, token_id)
+    if revoker is not None and token.id in minters_of(session, revoker):
+        raise NotAllowed(
+            f"token {token_id} minted the token this request came with (or its minter did): "
+            "a token may not revoke its minters; send the request with that token, or one "
+            "above it"
+        )
+    hashes = revoke_token(session, token)
     session.commit()
     for token_hash in hashes:
         forget(token_hash)

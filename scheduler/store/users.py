@@ -154,6 +154,16 @@ def find_token_by_id(session: Session, caller: User, token_id: int) -> ApiToken:
     return token
 
 
+def minters_of(session: Session, token_id: int) -> set[int]:
+    """The ids of the token that minted `token_id`, of the one that minted that, and so on."""
+    found: set[int] = set()
+    parent = session.scalar(select(ApiToken.parent_id).where(ApiToken.id == token_id))
+    while parent is not None and parent not in found:  # one query per generation
+        found.add(parent)
+        parent = session.scalar(select(ApiToken.parent_id).where(ApiToken.id == parent))
+    return found
+
+
 def revoke_token(session: Session, token: ApiToken) -> list[str]:
     """Delete the token and every token it minted, theirs, and so on; returns their hashes
     (for caches to drop)."""

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from api.app import create_app
-from scheduler.store.models import ApiToken, utcnow
+from scheduler.store.models import ApiToken, User, utcnow
 
 
 def token_count(api: Any) -> int:
@@ -206,6 +206,47 @@ def test_revoking_a_token_revokes_everything_it_minted(api: Any) -> None:
     assert api.client.get("/api/v1/jobs", headers=api.auth()).status_code == 200
     names = {t["name"] for t in api.client.get("/api/v1/tokens", headers=api.auth()).json()}
     assert names == {"tests", "sibling"}
+
+
+def test_a_token_cannot_revoke_its_minters(api: Any) -> None:
+    """A stolen 1-day child token could revoke its user's root token and lock the user out;
+    it may revoke itself, its own offspring and unrelated tokens, never a minter."""
+    parent = create(api, name="parent").json()
+    child = api.client.post(
+        "/api/v1/tokens",
+        json={"name": "child", "expires_in_days": 1},
+        headers=bearer(parent["token"]),
+    ).json()
+    grandchild = api.client.post(
+        "/api/v1/tokens", json={"name": "grandchild"}, headers=bearer(child["token"])
+    ).json()
+    with api.db.session() as session:
+        root = session.scalar(
+            select(ApiToken.id)
+            .join(User, User.id == ApiToken.user_id)
+            .where(ApiToken.label == "tests", User.name == "alice")
+        )
+    with_grandchild = bearer(grandchild["token"])
+    before = token_count(api)
+    for minter in (child["id"], parent["id"], root):  # its minter, and theirs
+        refused = api.client.delete(f"/api/v1/tokens/{minter}", headers=with_grandchild)
+        assert refused.status_code == 403, refused.text
+        assert "may not revoke its minters" in refused.json()["detail"]
+    assert token_count(api) == before
+    for made in (parent, child):
+        assert api.client.get("/api/v1/jobs", headers=bearer(made["token"])).status_code == 200
+    assert api.client.get("/api/v1/jobs", headers=api.auth()).status_code == 200
+    # A minter revokes its offspring; a token revokes itself.
+    sibling = api.client.post(
+        "/api/v1/tokens", json={"name": "sibling"}, headers=bearer(child["token"])
+    ).json()
+    assert (
+        api.client.delete(f"/api/v1/tokens/{sibling['id']}", headers=bearer(child["token"]))
+    ).status_code == 204
+    assert (
+        api.client.delete(f"/api/v1/tokens/{grandchild['id']}", headers=with_grandchild)
+    ).status_code == 204
+    assert api.client.get("/api/v1/jobs", headers=with_grandchild).status_code == 401
 
 
 def test_an_admin_revoking_a_users_token_revokes_its_offspring(api: Any) -> None:
