@@ -36,7 +36,7 @@ def create_celery(settings: Settings) -> Celery:
         # unacknowledged for the hours a task runs, kombu's Redis transport would try to put
         # it back when the connection to Redis breaks, and that crashes the worker. A message
         # lost before its agent claimed the allocation is sent again by the scheduler
-        # (loop.undispatched); a claimed allocation its agent lost is reconciled
+        # (dispatch.undispatched); a claimed allocation its agent lost is reconciled
         # (agent.reconcile).
         task_acks_late=False,
         worker_prefetch_multiplier=1,
