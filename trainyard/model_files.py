@@ -88,6 +88,11 @@ def _best_of_summary(run_dir: Path, found: dict[int, Path]) -> Path | None:
 
 def model_cache(url: str) -> Path:
     """Where the checkpoints of the server at `url` are cached (jobs of two servers may share
-    an id)."""
+    an id): a folder only its user may enter (0700, as its `models` folder), since a trained
+    model is its owner's as much as on the server; a cache made before is closed too."""
     folder = "".join(c if c.isalnum() else "_" for c in url.split("://")[-1]).strip("_")
-    return Settings().cache_dir() / "models" / folder
+    models = Settings().cache_dir() / "models"
+    for private in (models, models / folder):
+        private.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private.chmod(0o700)
+    return models / folder
