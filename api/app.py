@@ -112,7 +112,9 @@ def create_app(settings: Settings | None = None, *, web_dist: Path | None = WEB_
         generate_unique_id_function=operation_id,
     )
     app.state.services = services
-    install_error_handlers(app)
+    install_error_handlers(
+        app, {settings.resolved_data_dir(): "data directory", settings.artifacts(): "artifacts"}
+    )
     app.add_middleware(NoNul)
     app.add_middleware(
         BodyLimit,

@@ -136,6 +136,7 @@ def api_settings(api_settings: Settings) -> Settings:
 
 def check(api: Any, response: Any, before: tuple[int, int, int], submit: bool) -> None:
     assert response.status_code < 500, response.text
+    assert str(api.settings.resolved_data_dir()) not in response.text  # no server path
     body = response.json()
     if response.is_success:
         grew = 1 if submit else 0

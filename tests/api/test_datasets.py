@@ -173,6 +173,26 @@ def test_csv_dataset_options_and_options_of_the_other_kind(api: Any) -> None:
     assert issue["path"] == "data.label_column" and "no column named 'target'" in issue["message"]
 
 
+def test_a_datasets_error_names_its_file_not_the_servers_folders(api: Any) -> None:
+    """A 422 about an uploaded dataset named its full path on the server (the data directory,
+    `artifacts/datasets/<user id>/`): it names the file alone now."""
+    assert upload(api, "table", "table.csv", csv_bytes()).status_code == 201
+    assert upload(api, "blobs", "b.npz", npz_bytes()).status_code == 201
+    for data, said in (
+        ("{source: dataset, name: table, label_column: target}", "table.csv has no column"),
+        ("{source: dataset, name: blobs, x_key: nope}", "blobs.npz has no array 'nope'"),
+    ):
+        answer = api.client.post(
+            "/api/v1/jobs/validate", content=job_on(data), headers=api.yaml_headers()
+        )
+        assert answer.status_code == 422, answer.text
+        (issue,) = answer.json()["errors"]
+        assert issue["message"].startswith(said), issue
+        assert said in answer.json()["detail"]
+        for private in (api.settings.resolved_data_dir(), "datasets/"):
+            assert str(private) not in answer.text
+
+
 def test_unknown_dataset_names_yours(api: Any) -> None:
     upload(api, "mine", "m.npz", npz_bytes())
     response = api.client.post(
