@@ -124,8 +124,8 @@ class Settings(BaseSettings):
         default=20_000_000_000,
         gt=0,
         description="the most bytes an uploaded dataset may take unpacked (an .npz's arrays, a "
-        "table's shards, a .tar's files) when its owner's quota dataset_bytes is unset; with "
-        "the quota, what the quota leaves bounds it",
+        "table's shards, a .tar's files) or what its owner's quota dataset_bytes leaves, "
+        "whichever is smaller",
     )
     dataset_intake_memory_mb: int = Field(
         default=2048,
@@ -249,11 +249,13 @@ class Settings(BaseSettings):
     quota_train_steps: int | None = Field(
         default=None, ge=1, description="largest train_steps of a submitted job"
     )
+    # A new user's storage is bounded out of the box (an operator raises them here, or per
+    # user with `trainyard admin quota set`): a tenant cannot fill the service's disk.
     quota_dataset_bytes: int | None = Field(
-        default=None, ge=0, description="bytes of uploaded datasets one user may keep"
+        default=100_000_000_000, ge=0, description="bytes of uploaded datasets one user may keep"
     )
     quota_artifact_bytes: int | None = Field(
-        default=None,
+        default=500_000_000_000,
         ge=0,
         description="bytes of checkpoints one user's jobs may keep; past it, submissions wait "
         "for deletions",

@@ -102,15 +102,15 @@ def upload_dataset(
 def intake_bounds(
     session: Session, user: User, settings: Settings, *, one_request: bool = False
 ) -> IntakeBounds:
-    """What taking an upload of the user's in may cost: unpacked, no more than their quota
-    dataset_bytes leaves (else the server's max_dataset_unpacked_bytes; sent in one request,
+    """What taking an upload of the user's in may cost: unpacked, no more than the server's
+    max_dataset_unpacked_bytes nor what their quota dataset_bytes leaves (sent in one request,
     no more than max_dataset_bytes either); the intake process's memory and CPU time."""
     quota = limits_for(session, user, settings).dataset_bytes
+    bound = Bound(settings.max_dataset_unpacked_bytes, "max_dataset_unpacked_bytes")
     if quota is not None:
         left = max(0, quota - dataset_bytes(session, user.id))
-        bound = Bound(left, f"what your quota dataset_bytes of {quota} leaves", quota=True)
-    else:
-        bound = Bound(settings.max_dataset_unpacked_bytes, "max_dataset_unpacked_bytes")
+        if left <= bound.bytes:
+            bound = Bound(left, f"what your quota dataset_bytes of {quota} leaves", quota=True)
     if one_request and settings.max_dataset_bytes < bound.bytes:
         bound = Bound(settings.max_dataset_bytes, "max_dataset_bytes, sent in one request")
     return IntakeBounds(
