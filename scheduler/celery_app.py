@@ -49,7 +49,7 @@ def create_celery(settings: Settings) -> Celery:
         # Redis transport kept it in Redis, unacknowledged, for the hours a task runs, and
         # crashed the worker putting it back when the connection to Redis broke. A message
         # lost before its agent claimed the allocation is sent again by the scheduler
-        # (loop.undispatched); a claimed allocation its agent lost is reconciled
+        # (dispatch.undispatched); a claimed allocation its agent lost is reconciled
         # (agent.reconcile).
         broker_transport_options={"ack_emulation": False},
         worker_hijack_root_logger=False,

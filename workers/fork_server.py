@@ -8,7 +8,7 @@ allocation, which costs milliseconds and shares the imported pages with its sibl
 
 The protocol is contract/fork_server.py's. The server holds no Redis login of its own (the agent
 starts it without REDIS_URL): each request brings the URLs its process logs in with, its job's
-own Redis user (scheduler/daemon/loop.py), so a process inherits no other job's rights. The
+own Redis user (scheduler/daemon/job_users.py), so a process inherits no other job's rights. The
 server exits when the agent's end closes; the processes it forked go on, each in its own
 session, and stop themselves once the scheduler gives their allocation up, as any orphaned
 worker process does.

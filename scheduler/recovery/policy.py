@@ -8,7 +8,7 @@ holds what changes rows and files):
   with a `Silent` process (its agent stopped vouching for it);
 - the start watch (scheduler/daemon/starts.py), for each job with an `Unstarted` process (placed,
   and not reported started within the start timeout);
-- the scheduler's pass (scheduler/daemon/loop.py), for a `Vacant` place: a failed process of a
+- the scheduler's pass (scheduler/daemon/placing.py), for a `Vacant` place: a failed process of a
   placed job that nothing replaced yet.
 
 No database, no Redis, no files here.

@@ -17,14 +17,10 @@ from contract.settings import Settings
 from contract.stream import StateRecord
 from dsl.run_kinds import PREDICTION
 from dsl.topology import Topology
-from scheduler.daemon.loop import (
-    KeySweeper,
-    PlanMemo,
-    replace_processes,
-    schedule_once,
-    undispatched,
-)
+from scheduler.daemon.dispatch import undispatched
+from scheduler.daemon.key_sweep import KeySweeper
 from scheduler.daemon.nodes import NodeTracker, mark_lost, sync_nodes
+from scheduler.daemon.placing import PlanMemo, replace_processes, schedule_once
 from scheduler.ingest.batch import apply_state
 from scheduler.placement.cluster import node_capacities, queue_view
 from scheduler.recovery.actions import requeue

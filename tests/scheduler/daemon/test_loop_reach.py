@@ -20,8 +20,8 @@ from dsl.schema import ClusterConfig
 from dsl.topology import resolve_topology
 from scheduler.agent.node_agent import Agent, create_agent
 from scheduler.cli.redis_server import free_port
-from scheduler.daemon.loop import replace_processes, schedule_once
 from scheduler.daemon.nodes import NodeTracker, read_nodes, sync_nodes
+from scheduler.daemon.placing import replace_processes, schedule_once
 from scheduler.ingest.batch import apply_state
 from scheduler.placement.cluster import queue_view
 from scheduler.store.database import Database

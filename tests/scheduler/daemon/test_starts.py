@@ -17,8 +17,9 @@ from contract.keys import Keys
 from contract.settings import Settings, with_user
 from contract.stream import StateRecord, decode_record
 from scheduler.celery_app import create_celery
-from scheduler.daemon.loop import dispatch, schedule_once
+from scheduler.daemon.dispatch import dispatch
 from scheduler.daemon.nodes import NodeTracker, sync_nodes
+from scheduler.daemon.placing import schedule_once
 from scheduler.daemon.starts import StartWatch, write_off_unstarted
 from scheduler.ingest.batch import apply_state
 from scheduler.store.database import Database

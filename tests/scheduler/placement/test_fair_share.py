@@ -11,7 +11,8 @@ from sqlalchemy import select
 from contract.allocation import AllocationState
 from contract.nodes import NodeRegistration
 from contract.settings import Settings
-from scheduler.daemon.loop import NodeTracker, schedule_once, sync_nodes
+from scheduler.daemon.nodes import NodeTracker, sync_nodes
+from scheduler.daemon.placing import schedule_once
 from scheduler.placement.cluster import queue_view
 from scheduler.placement.plan import (
     NodeCapacity,
