@@ -1,5 +1,6 @@
 """Checkpoints as safetensors files: parameters, buffers, updater state, random-number
-generator states and the step.
+generator states and the step; and a run's checkpointing (`Checkpointing`): what it saves and
+when, and where it starts from.
 
 Writes are atomic (a temporary file, synced, renamed into place), so a crash never leaves a
 torn checkpoint; only the newest `keep` files stay (and the best one, when it is protected).
@@ -16,12 +17,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 
-from contract.rundir import CHECKPOINTS, checkpoint_path, list_checkpoints
+from contract.rundir import CHECKPOINTS, RESTART, checkpoint_path, list_checkpoints
+from dsl.model_card import MODEL_KEY, DataFacts, ModelCard
+from dsl.schema import JobSpec
+from workers.data import restore_stream, stream_meta
+from workers.selection import META_KEY, Selection
+
+if TYPE_CHECKING:
+    from workers.data import DataInfo
+    from workers.trainer import Trainer, TrainOptions
 
 
 class CheckpointError(ValueError):
@@ -196,3 +206,207 @@ class RestartClock:
                 self.last = now
         self._memo = (step, answer)
         return answer
+
+
+class Checkpointing:
+    """One worker's checkpointing: the user's checkpoints (every checkpoint.freq steps, the
+    objective's best for keep_best, the last), the service's restart points (every
+    restart_seconds of training), both the writer's alone, and the restore before the first
+    step (a restart point, the run's latest checkpoint, or init_from). A checkpoint holds the
+    whole net whatever the framework: the trainer's `checkpoint_out` and `checkpoint_in` hooks
+    map between it and a worker's tensors. The trainer calls `after_step` after each of its
+    steps and `finish` after the last (workers/trainer.py)."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        options: TrainOptions,
+        info: DataInfo,
+        *,
+        restart_sync: Callable[[bool], bool] | None,
+    ) -> None:
+        self.directory = options.run_dir / CHECKPOINTS
+        # Asked every disp_freq steps when synced: each answer is a collective.
+        self.restart_clock = (
+            RestartClock(options.restart_seconds)
+            if restart_sync is None
+            else RestartClock(options.restart_seconds, every=spec.disp_freq, sync=restart_sync)
+        )
+        self.saved: tuple[int, Path] | None = None  # the latest checkpoint: its step, its file
+        self.best_file: Path | None = None  # keep_best's checkpoint
+        # Every checkpoint describes its model, so that the file alone rebuilds the net.
+        facts = DataFacts(
+            sample_shape=info.sample_shape,
+            x_dtype=info.x_dtype,
+            num_classes=info.num_classes,
+            label_shape=info.label_shape,
+            label_is_index=info.label_is_index,
+            vocabulary=info.vocabulary,
+            categories=info.categories,
+        )
+        self.model_card = ModelCard(spec, facts).to_json()
+
+    def after_step(self, trainer: Trainer, restart_point: bool) -> None:
+        """The writer's save after a step before the last (the last step's is `finish`'s): the
+        user's checkpoint every checkpoint.freq steps, else a restart point when the clock said
+        so (`restart_point`, asked before the step)."""
+        spec = trainer.spec
+        if not trainer.options.is_writer or trainer.step == spec.train_steps:
+            return
+        if spec.checkpoint.freq and trainer.step % spec.checkpoint.freq == 0:
+            self.save(trainer)
+        elif restart_point:
+            self.save_restart_point(trainer)
+
+    def finish(self, trainer: Trainer) -> None:
+        """After the last step's evaluations: the writer's checkpoint, unless the step saved
+        one already; it holds what they selected."""
+        if trainer.options.is_writer and (self.saved is None or self.saved[0] != trainer.step):
+            self.save(trainer)
+
+    def save(self, trainer: Trainer, *, best: bool = False) -> Path:
+        """The user's checkpoint of this step; `best`: the objective's best so far, which
+        keep_best keeps whatever `keep` deletes (saved once: a step saved already is marked)."""
+        if self.saved is None or self.saved[0] != trainer.step:
+            path = self._write(trainer)
+            self.saved = (trainer.step, path)
+        elif best:  # saved anyway: marked, and the best before it goes unless kept anyway
+            path = self.saved[1]
+            prune_checkpoints(self.directory, trainer.spec.checkpoint.keep, protect=trainer.step)
+        else:
+            return self.saved[1]
+        if best:
+            self.best_file = path
+        trainer.reporting.checkpoint(trainer.step, path, best=best)
+        return path
+
+    def save_restart_point(self, trainer: Trainer) -> Path:
+        """A restart point (the service's, apart from the user's checkpoints). Two are kept: the
+        service may need the older one (scheduler/recovery/actions.py: resume_point)."""
+        path = self._write(trainer, trainer.options.run_dir / RESTART, keep=2)
+        trainer.reporting.log(f"step {trainer.step}: restart point {path.name}")
+        return path
+
+    def _write(
+        self, trainer: Trainer, directory: Path | None = None, keep: int | None = None
+    ) -> Path:
+        spec, net, selection = trainer.spec, trainer.net, trainer.evaluation.selection
+        buffers = {
+            f"{name}/{local}": buf
+            for name, module in net.named_layers()
+            for local, buf in module.named_buffers()
+        }
+        ckpt = Checkpoint(
+            step=trainer.step,
+            params={name: p.detach() for name, p in net.named_params().items()},
+            buffers=buffers,
+            updater=trainer.updater.state_tensors(),
+            rng=self._rng_states(trainer),
+            meta={
+                "job": spec.name,
+                **stream_meta(trainer.batches),
+                META_KEY: selection.to_meta(),
+                MODEL_KEY: self.model_card,
+                **trainer.precision.state(),
+            },
+        )
+        # keep_best's checkpoint stays, whatever `keep` deletes.
+        kept = selection.best_step if spec.checkpoint.keep_best else None
+        return save_checkpoint(
+            directory or self.directory,
+            trainer.hooks.checkpoint_out(ckpt),
+            spec.checkpoint.keep if keep is None else keep,
+            protect=kept if directory is None else None,
+        )
+
+    def restore(self, trainer: Trainer) -> None:
+        """Continue from the service's restart point, or the run's latest checkpoint
+        (`--resume`), or start from init_from: the trainer's net, updater, generators, step,
+        data position and selection as they were saved."""
+        options, spec, log = trainer.options, trainer.spec, trainer.reporting.log
+        path = options.resume_from
+        if path is None and options.resume:
+            try:
+                path = resolve_checkpoint(self.directory)
+            except ValueError:
+                log("resume: no checkpoint yet, starting from step 0")
+        if path is not None:
+            ckpt = trainer.hooks.checkpoint_in(load_checkpoint(path))
+            load_matching_params(trainer.net.named_params(), ckpt)
+            self._load_buffers(trainer, ckpt)
+            trainer.updater.load_state_tensors(ckpt.updater)
+            trainer.precision.load_state(ckpt.meta)
+            self._load_rng_states(trainer, ckpt.rng)
+            selection = Selection.from_meta(ckpt.meta.get(META_KEY))
+            trainer.evaluation.selection = selection
+            if spec.checkpoint.keep_best and selection.best_step is not None:
+                kept = checkpoint_path(self.directory, selection.best_step)
+                self.best_file = kept if kept.is_file() else None
+            trainer.step = ckpt.step
+            restore_stream(trainer.batches, ckpt.meta)
+            log(f"resumed from {path.name} at step {trainer.step}")
+            return
+        if options.start_step:
+            trainer.step = options.start_step
+            per_epoch = trainer.batches.steps_per_epoch
+            trainer.batches.restore(
+                {"epoch": trainer.step // per_epoch, "position": trainer.step % per_epoch}
+            )
+            log(f"restarted alone at step {trainer.step}; parameters from the server shards")
+            return
+        init_from = spec.checkpoint.init_from
+        if init_from is not None and not isinstance(init_from, str):
+            what = f"job {init_from.job}" if init_from.job else f"model {init_from.model}"
+            raise CheckpointError(
+                f"checkpoint.init_from: {what} is on the service; the service finds its "
+                "checkpoint (trainyard submit), or `trainyard train` downloads it"
+            )
+        if init_from:
+            where = Path(init_from)
+            if not where.is_absolute():
+                where = options.base_dir / where
+            try:
+                ckpt = trainer.hooks.checkpoint_in(load_checkpoint(resolve_checkpoint(where)))
+                loaded = load_matching_params(trainer.net.named_params(), ckpt)
+            except CheckpointError as exc:
+                raise CheckpointError(f"checkpoint.init_from: {exc}") from None
+            self._load_buffers(trainer, ckpt)
+            log(f"initialised {len(loaded)} parameters from {where}: {', '.join(loaded)}")
+
+    @staticmethod
+    def _train_rng_key(trainer: Trainer) -> str:
+        """The training generator lives on the job's device, and a CPU generator's state does
+        not fit a CUDA one's: each is saved under its own key (a CPU job's under "train")."""
+        return "train" if trainer.device.type == "cpu" else f"train_{trainer.device.type}"
+
+    def _rng_states(self, trainer: Trainer) -> dict[str, torch.Tensor]:
+        states = {self._train_rng_key(trainer): trainer.generator.get_state()}
+        states["global"] = torch.get_rng_state()
+        if trainer.device.type == "cuda":
+            states["global_cuda"] = torch.cuda.get_rng_state(trainer.device)
+        return states
+
+    def _load_rng_states(self, trainer: Trainer, states: dict[str, torch.Tensor]) -> None:
+        device, generator = trainer.device, trainer.generator
+        own = states.get(self._train_rng_key(trainer))
+        # A checkpoint from before the keys were apart holds a CUDA job's state under "train".
+        if own is not None and own.numel() == generator.get_state().numel():
+            generator.set_state(own)
+        elif any(name.startswith("train") for name in states):
+            trainer.reporting.log(
+                f"the checkpoint's training generator was on another device; on "
+                f"{device.type} it starts again from the job's seed"
+            )
+        if "global" in states:
+            torch.set_rng_state(states["global"])
+        if "global_cuda" in states and device.type == "cuda":
+            torch.cuda.set_rng_state(states["global_cuda"], device)
+
+    @staticmethod
+    def _load_buffers(trainer: Trainer, ckpt: Checkpoint) -> None:
+        with torch.no_grad():
+            for name, module in trainer.net.named_layers():
+                for local, buf in module.named_buffers():
+                    saved = ckpt.buffers.get(f"{name}/{local}")
+                    if saved is not None and saved.shape == buf.shape:
+                        buf.copy_(saved)

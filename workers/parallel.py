@@ -69,9 +69,10 @@ from workers.distributed.rendezvous import (
     redis_store,
 )
 from workers.distributed.stages import stage_job
-from workers.metrics import MetricRecord, MetricSink
+from workers.evaluation import selection_due
+from workers.metrics import MetricSink
 from workers.precision import precision_for
-from workers.trainer import StepHooks, Summary, Trainer, TrainOptions, selection_due
+from workers.trainer import StepHooks, Summary, Trainer, TrainOptions
 
 
 class TopologyError(ValueError):
@@ -135,11 +136,7 @@ def sync_through_servers(
                 "ps/version": float(client.stats.version),
                 "ps/staleness": float(client.stats.staleness),
             }
-            record = MetricRecord(
-                step + 1, values, group=trainer.options.group, rank=trainer.options.metric_rank
-            )
-            for sink in trainer.sinks:
-                sink.emit(record)
+            trainer.reporting.emit(step + 1, values)
         if replicas:
             broadcast_replicas(replicas)
 
@@ -214,7 +211,8 @@ class WholeCheckpoints:
         self.updater: dict[str, torch.Tensor] = {}
 
     def after_update(self, trainer: Trainer, step: int) -> None:
-        if checkpoint_due(trainer.spec, step + 1) or trainer.restart_clock.due(step + 1):
+        clock = trainer.checkpointing.restart_clock
+        if checkpoint_due(trainer.spec, step + 1) or clock.due(step + 1):
             self.params = self.net.gather_full(dict(self.net.named_params()))
             self.updater = self.net.gather_full(trainer.updater.state_tensors())
             self.step = step + 1

@@ -3,7 +3,7 @@
 
 `Selection` is plain numbers, saved in every checkpoint and restart point (`to_meta`), so a run
 that continues from one goes on counting where it stood. Its decisions are pure functions of
-those numbers and the new value; the trainer carries them out (workers/trainer.py).
+those numbers and the new value; the trainer's evaluations carry them out (workers/evaluation.py).
 """
 
 from __future__ import annotations

@@ -1,17 +1,19 @@
 """The training loop: one readable piece shared by the local trainer and distributed workers.
 
 A run restores where it stands and then repeats a step `train_steps` times: `train_one_batch`
-(the job's algorithm: loss and gradients), `apply_update`, `report` every disp_freq steps,
-`validate` every validate.freq steps (the objective's best step, whose checkpoint keep_best
-keeps, and early stopping: workers/selection.py), `evaluate` the test split every test.freq
-steps and `checkpoint` (the user's every checkpoint.freq steps, the service's restart points
-every few minutes). The loop does not assume it runs alone: a worker passes its rank and world
-size (it then trains on its part of each global batch), and what its framework changes in a step
-(how the update is applied, what runs at the start, how checkpoints map to its tensors, how a
-split is evaluated, how the workers agree to stop) comes in through `StepHooks`, built by
-workers/parallel.py before the trainer. Every forward pass runs in the job's
-`precision` (workers/precision.py), through the compiled net (torch.compile) when the job asks for
-`compile` (workers/compiled_net.py).
+(the job's algorithm: loss and gradients), `apply_update`, then what follows a step, each in a
+room of its own with an `after_step` the loop calls in this order: `reporting` (the display
+window's figures every disp_freq steps: workers/reporting.py), `evaluation` (the validation split
+every validate.freq steps, the objective's best step, whose checkpoint keep_best keeps, and
+early stopping; the test split every test.freq steps: workers/evaluation.py) and
+`checkpointing` (the user's checkpoints every checkpoint.freq steps, the service's restart
+points every few minutes: workers/checkpoint.py); their `finish` ends the run. The loop does not
+assume it runs alone: a worker passes its rank and world size (it then trains on its part of
+each global batch), and what its framework changes in a step (how the update is applied, what
+runs at the start, how checkpoints map to its tensors, how a split is evaluated, how the workers
+agree to stop) comes in through `StepHooks`, built by workers/parallel.py before the trainer.
+Every forward pass runs in the job's `precision` (workers/precision.py), through the compiled
+net (torch.compile) when the job asks for `compile` (workers/compiled_net.py).
 """
 
 from __future__ import annotations
@@ -22,33 +24,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from contract.rundir import CHECKPOINTS, RESTART, SUMMARY, checkpoint_path
-from contract.stream import EventRecord, MetricRecord
+from contract.rundir import SUMMARY
 from dsl.compiler import CompiledJob
-from dsl.model_card import MODEL_KEY, DataFacts, ModelCard
-from dsl.objective import resolve_objective
-from dsl.schema import JobSpec
 from workers.algorithms import ALGORITHMS, BatchResult
-from workers.checkpoint import (
-    Checkpoint,
-    CheckpointError,
-    RestartClock,
-    load_checkpoint,
-    load_matching_params,
-    prune_checkpoints,
-    resolve_checkpoint,
-    save_checkpoint,
-    write_json_atomic,
-)
+from workers.checkpoint import Checkpoint, Checkpointing, write_json_atomic
 from workers.compiled_net import CompiledNet
-from workers.data import Dataset, restore_stream, stream_meta
-from workers.evaluation import evaluate_whole
+from workers.data import Dataset
+from workers.evaluation import Evaluation, evaluate_whole
 from workers.metrics import MetricSink
 from workers.precision import precision_for
-from workers.selection import META_KEY, Selection
+from workers.reporting import Reporting
 from workers.updaters import ParamEntry, Updater
 
 
@@ -169,68 +156,6 @@ class StepHooks:
     agree: Callable[[bool], bool] = _alone
 
 
-def validation_due(spec: JobSpec, done: int) -> bool:
-    """Whether the trainer evaluates the validation split once `done` steps are done (it
-    always does at the end)."""
-    if not spec.data.has_validation():
-        return False
-    return done == spec.train_steps or bool(spec.validate.freq and done % spec.validate.freq == 0)
-
-
-def selection_due(spec: JobSpec, done: int) -> bool:
-    """Whether the objective is measured once `done` steps are done: a step where keep_best
-    may save the best checkpoint, or early stopping end the run."""
-    if resolve_objective(spec).metric.startswith("val/"):
-        return validation_due(spec, done)
-    return done == spec.train_steps or bool(spec.test.freq and done % spec.test.freq == 0)
-
-
-class _Window:
-    """The figures of one display window: each step's values are kept as they came, device
-    tensors, and summed at the report, so that a step adds no device operation and never waits
-    for the device (a GPU step's host time is the trainer's cost there, bench/overhead.py).
-
-    The sums are the step-by-step fp32 sums the window always made (`np.add.accumulate` adds
-    in order, in fp32, as `sum = sum + value` did on the device), so the reported figures are
-    the same to the bit. Every `FOLD` steps the values kept so far are summed into the host's
-    running sums, which bounds what a long window (a large disp_freq) holds, at one wait for the
-    device per `FOLD` steps."""
-
-    FOLD = 1024
-
-    def __init__(self) -> None:
-        self.kept: dict[str, list[torch.Tensor]] = {}
-        self.sums: dict[str, np.float32] = {}
-        self.count = 0
-        self.samples = 0
-        self.started = time.perf_counter()
-
-    def add(self, result: BatchResult, samples: int) -> None:
-        for key, tensor in {"loss": result.loss, **result.metrics}.items():
-            self.kept.setdefault(key, []).append(tensor)
-        self.count += 1
-        self.samples += samples
-        if len(self.kept["loss"]) >= self.FOLD:
-            self._fold()
-
-    def _fold(self) -> None:
-        """Sum the kept values into the running sums, in step order, in fp32."""
-        for key, tensors in self.kept.items():
-            values = torch.stack(tensors).float().cpu().numpy()  # (steps,)
-            if key in self.sums:
-                values = np.concatenate([[self.sums[key]], values]).astype(np.float32)
-            with np.errstate(over="ignore", invalid="ignore"):  # a diverged loss sums to inf/nan
-                self.sums[key] = np.add.accumulate(values)[-1]
-        self.kept = {}
-
-    def report(self) -> dict[str, float]:
-        self._fold()
-        elapsed = max(time.perf_counter() - self.started, 1e-9)
-        out = {f"train/{k}": float(v) / self.count for k, v in self.sums.items()}
-        out["samples_per_sec"] = self.samples / elapsed
-        return out
-
-
 class Trainer:
     """One worker's training: its net, its part of every batch, its framework's hooks."""
 
@@ -244,7 +169,6 @@ class Trainer:
         hooks: StepHooks = StepHooks(),
     ) -> None:
         self.job, self.spec, self.options, self.hooks = job, job.spec, options, hooks
-        self.sinks = list(sinks)
         torch.manual_seed(self.spec.seed)  # layers that draw from the global stream (dropout)
         self.device = torch.device(options.device)
         self.precision = precision_for(self.spec.precision, self.device)
@@ -274,38 +198,16 @@ class Trainer:
         )
         self.algorithm = ALGORITHMS.get(self.spec.train_one_batch.alg)
         self.generator = torch.Generator(device=self.device).manual_seed(self.spec.seed + 7)
-        # Asked every disp_freq steps when synced: each answer is a collective.
-        self.restart_clock = (
-            RestartClock(options.restart_seconds)
-            if hooks.restart_sync is None
-            else RestartClock(
-                options.restart_seconds, every=self.spec.disp_freq, sync=hooks.restart_sync
-            )
-        )
         self.step = 0
-        self.last_test: dict[str, float] = {}
-        self.last_val: dict[str, float] = {}
-        self.last_train: dict[str, float] = {}
-        self.saved: tuple[int, Path] | None = None  # the latest checkpoint: its step, its file
-        self.objective = resolve_objective(self.spec)
-        self.selection = Selection()
-        self.validated = -1  # the step of the latest validation
-        self.best_file: Path | None = None  # keep_best's checkpoint
-        self.stopped_early: str | None = None
-        self.checkpoint_dir = options.run_dir / CHECKPOINTS
-        self.compiled_net = CompiledNet(self.net, enabled=self.spec.compile, log=self.log)
-        # Every checkpoint describes its model, so that the file alone rebuilds the net.
-        info = dataset.info
-        facts = DataFacts(
-            sample_shape=info.sample_shape,
-            x_dtype=info.x_dtype,
-            num_classes=info.num_classes,
-            label_shape=info.label_shape,
-            label_is_index=info.label_is_index,
-            vocabulary=info.vocabulary,
-            categories=info.categories,
+        # What follows a step, in the order the loop calls them.
+        self.reporting = Reporting(
+            sinks, group=options.group, rank=options.metric_rank, writer=options.is_writer
         )
-        self.model_card = ModelCard(self.spec, facts).to_json()
+        self.evaluation = Evaluation(self.spec)
+        self.checkpointing = Checkpointing(
+            self.spec, options, dataset.info, restart_sync=hooks.restart_sync
+        )
+        self.compiled_net = CompiledNet(self.net, enabled=self.spec.compile, log=self.reporting.log)
 
     # -- a run -----------------------------------------------------------------------------
     def run(self, on_step: Callable[[int], None] | None = None) -> Summary:
@@ -322,20 +224,22 @@ class Trainer:
             self.batches.close()  # a streamed dataset's reader thread
         if status == "succeeded":
             self.finish()
+        evaluation, saved = self.evaluation, self.checkpointing.saved
+        best_file = self.checkpointing.best_file
         summary = Summary(
             status=status,
             steps=self.step,
-            metrics={**self.last_train, **self.last_val, **self.last_test},
+            metrics={**self.reporting.last_train, **evaluation.last_val, **evaluation.last_test},
             wall_time=time.perf_counter() - started,
-            checkpoint=str(self.saved[1]) if self.saved else None,
+            checkpoint=str(saved[1]) if saved else None,
             best=Best(
-                self.objective.metric,
-                self.objective.mode,
-                self.selection.best,
-                self.selection.best_step,
-                str(self.best_file) if self.best_file else None,
+                evaluation.objective.metric,
+                evaluation.objective.mode,
+                evaluation.selection.best,
+                evaluation.selection.best_step,
+                str(best_file) if best_file else None,
             ),
-            stopped_early=self.stopped_early,
+            stopped_early=evaluation.stopped_early,
         )
         if self.options.is_writer:
             write_json_atomic(self.options.run_dir / SUMMARY, summary.to_json())
@@ -345,35 +249,25 @@ class Trainer:
         """The steps up to train_steps, or to the validation that stops the run early; how
         they ended: succeeded, diverged, drained or cancelled."""
         spec = self.spec
-        window = _Window()
-        if self.selection.exhausted(spec.early_stop):  # restored from where it stopped early
-            assert spec.early_stop is not None
-            self.stopped_early = self.selection.stop_message(
-                self.objective, self.step, spec.early_stop
-            )
+        self.reporting.begin()
+        if self.evaluation.stopped_already(self):  # restored from where it stopped early
             return "succeeded"
         while self.step < spec.train_steps:
             if self.options.should_stop():
                 return self.stop()
             # Asked by every worker at this same point: a synced clock's answer is a collective.
-            restart_point = self.restart_clock.due(self.step + 1)
+            restart_point = self.checkpointing.restart_clock.due(self.step + 1)
             x, y = next(self.batches)
             result = self.train_one_batch(x, y)
             self.apply_update()
-            window.add(result, len(x))
             self.step += 1
-            if self.step % spec.disp_freq == 0 or self.step == spec.train_steps:
-                if not self.report(window):
-                    return "diverged"
-                window = _Window()
+            if not self.reporting.after_step(self, result, len(x)):
+                return "diverged"
             # The last step, and the validation that stops the run, are finished by `finish`:
             # evaluations first, then the last checkpoint, which holds what they selected.
-            last = self.step == spec.train_steps
-            stop = validation_due(spec, self.step) and not last and self.validate()
-            if spec.test.freq and self.step % spec.test.freq == 0 and not last:
-                self.evaluate_and_report()
-            if not (stop or last):
-                self.checkpoint(restart_point)
+            stop = self.evaluation.after_step(self)
+            if not stop:
+                self.checkpointing.after_step(self, restart_point)
             if on_step is not None:
                 on_step(self.step)
             if stop:
@@ -381,6 +275,10 @@ class Trainer:
         return "succeeded"
 
     # -- the steps, in their order -------------------------------------------------------------
+    def restore(self) -> None:
+        """Where the run starts: a restart point, the latest checkpoint, or init_from."""
+        self.checkpointing.restore(self)
+
     def train_one_batch(self, x: torch.Tensor, y: torch.Tensor) -> BatchResult:
         """The batch's loss and metrics, its gradients left in the parameters' `.grad`."""
         return self.compiled_net.run(lambda: self._gradients(x, y))
@@ -392,80 +290,20 @@ class Trainer:
     def apply_update(self) -> None:
         self.hooks.apply_update(self, self.step)
 
-    def report(self, window: _Window) -> bool:
-        """Emit the display window's training figures; False when the loss diverged."""
-        self.last_train = window.report()
-        loss = self.last_train.get("train/loss", math.nan)
-        if not math.isfinite(loss):
-            self.log(f"step {self.step}: training diverged (loss {loss})")
-            return False
-        self.emit({**self.last_train, "lr": self.updater.lr_at(self.step - 1)})
-        return True
-
-    def evaluate_and_report(self) -> None:
-        self.last_test = self.evaluate()
-        self.emit(self.last_test)
-        self.select(self.last_test)
-
-    def validate(self, *, final: bool = False) -> bool:
-        """Evaluate the validation split and report it; whether the run stops early here
-        (every worker gets the same answer; never at the `final` step)."""
-        self.last_val = self.evaluate("val")
-        self.validated = self.step
-        self.emit(self.last_val)
-        self.select(self.last_val)
-        early_stop = self.spec.early_stop
-        if final or early_stop is None:
-            return False
-        if not self.hooks.agree(self.selection.exhausted(early_stop)):
-            return False
-        self.stopped_early = self.selection.stop_message(self.objective, self.step, early_stop)
-        self.log(self.stopped_early)
-        if self.options.is_writer:
-            for sink in self.sinks:
-                sink.emit(EventRecord(self.step, self.stopped_early))
-        return True
-
-    def select(self, figures: dict[str, float]) -> None:
-        """The objective's value among an evaluation's `figures`: a new best is kept
-        (checkpoint.keep_best), the validations without an improvement are counted."""
-        if self.objective.metric not in figures:
-            return
-        early_stop = self.spec.early_stop
-        min_delta = early_stop.min_delta if early_stop is not None else 0.0
-        value = figures[self.objective.metric]
-        improved = self.selection.observe(self.objective, self.step, value, min_delta)
-        if improved and self.spec.checkpoint.keep_best and self.options.is_writer:
-            self.save_checkpoint(best=True)
-
-    def checkpoint(self, restart_point: bool) -> None:
-        """The writer's save after a step before the last: the user's checkpoint every
-        checkpoint.freq steps, else a restart point when the clock said so."""
-        spec = self.spec
-        if not self.options.is_writer:
-            return
-        if spec.checkpoint.freq and self.step % spec.checkpoint.freq == 0:
-            self.save_checkpoint()
-        elif restart_point:
-            self.save_restart_point()
-
     def stop(self) -> str:
         """Stopped from outside; a drain saves a restart point first, to continue elsewhere."""
         status = "drained" if self.options.drain() else "cancelled"
         # A save that is a collective waits for peers, which may be stopping at another step.
         if status == "drained" and self.options.is_writer and self.hooks.restart_sync is None:
-            self.save_restart_point()
+            self.checkpointing.save_restart_point(self)
         return status
 
     def finish(self) -> None:
         """After the last step (or the validation that stopped the run early): the validation
         figures unless this step has them, the test figures, and a checkpoint unless the step
         saved one."""
-        if self.x_val is not None and self.validated != self.step:
-            self.validate(final=True)
-        self.evaluate_and_report()
-        if self.options.is_writer and (self.saved is None or self.saved[0] != self.step):
-            self.save_checkpoint()
+        self.evaluation.finish(self)
+        self.checkpointing.finish(self)
 
     # -- evaluation ------------------------------------------------------------------------------
     def evaluate(self, split: str = "test") -> dict[str, float]:
@@ -481,156 +319,3 @@ class Trainer:
         if split == "val" and self.x_val is not None and self.y_val is not None:
             return self.x_val, self.y_val, self.spec.validate.steps
         raise ValueError(f"the job has no {split} split to evaluate")
-
-    # -- checkpoints -----------------------------------------------------------------------------
-    def save_checkpoint(self, *, best: bool = False) -> Path:
-        """The user's checkpoint of this step; `best`: the objective's best so far, which
-        keep_best keeps whatever `keep` deletes (saved once: a step saved already is marked)."""
-        if self.saved is None or self.saved[0] != self.step:
-            path = self._write_checkpoint()
-            self.saved = (self.step, path)
-        elif best:  # saved anyway: marked, and the best before it goes unless kept anyway
-            path = self.saved[1]
-            prune_checkpoints(self.checkpoint_dir, self.spec.checkpoint.keep, protect=self.step)
-        else:
-            return self.saved[1]
-        if best:
-            self.best_file = path
-        for sink in self.sinks:
-            sink.checkpoint(self.step, path, best=best)
-        return path
-
-    def save_restart_point(self) -> Path:
-        """A restart point (the service's, apart from the user's checkpoints). Two are kept: the
-        service may need the older one (scheduler/recovery/actions.py: resume_point)."""
-        path = self._write_checkpoint(self.options.run_dir / RESTART, keep=2)
-        self.log(f"step {self.step}: restart point {path.name}")
-        return path
-
-    def _write_checkpoint(self, directory: Path | None = None, keep: int | None = None) -> Path:
-        buffers = {
-            f"{name}/{local}": buf
-            for name, module in self.net.named_layers()
-            for local, buf in module.named_buffers()
-        }
-        ckpt = Checkpoint(
-            step=self.step,
-            params={name: p.detach() for name, p in self.net.named_params().items()},
-            buffers=buffers,
-            updater=self.updater.state_tensors(),
-            rng=self._rng_states(),
-            meta={
-                "job": self.spec.name,
-                **stream_meta(self.batches),
-                META_KEY: self.selection.to_meta(),
-                MODEL_KEY: self.model_card,
-                **self.precision.state(),
-            },
-        )
-        # keep_best's checkpoint stays, whatever `keep` deletes.
-        kept = self.selection.best_step if self.spec.checkpoint.keep_best else None
-        return save_checkpoint(
-            directory or self.checkpoint_dir,
-            self.hooks.checkpoint_out(ckpt),
-            self.spec.checkpoint.keep if keep is None else keep,
-            protect=kept if directory is None else None,
-        )
-
-    def restore(self) -> None:
-        """Continue from the service's restart point, or the run's latest checkpoint
-        (`--resume`), or start from init_from."""
-        path = self.options.resume_from
-        if path is None and self.options.resume:
-            try:
-                path = resolve_checkpoint(self.checkpoint_dir)
-            except ValueError:
-                self.log("resume: no checkpoint yet, starting from step 0")
-        if path is not None:
-            ckpt = self.hooks.checkpoint_in(load_checkpoint(path))
-            load_matching_params(self.net.named_params(), ckpt)
-            self._load_buffers(ckpt)
-            self.updater.load_state_tensors(ckpt.updater)
-            self.precision.load_state(ckpt.meta)
-            self._load_rng_states(ckpt.rng)
-            self.selection = Selection.from_meta(ckpt.meta.get(META_KEY))
-            if self.spec.checkpoint.keep_best and self.selection.best_step is not None:
-                kept = checkpoint_path(self.checkpoint_dir, self.selection.best_step)
-                self.best_file = kept if kept.is_file() else None
-            self.step = ckpt.step
-            restore_stream(self.batches, ckpt.meta)
-            self.log(f"resumed from {path.name} at step {self.step}")
-            return
-        if self.options.start_step:
-            self.step = self.options.start_step
-            per_epoch = self.batches.steps_per_epoch
-            self.batches.restore(
-                {"epoch": self.step // per_epoch, "position": self.step % per_epoch}
-            )
-            self.log(f"restarted alone at step {self.step}; parameters from the server shards")
-            return
-        init_from = self.spec.checkpoint.init_from
-        if init_from is not None and not isinstance(init_from, str):
-            what = f"job {init_from.job}" if init_from.job else f"model {init_from.model}"
-            raise CheckpointError(
-                f"checkpoint.init_from: {what} is on the service; the service finds its "
-                "checkpoint (trainyard submit), or `trainyard train` downloads it"
-            )
-        if init_from:
-            where = Path(init_from)
-            if not where.is_absolute():
-                where = self.options.base_dir / where
-            try:
-                ckpt = self.hooks.checkpoint_in(load_checkpoint(resolve_checkpoint(where)))
-                loaded = load_matching_params(self.net.named_params(), ckpt)
-            except CheckpointError as exc:
-                raise CheckpointError(f"checkpoint.init_from: {exc}") from None
-            self._load_buffers(ckpt)
-            self.log(f"initialised {len(loaded)} parameters from {where}: {', '.join(loaded)}")
-
-    def _train_rng_key(self) -> str:
-        """The training generator lives on the job's device, and a CPU generator's state does
-        not fit a CUDA one's: each is saved under its own key (a CPU job's under "train")."""
-        return "train" if self.device.type == "cpu" else f"train_{self.device.type}"
-
-    def _rng_states(self) -> dict[str, torch.Tensor]:
-        states = {self._train_rng_key(): self.generator.get_state()}
-        states["global"] = torch.get_rng_state()
-        if self.device.type == "cuda":
-            states["global_cuda"] = torch.cuda.get_rng_state(self.device)
-        return states
-
-    def _load_rng_states(self, states: dict[str, torch.Tensor]) -> None:
-        key = self._train_rng_key()
-        own = states.get(key)
-        # A checkpoint from before the keys were apart holds a CUDA job's state under "train".
-        if own is not None and own.numel() == self.generator.get_state().numel():
-            self.generator.set_state(own)
-        elif any(name.startswith("train") for name in states):
-            self.log(
-                f"the checkpoint's training generator was on another device; on "
-                f"{self.device.type} it starts again from the job's seed"
-            )
-        if "global" in states:
-            torch.set_rng_state(states["global"])
-        if "global_cuda" in states and self.device.type == "cuda":
-            torch.cuda.set_rng_state(states["global_cuda"], self.device)
-
-    def _load_buffers(self, ckpt: Checkpoint) -> None:
-        with torch.no_grad():
-            for name, module in self.net.named_layers():
-                for local, buf in module.named_buffers():
-                    saved = ckpt.buffers.get(f"{name}/{local}")
-                    if saved is not None and saved.shape == buf.shape:
-                        buf.copy_(saved)
-
-    # -- reporting -------------------------------------------------------------------------
-    def emit(self, values: dict[str, float]) -> None:
-        record = MetricRecord(
-            self.step, values, group=self.options.group, rank=self.options.metric_rank
-        )
-        for sink in self.sinks:
-            sink.emit(record)
-
-    def log(self, line: str) -> None:
-        for sink in self.sinks:
-            sink.log(line)

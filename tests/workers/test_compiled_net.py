@@ -24,7 +24,7 @@ def few_steps(**top: Any) -> dict[str, Any]:
 
 
 def warnings_of(trainer: Any) -> list[str]:
-    (sink,) = trainer.sinks
+    (sink,) = trainer.reporting.sinks
     assert isinstance(sink, Lines)
     return [line for line in sink.lines if line.startswith(WARNING)]
 

@@ -190,7 +190,7 @@ def test_parquet_shards_with_categories(tmp_path: Path) -> None:
     document = job({"source": "shards", "path": str(folder), "format": "parquet"})
     loaded = TrainingData(cache_dir=tmp_path, base_dir=tmp_path)
     trainer = Trainer(compile_job(document, loaded), loaded.dataset, TrainOptions(tmp_path))
-    assert json.loads(trainer.model_card)["data"]["categories"] == categories
+    assert json.loads(trainer.checkpointing.model_card)["data"]["categories"] == categories
     fixed = tmp_path / "fixed"
     fixed.mkdir()
     for index in range(2):

@@ -16,7 +16,6 @@ import torch
 
 from contract.stream import MetricRecord
 from tests.conftest import compile_with_data
-from workers.algorithms import BatchResult
 from workers.checkpoint import (
     CheckpointError,
     load_checkpoint,
@@ -24,7 +23,7 @@ from workers.checkpoint import (
     save_checkpoint,
 )
 from workers.metrics import JsonlSink, read_metrics
-from workers.trainer import Summary, Trainer, TrainOptions, _Window
+from workers.trainer import Summary, Trainer, TrainOptions
 
 # Wall-clock fields: the only ones two runs of the same job may disagree on.
 CLOCK_KEYS = ("time", "samples_per_sec")
@@ -359,28 +358,3 @@ def test_should_stop_cancels_between_steps(tmp_path: Path, cache_dir: Path) -> N
     summary, _ = train(mlp_job(), tmp_path, cache_dir, should_stop=lambda: next(calls) >= 12)
     assert summary.status == "cancelled" and summary.steps == 12
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "cancelled"
-
-
-def test_display_window_sums_step_by_step_in_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The window keeps each step's values and sums them at the report (and every FOLD steps):
-    the same fp32 sums, to the bit, as adding each step's value on the device as it came."""
-    monkeypatch.setattr(_Window, "FOLD", 7)
-    torch.manual_seed(0)
-    losses = [torch.rand(()) * 10.0 ** (step % 6 - 3) for step in range(50)]
-    window = _Window()
-    for step, loss in enumerate(losses):
-        metrics = {"accuracy": (loss * 3).to(torch.bfloat16)}
-        if step % 3 == 0:  # a metric some steps lack is summed over the steps that have it
-            metrics["sometimes"] = loss.double() / 7
-        window.add(BatchResult(loss, metrics), samples=8)
-    sums: dict[str, torch.Tensor] = {}
-    for step, loss in enumerate(losses):
-        values = {"loss": loss, "accuracy": (loss * 3).to(torch.bfloat16)}
-        if step % 3 == 0:
-            values["sometimes"] = loss.double() / 7
-        for key, value in values.items():
-            sums[key] = sums[key] + value.float() if key in sums else value.float()
-    figures = window.report()
-    assert {k: v for k, v in figures.items() if k != "samples_per_sec"} == {
-        f"train/{key}": float(total) / 50 for key, total in sums.items()
-    }

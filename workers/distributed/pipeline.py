@@ -378,7 +378,7 @@ class PipelineCheckpoints:
         self.merged: tuple[dict[str, torch.Tensor], ...] = ({}, {}, {})
 
     def after_update(self, trainer: Trainer, step: int) -> None:
-        due = self.due(step + 1) or trainer.restart_clock.due(step + 1)
+        due = self.due(step + 1) or trainer.checkpointing.restart_clock.due(step + 1)
         if self.groups.replica != 0 or not due:
             return
         net = self.net
@@ -473,7 +473,7 @@ def pipeline_stage(
                 group=groups.replica,
                 rank=groups.stage,
             )
-            for sink in trainer.sinks:
+            for sink in trainer.reporting.sinks:
                 sink.emit(record)
         return result
 

@@ -170,7 +170,9 @@ def test_a_pipelined_job_ends_with_the_unpipelined_parameters(
     # Every stage reports the last stage's loss and test figures; and its own busy fraction.
     for stage in range(count):
         metrics = run.workers[(0, stage)]["metrics"]
-        assert metrics["test/loss"] == pytest.approx(local.last_test["test/loss"], rel=1e-4)
+        assert metrics["test/loss"] == pytest.approx(
+            local.evaluation.last_test["test/loss"], rel=1e-4
+        )
         records = read_metrics(worker_dir(tmp_path / "pipeline", 0, stage))
         busy = [r["train/pipeline/busy"] for r in records if "train/pipeline/busy" in r]
         assert busy and all(0.0 < b <= 1.0 for b in busy)
@@ -215,7 +217,9 @@ def test_virtual_stage_schedules_end_with_the_unpipelined_parameters(
     )
     for stage in range(2):
         metrics = run.workers[(0, stage)]["metrics"]
-        assert metrics["test/loss"] == pytest.approx(local.last_test["test/loss"], rel=1e-4)
+        assert metrics["test/loss"] == pytest.approx(
+            local.evaluation.last_test["test/loss"], rel=1e-4
+        )
         lines = (worker_dir(tmp_path / "pipeline", 0, stage) / "timeline.jsonl").read_text()
         events = json.loads(lines.splitlines()[-1])["events"]
         assert {kind for kind, *_ in events} == set(kinds)
