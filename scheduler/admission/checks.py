@@ -3,12 +3,15 @@
 `check_job` validates the document with `dsl.compiler.compile_job`, adding the service's rules
 (who may read server files, the step limit), resolves a named dataset to its stored file,
 describes the data (an uploaded .npz or .csv from the inventory its intake stored with it,
-nothing read; other files from their headers, a bounded chunk at a time) and compiles the net
-from that description on torch's meta device (shapes and parameter counts, no weights). Its
-`execution_spec` is what workers run: the validated job with every file given by an absolute
-path, its objective resolved and a pipeline's stages as the planner cut them.
-Every failure is a located `JobSpecError`. `kind_of` tells a sweep from a job before any of
-that, from the parsed document.
+nothing read; other files from their headers, a bounded chunk at a time:
+scheduler/admission/job_data.py) and compiles the net from that description on torch's meta
+device (shapes and parameter counts, no weights); then the checkpoint it starts from
+(scheduler/admission/init_from.py) and whether its workers fit the cluster's memory
+(scheduler/admission/cluster_fit.py). Its `execution_spec` is what workers run: the validated
+job with every file given by an absolute path, its objective resolved and a pipeline's stages as
+the planner cut them. Every failure is a located `JobSpecError`. `kind_of` tells a sweep from a
+job before any of that, from the parsed document; a sweep is checked by
+scheduler/admission/sweep_checks.py.
 """
 
 from __future__ import annotations
@@ -21,10 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
 from sqlalchemy.orm import Session
 
-from contract.inventory import INVENTORY
 from dsl.budget import CompileBudget
 from dsl.compiler import CompiledJob, compile_job
 from dsl.data_config import (
@@ -38,32 +39,25 @@ from dsl.data_config import (
 from dsl.errors import DataSourceError, JobSpecError, SpecIssue
 from dsl.layers.base import BuildContext
 from dsl.memory import MemoryEstimate, estimate_memory
-from dsl.objective import resolve_objective, resolve_search, selection_warnings
+from dsl.objective import resolve_objective, selection_warnings
 from dsl.planner import PipelinePlan, plan_pipeline
 from dsl.plugins import plugin_needs
 from dsl.schema import InitFrom, JobSpec
-from dsl.search import SearchConfig, base_document
-from dsl.search_checks import space_issues
 from dsl.source import ParsedDocument, SourceMap
 from dsl.topology import Topology, resolve_topology
-from scheduler.placement.cluster import largest_memory_share, node_capacities
-from scheduler.placement.plan import NodeCapacity
-from scheduler.store.artifacts import UnsafePath
-from scheduler.store.datasets import (
-    dataset_file,
-    dataset_names,
-    get_dataset,
-    inventory_of_file,
+from scheduler.admission.cluster_fit import memory_issues
+from scheduler.admission.init_from import starting_checkpoint
+from scheduler.admission.job_data import (
+    DataToRun,
+    as_dataset_error,
+    data_info,
+    data_to_run,
+    stored_inventory,
 )
-from scheduler.store.errors import NotFound, StoreError
-from scheduler.store.jobs import NewJob, own_job
-from scheduler.store.models import DatasetRecord, User
-from scheduler.store.registry import get_model, model_file, parse_ref
-from scheduler.store.reports import model_checkpoint
-from scheduler.store.sweeps import NewSweep
-from scheduler.sweeps.warm_start import warm_start_issues
-from workers.data import DataInfo, describe, describe_from_inventory
-from workers.data.uploaded import as_file_source
+from scheduler.placement.cluster import node_capacities
+from scheduler.store.jobs import NewJob
+from scheduler.store.models import User
+from workers.data import DataInfo
 
 # Steps are stored in 32-bit columns.
 MAX_STEPS = 2**31 - 1
@@ -107,7 +101,7 @@ def kind_of(
             )
         )
     if expect == Kind.SWEEP and kind == Kind.JOB:
-        raise JobSpecError(_not_a_sweep(source))
+        raise JobSpecError(not_a_sweep(source))
     return kind
 
 
@@ -184,17 +178,17 @@ def check_job(
         stored = isinstance(job, JobSpec)
         try:
             run = (
-                DataToRun(spec.data, _stored_inventory(session, spec.data))
+                DataToRun(spec.data, stored_inventory(session, spec.data))
                 if stored
-                else _data_to_run(session, owner, spec, base_dir, artifacts)
+                else data_to_run(session, owner, spec, base_dir, artifacts)
             )
             data = run.config
             resolved.append(data)
-            described.append(_describe(data, spec.seed, cache_dir, run.inventory))
+            described.append(data_info(data, spec.seed, cache_dir, run.inventory))
             return described[-1].build_context()
         except DataSourceError as exc:
             if isinstance(spec.data, DatasetData):
-                raise _as_dataset_error(exc) from None
+                raise as_dataset_error(exc) from None
             if isinstance(spec.data, TextData) and spec.data.dataset is not None:
                 field = "dataset" if exc.field in (None, "path") else exc.field
                 raise DataSourceError(exc.message, exc.hint, field=field) from None
@@ -232,202 +226,7 @@ def check_job(
     )
 
 
-def starting_checkpoint(
-    session: Session, owner: User, compiled: CompiledJob, artifacts: Path
-) -> Path:
-    """The checkpoint file `init_from: {job: ID}` or `{model: name@3}` names, the owner's own
-    (another user's job or model is as absent), whose parameters of the net's names have the
-    net's shapes (and at least one does); else a JobSpecError located at checkpoint.init_from."""
-    init = compiled.spec.checkpoint.init_from
-    assert isinstance(init, InitFrom)
-    source, where = compiled.source, ("checkpoint", "init_from")
-    try:
-        if init.model is not None:
-            what = f"model {init.model}"
-            name, which = parse_ref(init.model)
-            path = model_file(get_model(session, owner, name, which))
-        else:
-            assert init.job is not None  # one of the two, as the schema checks
-            job = own_job(session, owner.id, init.job)
-            if job is None:
-                raise JobSpecError(
-                    source.issue(
-                        (*where, "job"),
-                        f"you have no job {init.job}",
-                        "trainyard jobs lists yours",
-                    )
-                )
-            choice = init.checkpoint
-            step, path = model_checkpoint(
-                session,
-                job.id,
-                int(choice) if choice and choice.isdigit() else choice,
-                artifacts=artifacts,
-            )
-            what = f"job {job.id}'s checkpoint at step {step}"
-        with safe_open(str(path), framework="numpy") as handle:
-            saved = {
-                key.removeprefix("param/"): list(handle.get_slice(key).get_shape())
-                for key in handle.keys()  # noqa: SIM118  (a safetensors handle, not a dict)
-                if key.startswith("param/")
-            }
-    except NotFound as exc:
-        if init.model is None:
-            raise JobSpecError(source.issue(where, str(exc))) from None
-        hint = "trainyard models list shows yours"
-        raise JobSpecError(source.issue((*where, "model"), str(exc), hint)) from None
-    except (StoreError, UnsafePath) as exc:
-        raise JobSpecError(source.issue(where, str(exc))) from None
-    except (OSError, SafetensorError) as exc:
-        raise JobSpecError(source.issue(where, f"{what} cannot be read: {exc}")) from None
-    net = {name: list(p.shape) for name, p in compiled.net.named_params().items()}
-    wrong = [
-        f"{name} (the checkpoint's {saved[name]}, this net's {shape})"
-        for name, shape in net.items()
-        if name in saved and saved[name] != shape
-    ]
-    if wrong:
-        raise JobSpecError(
-            source.issue(
-                where,
-                f"{len(wrong)} parameter(s) of {what} have other shapes than this net's: "
-                f"{', '.join(wrong)}",
-                "rename the layers that differ, so that they start from their initialisers",
-            )
-        )
-    if not saved.keys() & net.keys():
-        raise JobSpecError(
-            source.issue(
-                where,
-                f"no parameter of {what} has a name of this net's "
-                f"(it has {', '.join(sorted(saved)[:8])})",
-                "layers are matched by name: <layer>/<param>",
-            )
-        )
-    return path
-
-
-def memory_issues(
-    memory: MemoryEstimate, topology: Topology, nodes: list[NodeCapacity], source: SourceMap
-) -> list[SpecIssue]:
-    """A worker that would pass its memory limit, or need more than any node could give it:
-    refused now rather than killed (or queued forever) later."""
-    need = memory.total_mb
-    slots = topology.slots_per_worker
-    largest = largest_memory_share(nodes, slots)
-    where = ("cluster", "resources", "memory_mb")
-    if topology.memory_mb and largest is not None and topology.memory_mb > largest[1]:
-        node, most = largest
-        return [
-            source.issue(
-                where,
-                f"memory_mb {topology.memory_mb} is more than a worker of {slots} slot(s) can "
-                f"get on any node (at most {most} MB, on {node})",
-                f"ask for at most {most}, or more slots_per_worker (each brings a slot's share "
-                "of its node's memory)",
-            )
-        ]
-    if topology.memory_mb and need > topology.memory_mb:
-        return [
-            source.issue(
-                where,
-                f"each worker needs about {memory.describe()}, more than its memory_mb "
-                f"{topology.memory_mb}",
-                f"raise memory_mb to at least {need}, or use a smaller batch_size or net",
-            )
-        ]
-    if not topology.memory_mb and largest is not None and need > largest[1]:
-        node, most = largest
-        return [
-            source.issue(
-                ("cluster", "resources"),
-                f"each worker needs about {memory.describe()}, more than a worker of {slots} "
-                f"slot(s) gets on any node (at most {most} MB, on {node})",
-                "ask for more slots_per_worker (each brings a slot's share of its node's "
-                "memory), or use a smaller batch_size, net or dataset",
-            )
-        ]
-    return []
-
-
-@dataclass(frozen=True)
-class CheckedSweep:
-    """A sweep document checked: its base job compiled, every value of its space too."""
-
-    checked: CheckedJob  # the whole document: the base job's net, the search validated
-    search: SearchConfig
-    base_job: dict[str, Any]  # the document without `search`, the overrides applied
-
-    def to_new_sweep(
-        self,
-        *,
-        spec_yaml: str,
-        overrides: Mapping[str, Any],
-        base_dir: Path,
-        priority: int = 0,
-    ) -> NewSweep:
-        return NewSweep(
-            name=self.checked.spec.name,
-            spec_yaml=spec_yaml,
-            overrides=dict(overrides),
-            base_job=self.base_job,
-            search=self.search.model_dump(mode="json", exclude_unset=True),
-            base_dir=str(base_dir),
-            priority=priority,
-        )
-
-
-def check_sweep(
-    document: str | Mapping[str, Any] | ParsedDocument,
-    *,
-    session: Session,
-    owner: User,
-    cache_dir: Path,
-    base_dir: Path,
-    artifacts: Path,
-    overrides: Mapping[str, Any] | None = None,
-    budget: CompileBudget | None = None,
-) -> CheckedSweep:
-    """`check_job` for a document with a `search:` section, then the base job compiled with the
-    values each space entry can produce (dsl.search_checks.space_issues): a value that gives
-    an invalid job is a located error at its entry. A document without one is refused. The
-    probes count against the document's `budget`."""
-    checked = check_job(
-        document,
-        session=session,
-        owner=owner,
-        cache_dir=cache_dir,
-        base_dir=base_dir,
-        artifacts=artifacts,
-        overrides=overrides,
-        budget=budget,
-    )
-    # Its metric and mode filled in (the base job's objective by default), as the sweep stores it.
-    search = resolve_search(checked.spec)
-    if search is None:
-        raise JobSpecError(_not_a_sweep(checked.compiled.source))
-    base = base_document(document, overrides)
-
-    def compile_trial(values: Mapping[str, Any]) -> object:
-        return check_job(
-            base,
-            session=session,
-            owner=owner,
-            cache_dir=cache_dir,
-            base_dir=base_dir,
-            artifacts=artifacts,
-            overrides=values,
-            budget=budget,
-        )
-
-    issues = space_issues(search, checked.compiled.source, compile_trial)
-    issues += warm_start_issues(session, owner, search, checked.compiled.source)
-    if issues:
-        raise JobSpecError(issues)
-    return CheckedSweep(checked, search, base)
-
-
-def _not_a_sweep(source: SourceMap) -> SpecIssue:
+def not_a_sweep(source: SourceMap) -> SpecIssue:
     return source.issue(
         (),
         "the document has no search section, so it is a job, not a sweep",
@@ -491,103 +290,6 @@ def _server_file_issues(spec: JobSpec, source: SourceMap) -> list[SpecIssue]:
     return issues
 
 
-@dataclass(frozen=True)
-class DataToRun:
-    """The data config workers get, and the stored inventory of the file it names (an
-    uploaded .npz's or .csv's), which describes it without reading it."""
-
-    config: DataSourceConfig
-    inventory: dict[str, Any] | None = None
-
-
-def _data_to_run(
-    session: Session, owner: User, spec: JobSpec, base_dir: Path, artifacts: Path
-) -> DataToRun:
-    """The data config workers get: a named dataset becomes its stored file (which must lie
-    in its owner's folder), and relative paths become absolute (workers run elsewhere)."""
-    data = spec.data
-    if isinstance(data, DatasetData):
-        record = _own_dataset(session, owner, data.name, "name")
-        stored = dataset_file(record, artifacts)
-        if record.kind == "text":
-            raise DataSourceError(
-                f"dataset '{data.name}' is a text, which the text source reads",
-                f"data: {{source: text, dataset: {data.name}}}",
-                field="name",
-            )
-        if record.kind == "shards":
-            return DataToRun(data.model_copy(update={"path": str(stored)}))
-        file = as_file_source(data, "npz" if record.kind == "npz" else "csv", stored)
-        return DataToRun(file, record.inventory)
-    if isinstance(data, TextData) and data.dataset is not None:
-        record = _own_dataset(session, owner, data.dataset, "dataset")
-        if record.kind != "text":
-            raise DataSourceError(
-                f"dataset '{data.dataset}' is a {record.kind} dataset, not a text",
-                f"data: {{source: dataset, name: {data.dataset}}} reads it",
-                field="dataset",
-            )
-        return DataToRun(
-            data.model_copy(update={"path": str(dataset_file(record, artifacts)), "dataset": None})
-        )
-    if isinstance(data, ShardsData) and data.dataset is not None:
-        # The stored folder by path, with only the keys that were written.
-        values = data.model_dump(mode="json", exclude_unset=True, exclude={"dataset"})
-        values["path"] = str(_shards_folder(session, owner, data, artifacts))
-        return DataToRun(ShardsData.model_validate(values))
-    if isinstance(data, NpzData | CsvData | TextData | ShardsData):
-        files = {
-            key: str((base_dir / path).expanduser().resolve())
-            for key in ("path", "val_path", "test_path")
-            if (path := getattr(data, key, None))
-        }
-        return DataToRun(data.model_copy(update=files) if files else data)
-    return DataToRun(data)
-
-
-def _stored_inventory(session: Session, data: DataSourceConfig) -> dict[str, Any] | None:
-    """The inventory of the uploaded file a stored execution spec reads, if it reads one."""
-    if not isinstance(data, NpzData | CsvData) or (isinstance(data, CsvData) and data.val_path):
-        return None
-    return inventory_of_file(session, data.path)
-
-
-def _own_dataset(session: Session, owner: User, name: str, field: str) -> DatasetRecord:
-    record = get_dataset(session, owner.id, name)
-    if record is None:
-        yours = dataset_names(session, owner.id)
-        raise DataSourceError(
-            f"you have no dataset named '{name}'",
-            f"your datasets: {', '.join(yours)}"
-            if yours
-            else "upload it first: trainyard datasets upload FILE --name NAME",
-            field=field,
-        )
-    return record
-
-
-def _shards_folder(session: Session, owner: User, data: ShardsData, artifacts: Path) -> Path:
-    """The folder of shards of the owner's dataset `data.dataset` (inside their folder)."""
-    assert data.dataset is not None
-    record = _own_dataset(session, owner, data.dataset, "dataset")
-    folder = dataset_file(record, artifacts)
-    if not folder.is_dir():
-        raise DataSourceError(
-            f"dataset '{data.dataset}' is a .{record.kind} file, not a folder of shards",
-            hint=f"read it with data: {{source: dataset, name: {data.dataset}}}",
-            field="dataset",
-        )
-    return folder
-
-
-def _as_dataset_error(exc: DataSourceError) -> DataSourceError:
-    """The stored file's own keys (its path) are not the user's to fix: point at the name."""
-    field = exc.field or "source"
-    if field not in DatasetData.model_fields:
-        field = "name"
-    return DataSourceError(exc.message, exc.hint, field=field)
-
-
 def _execution_spec(
     spec: JobSpec,
     data: DataSourceConfig,
@@ -611,40 +313,3 @@ def _execution_spec(
         # costs it would estimate or measure where it runs.
         out["pipeline"]["stages"] = plan.layer_lists()
     return out
-
-
-def _describe(
-    data: DataSourceConfig, seed: int, cache_dir: Path, inventory: dict[str, Any] | None = None
-) -> DataInfo:
-    """The data's DataInfo: an uploaded file's from its stored inventory (nothing is read),
-    anything else described (a file inventoried a bounded chunk at a time), remembered."""
-    if inventory is not None:
-        assert isinstance(data, NpzData | CsvData)  # the kinds an inventory is stored for
-        return describe_from_inventory(data, INVENTORY.validate_python(inventory))
-    stamps: list[tuple[int, int] | None] = []
-    for key in ("path", "val_path", "test_path"):
-        path = getattr(data, key, None)
-        if path:
-            try:
-                stat = Path(path).stat()
-                stamps.append((stat.st_mtime_ns, stat.st_size))
-            except OSError:
-                stamps.append(None)  # describe reports the missing file
-    stamp = tuple(stamps) or None
-    return _describe_cached(
-        data.model_dump_json(exclude_unset=True), type(data), seed, str(cache_dir), stamp
-    )
-
-
-@functools.lru_cache(maxsize=256)
-def _describe_cached(
-    config_json: str,
-    config_type: type[DataSourceConfig],
-    seed: int,
-    cache_dir: str,
-    stamp: tuple[tuple[int, int] | None, ...] | None,
-) -> DataInfo:
-    """Describing the built-in text corpus or a file reads it; a warm API answers from memory.
-    The files' mtimes and sizes are in the key, so a changed file is read again."""
-    config = config_type.model_validate_json(config_json)
-    return describe(config, seed=seed, cache_dir=Path(cache_dir), base_dir=Path(cache_dir))

@@ -34,17 +34,11 @@ from dsl.budget import CompileBudget
 from dsl.errors import JobSpecError, SpecIssue
 from dsl.overrides import effective_document
 from dsl.source import read_document
-from scheduler.admission.checks import (
-    CheckedJob,
-    CheckedSweep,
-    Kind,
-    check_job,
-    check_sweep,
-    kind_of,
-)
+from scheduler.admission.checks import CheckedJob, Kind, check_job, kind_of
 from scheduler.admission.policy import admins_only, check_priority
 from scheduler.admission.quotas import check_new_job
 from scheduler.admission.rate_limit import check_rate, check_validation_rate
+from scheduler.admission.sweep_checks import CheckedSweep, check_sweep
 from scheduler.placement.plan import PlacementRequest
 from scheduler.placement.preview import Preview, placement_preview
 from scheduler.store import jobs as job_store

@@ -22,7 +22,7 @@ from contract.keys import Keys
 from contract.settings import Settings
 from dsl.errors import JobSpecError
 from dsl.source import read_document
-from scheduler.admission.checks import Kind, check_sweep, kind_of
+from scheduler.admission.checks import Kind, kind_of
 from scheduler.admission.policy import NotAllowed
 from scheduler.admission.quotas import QuotaExceeded
 from scheduler.admission.rate_limit import RateLimited
@@ -36,6 +36,7 @@ from scheduler.admission.submit import (
     trial_submission,
     validate,
 )
+from scheduler.admission.sweep_checks import check_sweep
 from scheduler.daemon.sweep_thread import SweepRunner
 from scheduler.store.database import Database
 from scheduler.store.models import Job, Sweep, User

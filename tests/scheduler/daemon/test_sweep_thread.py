@@ -17,7 +17,7 @@ from sqlalchemy import select
 from contract.keys import Keys
 from contract.settings import Settings
 from contract.stream import JobStream, MetricRecord
-from scheduler.admission.checks import check_sweep
+from scheduler.admission.sweep_checks import check_sweep
 from scheduler.daemon.sweep_thread import SweepRunner, TrialPruning
 from scheduler.ingest.ingester import Ingester
 from scheduler.store.database import Database

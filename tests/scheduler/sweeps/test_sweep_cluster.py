@@ -18,7 +18,7 @@ from contract.allocation import AllocationState
 from contract.keys import Keys
 from contract.settings import Settings
 from harness.service_cluster import Cluster, stop_process
-from scheduler.admission.checks import check_sweep
+from scheduler.admission.sweep_checks import check_sweep
 from scheduler.daemon.loop import run_scheduler
 from scheduler.store.database import Database, migrate
 from scheduler.store.models import Allocation, Job, Sweep

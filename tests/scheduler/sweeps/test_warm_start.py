@@ -7,7 +7,7 @@ import pytest
 from optuna.trial import TrialState
 
 from dsl.errors import JobSpecError
-from scheduler.admission.checks import check_sweep
+from scheduler.admission.sweep_checks import check_sweep
 from scheduler.store.states import JobState, SweepState
 from scheduler.store.users import create_user, get_user
 from scheduler.sweeps.study import WARM_ATTR
