@@ -18,7 +18,7 @@ node agent stopped cleanly) does not. Restart points are deleted when the job en
 
 In the asynchronous frameworks (downpour, hogwild) a worker that died restarts alone
 (`restart_alone`): the others train on, the server shards keep the parameters, and the
-scheduler places a new process for it (loop.replace_processes) that continues from the last step
+scheduler places a new process for it (placing.replace_processes) that continues from the last step
 it reported, pulling the shards' current parameters. A pipeline's stage restarts with the
 other stages of its pipeline (its worker group), which are stopped, and they go on together
 from the earliest of their steps.
