@@ -145,9 +145,10 @@ def submit_job(
     "counts, the resolved topology, each worker's estimated peak memory, where the scheduler "
     "would place the job right now and, "
     "for a pipelined job, its stages as the planner cuts them (estimated costs). "
-    "For a sweep, its base job's, with every value of its search space checked too.",
+    "For a sweep, its base job's, with every value of its search space checked too. 403 for a "
+    "`base_dir` from a user who is not an admin; 429 past the user's validations_per_minute.",
     openapi_extra=SUBMIT_BODY,
-    responses=errors(401, 413, 415, 422),
+    responses=errors(401, 403, 413, 415, 422, 429),
 )
 def validate_job(
     user: CurrentUser, submission: SubmissionDep, session: SessionDep, services: ServicesDep
